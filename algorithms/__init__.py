@@ -1,0 +1,1 @@
+"""Offline MARL algorithms, one file each, behind the protocol in base.py."""

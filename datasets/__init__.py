@@ -1,0 +1,1 @@
+"""Dataset format v1, manifest, behaviour policies and collection."""

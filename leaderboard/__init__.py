@@ -1,0 +1,1 @@
+"""Static leaderboard: statistics and Jinja templates."""

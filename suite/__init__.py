@@ -1,0 +1,1 @@
+"""Suite: CLI, tasks, runner, result store, profiles."""

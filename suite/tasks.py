@@ -1,0 +1,37 @@
+"""Task registry: task id -> factory. Env stacks are imported only when a task is used, so the
+core CLI works without the optional extras installed."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from plcql_bench.suite.spec import Task
+
+# task id -> (module, factory function returning a Task)
+_FACTORIES: dict[str, tuple[str, str]] = {
+    "mpe-cn": ("plcql_bench.suite.envs.mpe", "cn_task"),
+    "mpe-pp": ("plcql_bench.suite.envs.mpe", "pp_task"),
+    "mpe-world": ("plcql_bench.suite.envs.mpe", "world_task"),
+}
+
+# Quality tiers, in the paper's order.
+CONTINUOUS_TIERS = ("expert", "medium", "medium-replay", "random")
+SMAC_TIERS = ("medium", "medium-replay", "expert", "mixed")
+
+
+class UnknownTaskError(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+def task_ids() -> list[str]:
+    return list(_FACTORIES)
+
+
+@cache
+def get_task(task_id: str) -> Task:
+    if task_id not in _FACTORIES:
+        raise UnknownTaskError(f"unknown task {task_id!r} (known: {', '.join(_FACTORIES)})")
+    module, factory = _FACTORIES[task_id]
+    return getattr(importlib.import_module(module), factory)()
