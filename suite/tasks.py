@@ -18,6 +18,7 @@ _FACTORIES: dict[str, tuple[str, str]] = {
 # Quality tiers, in the paper's order.
 CONTINUOUS_TIERS = ("expert", "medium", "medium-replay", "random")
 SMAC_TIERS = ("medium", "medium-replay", "expert", "mixed")
+ALL_TIERS = ("expert", "medium", "medium-replay", "random", "mixed")
 
 
 class UnknownTaskError(KeyError):

@@ -1,0 +1,91 @@
+"""Profiles name a budget: dataset sizes, update rounds, evaluation schedule and the default
+run matrix. `smoke` is seconds per run; `paper` is the references' budgets. A profile is a YAML
+file shipped here, or any YAML path with the same keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plcql_bench.suite.errors import BenchError
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    dataset_episodes: dict[str, int]
+    updates: dict[str, int]
+    eval_every: int
+    eval_episodes: int
+    final_eval_episodes: int
+    checkpoint_every: int
+    matrix: dict[str, list]
+    source: str
+
+    def episodes_for(self, task_id: str, tier: str) -> int:
+        return _lookup(self.dataset_episodes, task_id, tier)
+
+    def updates_for(self, task_id: str, tier: str) -> int:
+        return _lookup(self.updates, task_id, tier)
+
+    def train_budget(self, task_id: str, tier: str) -> dict[str, int]:
+        """The part of the profile that changes a run's result (it enters the run key)."""
+        return {
+            "updates": self.updates_for(task_id, tier),
+            "eval_every": self.eval_every,
+            "eval_episodes": self.eval_episodes,
+            "final_eval_episodes": self.final_eval_episodes,
+        }
+
+
+def _lookup(table: dict[str, int], task_id: str, tier: str) -> int:
+    """Most specific key wins: 'task/tier', then 'task', then 'default'."""
+    for key in (f"{task_id}/{tier}", task_id, "default"):
+        if key in table:
+            return int(table[key])
+    raise BenchError(f"profile table has no entry for {task_id}/{tier} and no 'default'")
+
+
+def builtin_profiles() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text, source = path.read_text(), str(path)
+    elif name_or_path in builtin_profiles():
+        text = resources.files(__name__).joinpath(f"{name_or_path}.yaml").read_text()
+        source = f"builtin:{name_or_path}"
+    else:
+        known = ", ".join(builtin_profiles())
+        raise BenchError(f"unknown profile {name_or_path!r} (built in: {known}; or pass a .yaml path)")
+    try:
+        raw = yaml.safe_load(text)
+        return _parse(raw, source)
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BenchError(f"{source}: invalid profile: {msg}") from None
+
+
+def _parse(raw: dict[str, Any], source: str) -> Profile:
+    train = raw["train"]
+    if int(train["checkpoint_every"]) % int(train["eval_every"]):
+        raise ValueError("train.checkpoint_every must be a multiple of train.eval_every")
+    return Profile(
+        name=str(raw["name"]),
+        description=str(raw.get("description", "")),
+        dataset_episodes={k: int(v) for k, v in raw["datasets"]["episodes"].items()},
+        updates={k: int(v) for k, v in train["updates"].items()},
+        eval_every=int(train["eval_every"]),
+        eval_episodes=int(train["eval_episodes"]),
+        final_eval_episodes=int(train["final_eval_episodes"]),
+        checkpoint_every=int(train["checkpoint_every"]),
+        matrix={k: list(v) for k, v in raw["matrix"].items()},
+        source=source,
+    )

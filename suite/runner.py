@@ -1,0 +1,274 @@
+"""Training and evaluation of one run (algo x task x tier x seed under a profile).
+
+Layout of a run directory, results/<profile>/<algo>/<task>/<tier>/seed<k>-<key>/:
+  config.json    the resolved run identity and config (written first)
+  status.json    running | done | failed (+ traceback), update reached
+  metrics.jsonl  one line per evaluation point: training metrics averaged since the last one
+  ckpt.pt        periodic checkpoint (model, optimisers, RNG states, curve) for resuming
+  final.json     the result, written atomically and last; its presence means "done"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plcql_bench.algorithms.base import Batch, get_algorithm, make_config
+from plcql_bench.datasets import format as fmt
+from plcql_bench.datasets import manifest
+from plcql_bench.suite import protocol
+from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.profiles import Profile
+from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
+from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.versions import git_commit, image_labels, package_versions
+
+RESULT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Cell:
+    algo: str
+    task: str
+    tier: str
+    seed: int
+
+    def label(self) -> str:
+        return f"{self.algo} {self.task}/{self.tier} seed {self.seed}"
+
+
+@dataclass
+class RunPlan:
+    cell: Cell
+    profile: Profile
+    config: Any
+    dataset_path: Path
+    dataset_sha256: str
+    run_key: str
+    run_dir: Path
+
+    @property
+    def final_path(self) -> Path:
+        return self.run_dir / "final.json"
+
+    def is_done(self) -> bool:
+        try:
+            return read_json(self.final_path).get("status") == "done"
+        except (OSError, ValueError):
+            return False
+
+
+def profile_dir(root: Path, profile: Profile) -> Path:
+    return Path(root) / profile.name
+
+
+def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
+             overrides: dict[str, Any] | None = None) -> RunPlan:
+    """Resolve a cell to its config, dataset and content-addressed run directory."""
+    task = get_task(cell.task)
+    if cell.tier not in task.spec.tiers:
+        raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
+                         f"(tiers: {', '.join(task.spec.tiers)})")
+    cls = get_algorithm(cell.algo)
+    try:
+        config = make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **(overrides or {})})
+    except (KeyError, TypeError) as exc:
+        raise BenchError(str(exc).strip("'\"")) from None
+    data_root = profile_dir(data_dir, profile)
+    entry = manifest.lookup(data_root, cell.task, cell.tier)
+    if entry is None:
+        raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
+                         f"plcql-bench datasets build {cell.task} {cell.tier} --profile {profile.name})")
+    identity = {
+        "algo": cell.algo, "config": dataclasses.asdict(config), "task": cell.task,
+        "dataset": cell.tier, "dataset_sha256": entry["sha256"], "seed": cell.seed,
+        "profile": profile.name, "budget": profile.train_budget(cell.task, cell.tier),
+        "protocol_version": protocol.PROTOCOL_VERSION,
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
+               / f"seed{cell.seed}-{key[:10]}")
+    return RunPlan(cell, profile, config, data_root / entry["file"], entry["sha256"], key, run_dir)
+
+
+class Sampler:
+    """Uniform minibatches from an in-memory dataset, with its own seeded generator."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], discrete: bool, seed: int, device: str):
+        def t(name, dtype):
+            return torch.as_tensor(arrays[name]).to(device=device, dtype=dtype)
+
+        act_dtype = torch.int64 if discrete else torch.float32
+        self.tensors = {
+            "obs": t("obs", torch.float32), "state": t("state", torch.float32),
+            "actions": t("actions", act_dtype), "rewards": t("rewards", torch.float32),
+            "next_obs": t("next_obs", torch.float32), "next_state": t("next_state", torch.float32),
+            "next_actions": t("next_actions", act_dtype),
+            "next_actions_valid": t("next_actions_valid", torch.float32),
+            "terminals": t("terminals", torch.float32),
+        }
+        if discrete:
+            self.tensors["avail"] = t("avail_actions", torch.float32)
+            self.tensors["next_avail"] = t("next_avail_actions", torch.float32)
+        self.size = len(arrays["rewards"])
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch_size: int) -> Batch:
+        idx = torch.randint(self.size, (batch_size,), generator=self.generator).to(self.device)
+        return Batch(**{k: v[idx] for k, v in self.tensors.items()})
+
+
+def load_run_dataset(plan: RunPlan):
+    spec = get_task(plan.cell.task).spec
+    return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.dataset_sha256)
+
+
+def execute(plan: RunPlan, device: str = "cpu", log=print) -> dict:
+    """Train (resuming from a checkpoint when one exists), evaluate, write final.json."""
+    if plan.is_done():
+        return read_json(plan.final_path)
+    dataset = load_run_dataset(plan)  # validate before touching the run directory
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
+    started = time.time()
+    try:
+        result = _train_and_evaluate(plan, dataset, device, log)
+    except BaseException as exc:
+        _write_status(plan, "failed", error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc())
+        raise
+    result["train"]["wall_clock_s"] += time.time() - started
+    atomic_write_json(plan.final_path, result)
+    _write_status(plan, "done", update=result["train"]["updates"])
+    return result
+
+
+def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
+    cell, profile = plan.cell, plan.profile
+    task = get_task(cell.task)
+    budget = profile.train_budget(cell.task, cell.tier)
+    torch.manual_seed(cell.seed)
+    np.random.seed(cell.seed)
+    cls = get_algorithm(cell.algo)
+    algo = cls(task.spec, plan.config, cell.seed, device)
+    sampler = Sampler(dataset.arrays, task.spec.discrete, cell.seed, device)
+    state = _resume(plan, algo, sampler) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
+    if state["update"] > 0:
+        log(f"resuming {cell.label()} from update {state['update']}")
+    pending: list[dict[str, float]] = []
+    rounds, clock = budget["updates"], time.time()
+    if state["update"] == 0:
+        _record_eval(plan, task, algo, dataset, 0, pending, state, budget["eval_episodes"])
+    for done in range(state["update"] + 1, rounds + 1):
+        pending.append(algo.update(sampler))
+        if done % budget["eval_every"] == 0 or done == rounds:
+            _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"])
+        if done % profile.checkpoint_every == 0 and done < rounds:
+            # Checkpoints fall on evaluation points (checked by the profile loader), so no
+            # partially averaged training metrics are lost on resume.
+            state["train_s"] += time.time() - clock
+            clock = time.time()
+            state["update"] = done
+            _checkpoint(plan, algo, sampler, state)
+            _write_status(plan, "running", update=done)
+    state["train_s"] += time.time() - clock
+    final = _evaluate(task, algo, dataset, budget["final_eval_episodes"])
+    return _result(plan, task, final, state, budget)
+
+
+def _evaluate(task, algo, dataset, episodes: int) -> dict:
+    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes))
+    returns = out["returns"]
+    ref_rand, ref_exp = float(dataset.attrs["ref_return_random"]), float(dataset.attrs["ref_return_expert"])
+    return {
+        "episodes": int(len(returns)),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std(ddof=1)) if len(returns) > 1 else 0.0,
+        "normalised_score": protocol.normalised_score(float(returns.mean()), ref_rand, ref_exp),
+        "win_rate": float(out["won"].mean()) if task.spec.score == "win_rate" else None,
+    }
+
+
+def _record_eval(plan, task, algo, dataset, update, pending, state, episodes) -> None:
+    ev = _evaluate(task, algo, dataset, episodes)
+    point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
+    means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
+    state["curve"].append(point)
+    state["history"].append({**point, **{f"train/{k}": v for k, v in means.items()}})
+    pending.clear()
+    lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in state["history"])
+    atomic_write_bytes(plan.run_dir / "metrics.jsonl", lines.encode())
+
+
+def _score(task, ev: dict) -> float:
+    return ev["win_rate"] if task.spec.score == "win_rate" else ev["normalised_score"]
+
+
+def _checkpoint(plan: RunPlan, algo, sampler: Sampler, state: dict) -> None:
+    payload = {
+        "run_key": plan.run_key, "state": state, "algo": algo.state_dict(),
+        "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+        "sampler_rng": sampler.generator.get_state(),
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(plan.run_dir / "ckpt.pt", buf.getvalue())
+
+
+def _resume(plan: RunPlan, algo, sampler: Sampler) -> dict | None:
+    path = plan.run_dir / "ckpt.pt"
+    if not path.exists():
+        return None
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    if payload.get("run_key") != plan.run_key:
+        return None
+    algo.load_state_dict(payload["algo"])
+    torch.set_rng_state(payload["torch_rng"])
+    np.random.set_state(payload["numpy_rng"])
+    sampler.generator.set_state(payload["sampler_rng"])
+    return payload["state"]
+
+
+def _identity_record(plan: RunPlan) -> dict:
+    c = plan.cell
+    return {
+        "run_key": plan.run_key, "algo": c.algo, "task": c.task, "dataset": c.tier, "seed": c.seed,
+        "profile": plan.profile.name, "config": dataclasses.asdict(plan.config),
+        "dataset_sha256": plan.dataset_sha256, "protocol_version": protocol.PROTOCOL_VERSION,
+        "budget": plan.profile.train_budget(c.task, c.tier),
+    }
+
+
+def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict:
+    record = _identity_record(plan)
+    record.update(
+        schema_version=RESULT_SCHEMA_VERSION, status="done", domain=task.spec.domain,
+        score_name=task.spec.score, score=_score(task, final), final_eval=final,
+        curve=state["curve"],
+        train={"updates": budget["updates"], "wall_clock_s": 0.0, "train_s": state["train_s"],
+               "updates_per_s": budget["updates"] / max(state["train_s"], 1e-9)},
+        versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
+        git_commit=git_commit(), finished_at=_now(),
+    )
+    return record
+
+
+def _write_status(plan: RunPlan, status: str, **extra) -> None:
+    atomic_write_json(plan.run_dir / "status.json", {"status": status, "run_key": plan.run_key,
+                                                    "updated_at": _now(), **extra})
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
