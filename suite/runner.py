@@ -80,7 +80,10 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     if cell.tier not in task.spec.tiers:
         raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
                          f"(tiers: {', '.join(task.spec.tiers)})")
-    cls = get_algorithm(cell.algo)
+    try:
+        cls = get_algorithm(cell.algo)
+    except KeyError as exc:
+        raise BenchError(exc.args[0]) from None
     try:
         config = make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **(overrides or {})})
     except (KeyError, TypeError) as exc:
