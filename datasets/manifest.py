@@ -1,0 +1,202 @@
+"""The manifest of built datasets: ``<data_dir>/manifest.json``.
+
+    {"manifest_version": 1,
+     "datasets": {"<task_id>/<tier>": {"file": "<task_id>/<tier>.h5", "sha256": ..., ...}}}
+
+    read_manifest(data_dir) -> {key: entry}
+    make_entry(data_dir, file, sha256, profile, **extra) -> entry   (from the file's attributes)
+    record(data_dir, entry) -> key        (locked, atomic read-modify-write)
+    lookup(data_dir, task_id, tier) -> entry
+    dataset_path(data_dir, task_id, tier) -> default file location
+    load(data_dir, task_id, tier, spec=None, verify=True) -> Dataset
+
+Errors are DatasetError (one line, ``<path>: <field>: <problem>``), so the CLI handles dataset
+and manifest problems the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from plcql_bench.datasets.format import (
+    FORMAT_VERSION,
+    Dataset,
+    DatasetError,
+    load_dataset,
+    read_attrs,
+)
+from plcql_bench.suite.spec import TaskSpec
+
+MANIFEST_NAME = "manifest.json"
+LOCK_NAME = ".manifest.lock"
+MANIFEST_VERSION = 1
+
+# Fields every entry has (record() fills "created" and "key" itself).
+REQUIRED_FIELDS = ("file", "sha256", "size_bytes", "task_id", "quality", "format_version",
+                   "n_transitions", "n_episodes")  # fmt: skip
+# Attributes copied from the dataset file into its entry by make_entry().
+_COPIED_ATTRS = (
+    "task_id", "quality", "format_version", "n_transitions", "n_episodes", "behaviour_policy_id",
+    "generator_version", "generator_seed", "return_mean", "return_std", "return_min",
+    "return_max", "win_rate", "ref_return_random", "ref_return_expert", "env_versions", "source",
+)  # fmt: skip
+
+
+class ManifestError(DatasetError):
+    """A manifest problem (bad JSON, missing entry, bad entry)."""
+
+
+def manifest_path(data_dir: str | os.PathLike) -> Path:
+    return Path(data_dir) / MANIFEST_NAME
+
+
+def key(task_id: str, tier: str) -> str:
+    return f"{task_id}/{tier}"
+
+
+def dataset_path(data_dir: str | os.PathLike, task_id: str, tier: str) -> Path:
+    """Where a built dataset lives by convention: ``<data_dir>/<task_id>/<tier>.h5``."""
+    return Path(data_dir) / task_id / f"{tier}.h5"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ManifestError(path, "file", f"cannot be read ({e.strerror})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(path, "json", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
+        raise ManifestError(path, "datasets", 'must be a JSON object {"manifest_version": 1, "datasets": {...}}')
+    version = doc.get("manifest_version")
+    if version != MANIFEST_VERSION:
+        raise ManifestError(path, "manifest_version", f"unsupported version {version!r} (supported: {MANIFEST_VERSION})")
+    for k, entry in doc["datasets"].items():
+        if not isinstance(entry, dict):
+            raise ManifestError(path, f"datasets.{k}", "entry must be a JSON object")
+    return doc["datasets"]
+
+
+def read_manifest(data_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """All entries, keyed ``"<task_id>/<tier>"``; {} when there is no manifest yet."""
+    return _read(manifest_path(data_dir))
+
+
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def make_entry(
+    data_dir: str | os.PathLike,
+    file: str | os.PathLike,
+    sha256: str,
+    profile: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Build a manifest entry for a written dataset from its attributes and size.
+
+    ``file`` may be absolute or relative to data_dir; the entry stores it relative.
+    ``extra`` adds or overrides fields (e.g. ``source``, ``mirrors``, ``input_sha256``)."""
+    data_dir = Path(data_dir)
+    full = Path(file) if Path(file).is_absolute() else data_dir / file
+    attrs = read_attrs(full)
+    entry: dict[str, Any] = {k: attrs[k] for k in _COPIED_ATTRS if k in attrs}
+    entry.update(
+        file=os.path.relpath(full, data_dir),
+        sha256=sha256,
+        size_bytes=full.stat().st_size,
+        profile=profile,
+    )
+    entry.update(extra)
+    return entry
+
+
+def record(data_dir: str | os.PathLike, entry: dict[str, Any]) -> str:
+    """Add or replace the entry for ``(entry["task_id"], entry["quality"])``; returns its key.
+
+    Read-modify-write under an exclusive ``fcntl.flock`` on ``<data_dir>/.manifest.lock`` and
+    an atomic replace, so parallel builds never lose each other's entries."""
+    data_dir = Path(data_dir)
+    path = manifest_path(data_dir)
+    missing = [f for f in REQUIRED_FIELDS if f not in entry]
+    if missing:
+        raise ManifestError(path, f"entry.{missing[0]}", f"required field missing (fields: {', '.join(REQUIRED_FIELDS)})")
+    if Path(entry["file"]).is_absolute():
+        raise ManifestError(path, "entry.file", f"must be relative to the data directory, got {entry['file']!r}")
+    k = key(entry["task_id"], entry["quality"])
+    entry = dict(entry)
+    entry.setdefault("created", _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat())
+    with _locked(data_dir):
+        datasets = _read(path)
+        datasets[k] = entry
+        _write_atomic(path, {"manifest_version": MANIFEST_VERSION, "datasets": datasets})
+    return k
+
+
+def lookup(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any]:
+    """The entry for task_id/tier; ManifestError naming the manifest when it is absent."""
+    path = manifest_path(data_dir)
+    datasets = _read(path)
+    k = key(task_id, tier)
+    if k not in datasets:
+        where = "no manifest yet" if not path.exists() else f"{len(datasets)} datasets recorded"
+        raise ManifestError(path, k, f"dataset not built ({where}); build it with `plcql-bench data build`")
+    return datasets[k]
+
+
+def load(
+    data_dir: str | os.PathLike,
+    task_id: str,
+    tier: str,
+    spec: TaskSpec | None = None,
+    verify: bool = True,
+    check_episodes: bool = True,
+) -> Dataset:
+    """Load a recorded dataset; with verify=True its sha256 must equal the manifest's."""
+    entry = lookup(data_dir, task_id, tier)
+    return load_dataset(
+        Path(data_dir) / entry["file"],
+        spec=spec,
+        expected_sha256=entry["sha256"] if verify else None,
+        check_episodes=check_episodes,
+    )
+
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_NAME", "ManifestError", "dataset_path", "key", "load", "lookup",
+    "make_entry", "manifest_path", "read_manifest", "record",
+]  # fmt: skip
