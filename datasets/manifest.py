@@ -1,12 +1,12 @@
 """The manifest of built datasets: ``<data_dir>/manifest.json``.
 
-    {"manifest_version": 1,
-     "datasets": {"<task_id>/<tier>": {"file": "<task_id>/<tier>.h5", "sha256": ..., ...}}}
+    {"<task_id>/<tier>": {"file": "<task_id>/<tier>.h5", "sha256": ..., ...}, ...}
 
     read_manifest(data_dir) -> {key: entry}
     make_entry(data_dir, file, sha256, profile, **extra) -> entry   (from the file's attributes)
     record(data_dir, entry) -> key        (locked, atomic read-modify-write)
-    lookup(data_dir, task_id, tier) -> entry
+    lookup(data_dir, task_id, tier) -> entry | None
+    require(data_dir, task_id, tier) -> entry   (ManifestError when absent)
     dataset_path(data_dir, task_id, tier) -> default file location
     load(data_dir, task_id, tier, spec=None, verify=True) -> Dataset
 
@@ -36,7 +36,6 @@ from plcql_bench.suite.spec import TaskSpec
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
-MANIFEST_VERSION = 1
 
 # Fields every entry has (record() fills "created" and "key" itself).
 REQUIRED_FIELDS = ("file", "sha256", "size_bytes", "task_id", "quality", "format_version",
@@ -77,15 +76,15 @@ def _read(path: Path) -> dict[str, Any]:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ManifestError(path, "json", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
-        raise ManifestError(path, "datasets", 'must be a JSON object {"manifest_version": 1, "datasets": {...}}')
-    version = doc.get("manifest_version")
-    if version != MANIFEST_VERSION:
-        raise ManifestError(path, "manifest_version", f"unsupported version {version!r} (supported: {MANIFEST_VERSION})")
-    for k, entry in doc["datasets"].items():
+    if not isinstance(doc, dict):
+        raise ManifestError(path, "json", 'must be a JSON object {"<task_id>/<tier>": {entry}, ...}')
+    for k, entry in doc.items():
         if not isinstance(entry, dict):
-            raise ManifestError(path, f"datasets.{k}", "entry must be a JSON object")
-    return doc["datasets"]
+            raise ManifestError(path, k, "entry must be a JSON object")
+        for f in ("file", "sha256"):
+            if not isinstance(entry.get(f), str):
+                raise ManifestError(path, f"{k}.{f}", "missing or not a string")
+    return doc
 
 
 def read_manifest(data_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -163,18 +162,24 @@ def record(data_dir: str | os.PathLike, entry: dict[str, Any]) -> str:
     with _locked(data_dir):
         datasets = _read(path)
         datasets[k] = entry
-        _write_atomic(path, {"manifest_version": MANIFEST_VERSION, "datasets": datasets})
+        _write_atomic(path, datasets)
     return k
 
 
-def lookup(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any]:
+def lookup(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any] | None:
+    """The entry for task_id/tier, or None when it is not recorded (or there is no manifest)."""
+    return _read(manifest_path(data_dir)).get(key(task_id, tier))
+
+
+def require(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any]:
     """The entry for task_id/tier; ManifestError naming the manifest when it is absent."""
     path = manifest_path(data_dir)
     datasets = _read(path)
     k = key(task_id, tier)
     if k not in datasets:
         where = "no manifest yet" if not path.exists() else f"{len(datasets)} datasets recorded"
-        raise ManifestError(path, k, f"dataset not built ({where}); build it with `plcql-bench data build`")
+        raise ManifestError(path, k, f"dataset not built ({where}); build it with "
+                            f"`plcql-bench datasets build {task_id} {tier}`")
     return datasets[k]
 
 
@@ -187,7 +192,7 @@ def load(
     check_episodes: bool = True,
 ) -> Dataset:
     """Load a recorded dataset; with verify=True its sha256 must equal the manifest's."""
-    entry = lookup(data_dir, task_id, tier)
+    entry = require(data_dir, task_id, tier)
     return load_dataset(
         Path(data_dir) / entry["file"],
         spec=spec,
@@ -198,5 +203,5 @@ def load(
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "ManifestError", "dataset_path", "key", "load", "lookup",
-    "make_entry", "manifest_path", "read_manifest", "record",
+    "make_entry", "manifest_path", "read_manifest", "record", "require",
 ]  # fmt: skip

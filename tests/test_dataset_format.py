@@ -258,10 +258,14 @@ def test_manifest_bad_json(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     err = _raises(tmp_path / "manifest.json", "json", manifest.read_manifest, tmp_path)
     assert "line 1" in str(err)
+    (tmp_path / "manifest.json").write_text('{"a/b": {"file": "a/b.h5"}}')
+    _raises(tmp_path / "manifest.json", "a/b.sha256", manifest.lookup, tmp_path, "a", "b")
 
 
 def test_manifest_lookup_missing(tmp_path):
-    _raises(tmp_path / "manifest.json", "test-cont/expert", manifest.lookup, tmp_path, "test-cont", "expert")
+    assert manifest.lookup(tmp_path, "test-cont", "expert") is None
+    _raises(tmp_path / "manifest.json", "test-cont/expert", manifest.require, tmp_path, "test-cont", "expert")
+    _raises(tmp_path / "manifest.json", "test-cont/expert", manifest.load, tmp_path, "test-cont", "expert")
 
 
 def test_manifest_checksum_detects_changed_file(tmp_path):
@@ -293,7 +297,7 @@ def test_manifest_concurrent_records(tmp_path):
     assert len(entries) == 30
     assert set(entries) == {f"task{p}/t{i}" for p in range(2) for i in range(15)}
     doc = json.loads((tmp_path / "manifest.json").read_text())
-    assert doc["manifest_version"] == 1
+    assert set(doc) == set(entries)  # flat: "<task_id>/<tier>" -> entry
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 
