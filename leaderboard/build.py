@@ -93,6 +93,7 @@ class RunResult:
     git_commit: str = ""
     finished_at: str = ""
     versions: dict[str, str] = field(default_factory=dict, compare=False)
+    image: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def variant(self) -> tuple[str, int | None]:
@@ -171,6 +172,10 @@ def _parse_result(raw: Any, path: str) -> RunResult:
         if isinstance(versions_raw, dict)
         else {}
     )
+    image_raw = raw.get("image")
+    image = (
+        {str(k): str(v) for k, v in image_raw.items() if v is not None} if isinstance(image_raw, dict) else {}
+    )
     return RunResult(
         path=path,
         algo=algo,
@@ -188,6 +193,7 @@ def _parse_result(raw: Any, path: str) -> RunResult:
         git_commit=_opt_str(raw, "git_commit"),
         finished_at=_opt_str(raw, "finished_at"),
         versions=versions,
+        image=image,
     )
 
 
@@ -559,7 +565,9 @@ def dataset_cards(manifest: dict, runs: list[RunResult], paper: dict | None) -> 
     for key, entry in manifest.items():
         if not isinstance(entry, dict):
             entry = {}
-        task, _, tier = str(key).partition("/")
+        k_task, _, k_tier = str(key).partition("/")
+        task = entry.get("task_id") if isinstance(entry.get("task_id"), str) else k_task
+        tier = entry.get("quality") if isinstance(entry.get("quality"), str) else k_tier
         sha = entry.get("sha256") if isinstance(entry.get("sha256"), str) else ""
         these = used.get((task, tier), [])
         mismatched = [r for r in these if sha and r.dataset_sha256 and r.dataset_sha256 != sha]
@@ -572,6 +580,8 @@ def dataset_cards(manifest: dict, runs: list[RunResult], paper: dict | None) -> 
                 "n_episodes": _num(entry.get("n_episodes"), ","),
                 "return_mean_std": _pair(entry, "return_mean", "return_std", "{} \u00b1 {}"),
                 "return_range": _pair(entry, "return_min", "return_max", "[{}, {}]"),
+                "win_rate": _num(entry.get("win_rate"), ".2f"),
+                "behaviour": str(entry.get("behaviour_policy_id", "\u2014")),
                 "ref_random": _num(entry.get("ref_return_random"), ".2f"),
                 "ref_expert": _num(entry.get("ref_return_expert"), ".2f"),
                 "sha256": sha,
@@ -587,9 +597,12 @@ def dataset_cards(manifest: dict, runs: list[RunResult], paper: dict | None) -> 
 
 def provenance(runs: list[RunResult], now: datetime) -> dict:
     versions: dict[str, set[str]] = defaultdict(set)
+    image: dict[str, set[str]] = defaultdict(set)
     for r in runs:
         for k, v in r.versions.items():
             versions[k].add(v)
+        for k, v in r.image.items():
+            image[k].add(v)
     return {
         "build_date_utc": now.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "n_runs": len(runs),
@@ -600,7 +613,15 @@ def provenance(runs: list[RunResult], now: datetime) -> dict:
         "schema_versions": sorted({r.schema_version for r in runs}),
         "git_commits": dict(sorted(Counter(r.git_commit or "unknown" for r in runs).items())),
         "versions": {k: sorted(v) for k, v in sorted(versions.items())},
+        "image": {k: sorted(v) for k, v in sorted(image.items())},
     }
+
+
+def short_commit(commit: str) -> str:
+    """First 12 hex digits, keeping a "-dirty" marker."""
+    dirty = commit.endswith("-dirty")
+    base = commit[: -len("-dirty")] if dirty else commit
+    return base[:12] + ("-dirty" if dirty else "")
 
 
 def paper_reference_tables(paper: dict | None) -> list[dict]:
@@ -663,7 +684,7 @@ def paper_reference_tables(paper: dict | None) -> list[dict]:
 
 
 def _environment() -> Environment:
-    return Environment(
+    env = Environment(
         loader=FileSystemLoader(str(TEMPLATES_DIR)),
         autoescape=select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True),
         undefined=StrictUndefined,
@@ -671,6 +692,8 @@ def _environment() -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    env.filters["short_commit"] = short_commit
+    return env
 
 
 def _css() -> Markup:

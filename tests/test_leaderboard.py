@@ -327,13 +327,22 @@ def test_html_is_escaped(tmp_path):
     res = tmp_path / "r"
     evil = '<script>alert("x")</script>'
     write(res, "a", result(algo=evil, score=10.0, versions={"evilpkg": '<img src=x onerror="alert(1)">'}))
-    write(res, "b", result(algo="plcql", profile="smoke<b>", score=11.0, git_commit='"><script>1</script>'))
+    write(res, "b", result(algo="plcql", profile="smoke<b>", score=11.0, git_commit='"><script>1</script>',
+                           image={"tag": "<b>x</b>"}))
     write(res, "c", result(task="mpe-cn", dataset="<i>tier</i>", score=5.0))
     html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
     assert "<script" not in html and "<img" not in html and "<i>tier" not in html and "smoke<b>" not in html
     assert "&lt;script&gt;alert(" in html
     assert "&lt;img src=x" in html
-    assert "smoke&lt;b&gt;" in html
+    assert "smoke&lt;b&gt;" in html and "&lt;b&gt;x&lt;/b&gt;" in html
+
+
+def test_dirty_commit_and_image_in_provenance(tmp_path):
+    res = tmp_path / "r"
+    write(res, "a", result(git_commit="f" * 40 + "-dirty", image={"tag": "plcql-bench:0.1.0"}))
+    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
+    footer = html[html.index('<footer id="provenance">'):]
+    assert "ffffffffffff-dirty" in footer and "plcql-bench:0.1.0" in footer
 
 
 def test_mixed_profiles_bold_only_within_majority(tmp_path):
@@ -403,13 +412,15 @@ def test_dataset_cards_from_manifest(tmp_path):
         "mpe-cn/expert": {"n_transitions": 1000, "n_episodes": 40, "return_mean": -12.5, "return_std": 1.25,
                            "return_min": -20.0, "return_max": -9.0, "sha256": "a" * 64,
                            "ref_return_random": -60.0, "ref_return_expert": -10.0, "profile": "smoke"},
-        "mpe-cn/random": {"n_transitions": 1000},
+        "mpe-cn/random": {"n_transitions": 1000, "task_id": "mpe-cn", "quality": "random", "behaviour_policy_id": "uniform"},
+        "smax-2s3z/mixed": {"file": "x.h5", "sha256": "c" * 64, "win_rate": 0.375},
     }))
     html = build_site(res, tmp_path / "s", data, now=NOW).read_text(encoding="utf-8")
     text = " ".join(parse(html).sections["datasets"].split())
     assert "-12.50 ± 1.25" in text and "1,000" in text and "aaaaaaaaaaaa" in text and "-60.00" in text
     assert "1 hash mismatch" in text
-    assert text.index("mpe-cnexpert") < text.index("mpe-cnrandom")
+    assert text.index("mpe-cnexpert") < text.index("mpe-cnrandom") < text.index("smax-2s3zmixed")
+    assert "uniform" in text and "Win rate" in text and "0.38" in text
 
 
 def test_empty_results_and_cli(tmp_path, capsys):
