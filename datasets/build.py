@@ -6,7 +6,6 @@ the policy noise from a Generator seeded with (generator_seed, tier index)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -115,25 +114,7 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     path = dataset_path(data_dir, task_id, tier)
     path.parent.mkdir(parents=True, exist_ok=True)
     sha = fmt.write_dataset(path, arrays, attrs)
-    loaded = fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)
-    entry = _manifest_entry(loaded, path, data_dir, sha, profile)
+    fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads
+    entry = manifest.make_entry(data_dir, path, sha, profile)
     manifest.record(data_dir, entry)
     return entry
-
-
-def _manifest_entry(ds, path: Path, data_dir: Path, sha: str, profile: str) -> dict:
-    a = ds.attrs
-    keep = ("task_id", "quality", "behaviour_policy_id", "generator_seed", "generator_version",
-            "return_mean", "return_std", "return_min", "return_max", "ref_return_random",
-            "ref_return_expert", "format_version", "env_versions")
-    entry = {k: _plain(a[k]) for k in keep if k in a}
-    entry.update(
-        file=str(path.relative_to(data_dir)), sha256=sha, size_bytes=path.stat().st_size,
-        n_transitions=ds.n_transitions, n_episodes=ds.n_episodes, profile=profile,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    return entry
-
-
-def _plain(value):
-    return value.item() if isinstance(value, np.generic) else value

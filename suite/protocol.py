@@ -52,10 +52,3 @@ def rollout_returns(task: Task, policy: Callable[[Step], np.ndarray], seeds: np.
         returns.append(total)
         won.append(chunk_won)
     return {"returns": np.concatenate(returns), "won": np.concatenate(won)}
-
-
-def normalised_score(ret: float, ref_random: float, ref_expert: float) -> float:
-    """D4RL-style normalised score: 100·(R − R_random)/(R_expert − R_random)."""
-    if ref_expert == ref_random:
-        raise ValueError("reference returns are equal; cannot normalise")
-    return 100.0 * (ret - ref_random) / (ref_expert - ref_random)

@@ -194,14 +194,21 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
 def _evaluate(task, algo, dataset, episodes: int) -> dict:
     out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes))
     returns = out["returns"]
-    ref_rand, ref_exp = float(dataset.attrs["ref_return_random"]), float(dataset.attrs["ref_return_expert"])
     return {
         "episodes": int(len(returns)),
         "return_mean": float(returns.mean()),
         "return_std": float(returns.std(ddof=1)) if len(returns) > 1 else 0.0,
-        "normalised_score": protocol.normalised_score(float(returns.mean()), ref_rand, ref_exp),
+        "normalised_score": _normalised(float(returns.mean()), dataset.attrs),
         "win_rate": float(out["won"].mean()) if task.spec.score == "win_rate" else None,
     }
+
+
+def _normalised(ret: float, attrs: dict) -> float | None:
+    """Normalised score, or None for tasks without reference returns (win-rate tasks)."""
+    try:
+        return fmt.normalised_score(ret, attrs)
+    except ValueError:
+        return None
 
 
 def _record_eval(plan, task, algo, dataset, update, pending, state, episodes) -> None:
