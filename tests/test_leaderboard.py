@@ -430,3 +430,16 @@ def test_empty_results_and_cli(tmp_path, capsys):
     assert "No finished runs" in (tmp_path / "s" / "index.html").read_text(encoding="utf-8")
     assert build.main(["--results", str(tmp_path / "nope"), "--out", str(tmp_path / "s2")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_paper_dash_is_shown_as_not_reported(tmp_path):
+    res = tmp_path / "r"
+    write(res, "dof", result(algo="dof", task="mamujoco-halfcheetah-2x3", domain="mamujoco", score=33.3))
+    write(res, "new", result(algo="newalgo", task="mamujoco-halfcheetah-2x3", domain="mamujoco", score=44.4))
+    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
+    table = parse(html).tables[0]
+    row = table["rows"][("mamujoco-halfcheetah-2x3", "expert")]
+    assert list(row) == ["DoF", "newalgo"]  # paper algorithms first, then others
+    assert "paper (reported) — (not reported)" in row["DoF"]
+    assert "paper" not in row["newalgo"] and table["bold"][("mamujoco-halfcheetah-2x3", "expert")]["newalgo"]
+    assert "MaMuJoCo" in html
