@@ -530,19 +530,27 @@ def build_tables(cells: list[dict], paper: dict | None) -> list[dict]:
 
 
 def load_manifest(data_dir: Path | None) -> tuple[dict | None, str | None]:
-    """(manifest dict or None, note explaining why it is missing or invalid)."""
+    """(merged manifest entries or None, note explaining why none were found).
+
+    Reads `data_dir/manifest.json` and the per-profile `data_dir/<profile>/manifest.json`
+    files the suite writes; keys become "<profile dir>:<task>/<tier>" so profiles never clash."""
     if data_dir is None:
         return None, None
-    path = Path(data_dir) / "manifest.json"
-    if not path.is_file():
+    data_dir = Path(data_dir)
+    paths = [p for p in [data_dir / "manifest.json", *sorted(data_dir.glob("*/manifest.json"))] if p.is_file()]
+    if not paths:
         return None, f"no manifest.json in {data_dir}"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"manifest.json could not be read: {exc}"
-    if not isinstance(manifest, dict):
-        return None, "manifest.json is not a JSON object"
-    return manifest, None
+    merged: dict = {}
+    for path in paths:
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return None, f"{path} could not be read: {exc}"
+        if not isinstance(manifest, dict):
+            return None, f"{path} is not a JSON object"
+        prefix = "" if path.parent == data_dir else f"{path.parent.name}:"
+        merged.update({f"{prefix}{key}": entry for key, entry in manifest.items()})
+    return merged, None
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -565,7 +573,7 @@ def dataset_cards(manifest: dict, runs: list[RunResult], paper: dict | None) -> 
     for key, entry in manifest.items():
         if not isinstance(entry, dict):
             entry = {}
-        k_task, _, k_tier = str(key).partition("/")
+        k_task, _, k_tier = str(key).rpartition(":")[2].partition("/")
         task = entry.get("task_id") if isinstance(entry.get("task_id"), str) else k_task
         tier = entry.get("quality") if isinstance(entry.get("quality"), str) else k_tier
         sha = entry.get("sha256") if isinstance(entry.get("sha256"), str) else ""
