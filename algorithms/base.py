@@ -110,3 +110,21 @@ def make_config(cls: type, overrides: dict[str, Any]) -> Any:
     if unknown:
         raise KeyError(f"{cls.name}: unknown config field(s) {unknown}; known: {sorted(fields)}")
     return cls.Config(**overrides)
+
+
+def register_variant(base: type, name: str, doc: str = "", **defaults: Any) -> type:
+    """Register `name` as a variant of the algorithm class `base`: a subclass whose Config has
+    different defaults (e.g. an ablation such as PLCQL with k fixed to 1). Overrides passed to
+    `make_config` still apply on top. Returns the new class (`variant_of` names the base)."""
+    fields = {f.name: f for f in dataclasses.fields(base.Config)}
+    unknown = sorted(set(defaults) - set(fields))
+    if unknown:
+        raise KeyError(f"{name}: unknown config field(s) {unknown} for {base.name}")
+    new_fields = [(k, fields[k].type, dataclasses.field(default=v)) for k, v in defaults.items()]
+    config = dataclasses.make_dataclass(f"{base.Config.__name__}_{name.replace('-', '_')}", new_fields,
+                                        bases=(base.Config,))
+    config.__module__ = base.__module__
+    cls = type(f"{base.__name__}_{name.replace('-', '_')}", (base,),
+               {"name": name, "Config": config, "variant_of": base.name, "variant_defaults": dict(defaults),
+                "__doc__": doc or f"{base.name} with {defaults}", "__module__": base.__module__})
+    return register(cls)

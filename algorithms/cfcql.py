@@ -1,0 +1,110 @@
+"""CFCQL, continuous actions (Shao et al. 2023, "Counterfactual Conservative Q Learning").
+
+Follows the reference `thu-rllab/CFCQL` `continuous/algorithms/maddpg_cc.py` class MATD3CC run with
+`--cql --cf_cql --central_critic` (MPE branch), see reference-implementations.md §4.3:
+
+  critic:  y = r + gamma * (1 - terminal) * min(Q1', Q2')(s', clip(pi'(o') + N(0, 0.05), -1, 1))
+           L = sum_j MSE(Q_j(s, a), y) + cql_alpha * sum_j pen_j
+           pen_j = mean_b [ sum_i (1/n) * logsumexp_m (Q_j(s, a_i^m, a_-i) - log p_unif) - Q_j(s, a) ]
+           with a_i^m ~ U[-1,1]^A, 10 samples per agent, other agents at their dataset actions.
+  actor:   per agent i, -Q_1(s, a_i = pi_i(o_i), a_-i from the dataset), averaged, + 1e-3 * mean(pi^2)
+  round:   one critic+actor update, then (ca_ratio - 1) = 4 critic-only updates, each on a fresh
+           batch, then Polyak target updates (main.py with --ca_ratio 5).
+
+The HalfCheetah branch of the reference also samples noisy current- and next-policy actions for the
+penalty (`sample_action_class="1-1-1"`); this implementation uses the uniform sampler everywhere
+(see docs/algorithms/cfcql.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plcql_bench.algorithms.base import Batch, BatchSampler, register
+from plcql_bench.algorithms.common.continuous import (
+    CentralCriticAlgorithm,
+    backbone_overrides,
+    cf_cql_penalty,
+    cql_alpha_override,
+    mean_metrics,
+)
+from plcql_bench.suite.spec import TaskSpec
+
+
+@dataclass
+class Config:
+    # --- backbone (CFCQL continuous/main.py defaults; per-task values via task_overrides) ---
+    hidden: int = 64  # --hidden_dim 64 (MPE); 256 on HalfCheetah
+    lr: float = 1e-3  # --lr 0.001 (0.01 for simple_spread via task_overrides); actors and critic
+    batch_size: int = 1024  # --batch_size 1024 (MPE); 256 on HalfCheetah
+    tau: float = 0.01  # --tau 0.01 (MPE); 0.005 on HalfCheetah
+    gamma: float = 0.95  # --gamma 0.95 (MPE); 0.99 on HalfCheetah
+    input_norm: bool = True  # reference MLPNetwork/DoubleMLPNetwork put BatchNorm1d on the input
+    n_critics: int = 2  # twin critic (DoubleMLPNetwork)
+    grad_clip: float = 0.5  # clip_grad_norm_(..., 0.5) for critic and each actor
+    target_noise: float = 0.05  # --action_noise_scale 0.05 (target policy smoothing, clipped to [-1,1])
+    action_l2: float = 1e-3  # actor loss += 1e-3 * mean(pi^2) per agent (no --no_action_reg)
+    ca_ratio: int = 5  # --ca_ratio 5: critic updates per actor update in one round
+    # --- counterfactual CQL (maddpg_cc.py, --cql --cf_cql) ---
+    cql_alpha: float = 1.0  # --cql_alpha default 1.0; per task/tier table via task_overrides (§4.3)
+    n_sampled_actions: int = 10  # --num_sampled_actions 10 (uniform samples per agent)
+    soft_q: bool = True  # subtract the uniform proposal's log-density (default, no --no_soft_q)
+    lse_temp: float = 1.0  # --lse_temp 1.0
+
+
+@register
+class CFCQL(CentralCriticAlgorithm):
+    name = "cfcql"
+    Config = Config
+    discrete = False
+
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        return {**backbone_overrides(spec), **cql_alpha_override(spec, tier)}
+
+    # -- losses ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def td_target(self, batch: Batch) -> torch.Tensor:
+        """[B]: r + gamma (1 - terminal) min_j Q'_j(s', pi'(o') + noise)."""
+        a_next = self.target_policy_actions(batch.next_obs)  # [B, n, A]
+        q_next = self.target_critic(batch.next_state, a_next.reshape(batch.size, 1, -1))  # [E, B, 1]
+        q_next = q_next.min(0).values[:, 0]
+        return batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * q_next
+
+    def critic_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """sum_j MSE(Q_j(s,a), y) + cql_alpha * sum_j pen_j. Shared by PLCQL."""
+        B = batch.size
+        q = self.critic(batch.state, batch.actions.reshape(B, 1, -1))[:, :, 0]  # [E, B]
+        td = (q - target.unsqueeze(0)).pow(2).mean(1).sum()
+        stats = {"critic/td_loss": td.detach(), "critic/q_data": q.detach().mean(),
+                 "critic/target": target.mean()}
+        loss = td
+        if self.cfg.cql_alpha > 0:
+            pen, cst = cf_cql_penalty(self.critic, batch.state, batch.actions, q, self.cfg.n_sampled_actions,
+                                      self.gen, soft_q=self.cfg.soft_q, lse_temp=self.cfg.lse_temp)
+            pen = pen.sum()
+            loss = loss + self.cfg.cql_alpha * pen
+            stats.update(cst)
+            stats["cql/penalty"] = pen.detach()
+        stats["critic/loss"] = loss.detach()
+        return loss, stats
+
+    # -- one round ---------------------------------------------------------------------------------
+    def update(self, sample: BatchSampler) -> dict[str, float]:
+        critic_ms, out = [], {}
+        for u in range(self.cfg.ca_ratio):
+            batch = sample(self.cfg.batch_size)
+            loss, stats = self.critic_loss(batch, self.td_target(batch))
+            gn = self.critic_step(loss)
+            m = {k: float(v) for k, v in stats.items()}
+            m["critic/grad_norm"] = gn
+            critic_ms.append(m)
+            if u == 0:
+                out.update(self.actor_step(batch))
+        self.update_targets()
+        self.rounds += 1
+        out.update(mean_metrics(critic_ms))
+        return out

@@ -1,0 +1,332 @@
+"""Shared machinery for the continuous-action actor-critic algorithms (CFCQL, PLCQL, later SPaCQL).
+
+Follows CFCQL's `continuous/` MATD3CC (`--cql --cf_cql --central_critic`), itself built on the OMAR
+backbone (reference-implementations.md §4.0, §4.3):
+  * a centralised critic ensemble Q_j(s, a_1..a_n) over the global state and the joint action
+    (`EnsembleCritic`, E members in one batched call);
+  * decentralised deterministic tanh actors, one independent MLP per agent (`Actors`, stacked);
+  * target networks with Polyak averaging;
+  * the counterfactual CQL penalty (`cf_cql_penalty`);
+  * per-network gradient-norm clipping.
+
+Shapes: B = batch, n = agents, A = per-agent action dim, E = ensemble members, R = joint actions
+evaluated per state (R = 1 for a plain call, R = n * n_samples for the CF-CQL term).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from plcql_bench.algorithms.base import Batch
+from plcql_bench.algorithms.common.nets import (
+    StackedInputNorm,
+    StackedLinear,
+    StackedMLP,
+    clip_grad_norm_stacked_,
+    hard_update_,
+    polyak_,
+)
+from plcql_bench.suite.spec import TaskSpec
+
+# --------------------------------------------------------------------------------------------
+# Per-task reference settings (reference-implementations.md §4.0 / §4.3)
+# --------------------------------------------------------------------------------------------
+
+# CFCQL continuous `env_config_map` (maddpg_cc.py ~l.643): cql_alpha per task and dataset tier.
+CFCQL_ALPHA: dict[str, dict[str, float]] = {
+    "mpe-cn": {"random": 0.5, "medium-replay": 1.0, "medium": 5.0, "expert": 2.5},
+    "mpe-pp": {"random": 0.5, "medium-replay": 0.5, "medium": 0.6, "expert": 2.0},
+    "mpe-world": {"random": 0.5, "medium-replay": 0.5, "medium": 0.32, "expert": 0.3},
+    "mamujoco": {"random": 0.1, "medium-replay": 0.4, "medium": 1.0, "expert": 1.7},
+}
+
+
+def backbone_overrides(spec: TaskSpec) -> dict[str, Any]:
+    """Network/optimiser settings of the CFCQL continuous code for a task (§4.3).
+
+    MPE: hidden 64, batch 1024, tau 0.01, gamma 0.95, lr 0.01 on CN (simple_spread) else 0.001.
+    HalfCheetah (task ids starting with "mamujoco"): hidden 256, batch 256, lr 3e-4, tau 0.005,
+    gamma 0.99.
+    """
+    if spec.task_id.startswith("mamujoco"):
+        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99)
+    if spec.task_id.startswith("mpe"):
+        return dict(hidden=64, batch_size=1024, lr=0.01 if spec.task_id == "mpe-cn" else 0.001,
+                    tau=0.01, gamma=0.95)
+    return {}
+
+
+def cql_alpha_override(spec: TaskSpec, tier: str) -> dict[str, Any]:
+    key = "mamujoco" if spec.task_id.startswith("mamujoco") else spec.task_id
+    table = CFCQL_ALPHA.get(key, {})
+    return {"cql_alpha": table[tier]} if tier in table else {}
+
+
+# --------------------------------------------------------------------------------------------
+# Networks
+# --------------------------------------------------------------------------------------------
+
+
+class Actors(nn.Module):
+    """n independent deterministic tanh actors (reference `MLPNetwork(constrain_out=True)`):
+    [input BatchNorm] -> 2 x (Linear, ReLU) -> Linear (weights U(+-3e-3)) -> tanh."""
+
+    def __init__(self, n_agents: int, obs_dim: int, act_dim: int, hidden: int, input_norm: bool,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.mlp = StackedMLP(n_agents, obs_dim, act_dim, hidden=hidden, input_norm=input_norm,
+                              tanh_out=True, last_init_scale=3e-3, generator=generator)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, n, obs_dim] -> actions [B, n, act_dim] in (-1, 1)."""
+        return self.mlp(obs.transpose(0, 1)).transpose(0, 1)
+
+
+class EnsembleCritic(nn.Module):
+    """E independent centralised critics Q_j(s, a_joint), evaluated in one batched call.
+
+    Each member is [input BatchNorm] -> Linear(S + nA, H) -> ReLU -> Linear(H, H) -> ReLU ->
+    Linear(H, 1), like the reference `DoubleMLPNetwork` branches. The first layer is split into a
+    state part and an action part, so that when R joint actions are evaluated for the same state
+    (the CF-CQL term evaluates R = n * n_samples of them) the state part is computed once per state
+    and broadcast, which is mathematically identical to evaluating the concatenated input.
+
+    Input normalisation (reference BatchNorm1d in training mode) uses the statistics of the call's
+    batch per feature; since every state is repeated exactly R times, the statistics of the state
+    columns over the repeated batch equal those over the B states, so the split is exact. The
+    per-member affine transform of the normaliser is folded into the first layer's weights.
+    Critics are never evaluated in eval mode, so no running statistics are kept.
+    """
+
+    def __init__(self, n_members: int, state_dim: int, joint_act_dim: int, hidden: int, input_norm: bool,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.n_members, self.state_dim, self.joint_act_dim = n_members, state_dim, joint_act_dim
+        self.input_norm = input_norm
+        if input_norm:
+            self.norm = StackedInputNorm(n_members, state_dim + joint_act_dim, track_running_stats=False)
+        self.l1 = StackedLinear(n_members, state_dim + joint_act_dim, hidden, generator)
+        self.l2 = StackedLinear(n_members, hidden, hidden, generator)
+        self.l3 = StackedLinear(n_members, hidden, 1, generator)
+
+    @staticmethod
+    def _standardise(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+        var, mean = torch.var_mean(x, dim=0, keepdim=True, correction=0)
+        return (x - mean) * torch.rsqrt(var + eps)
+
+    def forward(self, state: torch.Tensor, actions: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """state [B, S], actions [B, R, nA] -> Q [E', B, R] (E' = members selected, default all)."""
+        B, R, nA = actions.shape
+        S = self.state_dim
+        sl = members if members is not None else slice(None)
+        w1, b1 = self.l1.weight[sl], self.l1.bias[sl]
+        E = w1.shape[0]
+        w1_s, w1_a = w1[:, :S], w1[:, S:]
+        a = actions.reshape(B * R, nA)
+        s = state
+        if self.input_norm:
+            s, a = self._standardise(s), self._standardise(a)
+            g, beta = self.norm.weight[sl], self.norm.bias[sl]  # [E, 1, S + nA]
+            # (x * g + beta) @ W + b = x @ (g^T * W) + (beta @ W + b)
+            w1_s = w1_s * g[:, 0, :S].unsqueeze(-1)
+            w1_a = w1_a * g[:, 0, S:].unsqueeze(-1)
+            b1 = b1 + torch.bmm(beta, w1)
+        h_s = torch.baddbmm(b1, s.unsqueeze(0).expand(E, B, S), w1_s)  # [E, B, H]
+        # In-place add/relu where autograd allows it: the large [E, B*R, H] activations dominate
+        # CPU time through allocation (page faults), not arithmetic.
+        if R == 1:
+            h = torch.baddbmm(h_s, a.unsqueeze(0).expand(E, B, nA), w1_a)
+        else:
+            h = torch.bmm(a.unsqueeze(0).expand(E, B * R, nA), w1_a)  # [E, B*R, H]
+            h.view(E, B, R, -1).add_(h_s.unsqueeze(2))
+        h = h.relu_()
+        h = torch.baddbmm(self.l2.bias[sl], h, self.l2.weight[sl]).relu_()
+        q = torch.baddbmm(self.l3.bias[sl], h, self.l3.weight[sl])
+        return q.view(E, B, R)
+
+
+# --------------------------------------------------------------------------------------------
+# Joint-action helpers (all vectorised over agents)
+# --------------------------------------------------------------------------------------------
+
+
+def counterfactual_joint(dataset: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Joint actions where, for each agent i, only agent i deviates.
+
+    dataset [B, n, A]: the dataset joint action; own [B, n, M, A]: M candidate actions of each agent.
+    Returns [B, n * M, n * A]: row (i, m) has agent i at own[:, i, m] and every j != i at dataset[:, j].
+    """
+    B, n, M, A = own.shape
+    eye = torch.eye(n, dtype=torch.bool, device=own.device).view(1, n, 1, n, 1)
+    joint = torch.where(eye, own.unsqueeze(3), dataset.view(B, 1, 1, n, A))  # [B, n, M, n, A]
+    return joint.reshape(B, n * M, n * A)
+
+
+def replace_agents(dataset: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """dataset, policy [B, n, A]; mask [B, n] bool (True = take the policy's action)."""
+    return torch.where(mask.unsqueeze(-1), policy, dataset)
+
+
+def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.Tensor,
+                   q_data: torch.Tensor, n_samples: int, generator: torch.Generator,
+                   weights: torch.Tensor | None = None, soft_q: bool = True,
+                   lse_temp: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Counterfactual CQL term of CFCQL (continuous, MPE branch of maddpg_cc.py):
+
+        pen_j = mean_b [ sum_i lambda_i * T * logsumexp_m( (Q_j(s, a_i^m, a_-i) - log p_unif) / T )
+                         - Q_j(s, a) ]
+
+    with a_i^m ~ U[-1, 1]^A (m = 1..n_samples), a_-i the dataset actions of the other agents,
+    log p_unif = A * log(1/2) subtracted when `soft_q` (reference default), lambda_i = 1/n unless
+    given. All n * n_samples counterfactual joint actions go through ONE critic call.
+
+    q_data [E, B]: the critic at the dataset joint action (from the TD loss). Returns the per-member
+    penalty [E] and diagnostics.
+    """
+    B, n, A = actions.shape
+    samples = torch.rand(B, n, n_samples, A, generator=generator, device=actions.device) * 2 - 1
+    q_cf = critic(state, counterfactual_joint(actions, samples))  # [E, B, n * M]
+    q_cf = q_cf.view(q_cf.shape[0], B, n, n_samples)
+    if soft_q:
+        q_cf = q_cf + A * math.log(2.0)  # - log density of U[-1,1]^A
+    lse = torch.logsumexp(q_cf / lse_temp, dim=-1) * lse_temp  # [E, B, n]
+    if weights is None:
+        pol = lse.mean(-1)
+    else:
+        pol = (lse * weights).sum(-1)
+    pen = (pol - q_data).mean(-1)  # [E]
+    return pen, {"cql/lse_q": pol.detach().mean(), "cql/raw_cf_q": q_cf.detach().mean()}
+
+
+# --------------------------------------------------------------------------------------------
+# Base class for the centralised-critic TD3-style algorithms
+# --------------------------------------------------------------------------------------------
+
+
+class CentralCriticAlgorithm:
+    """Holds actors, target actors, critic ensemble, target critic, optimisers and an RNG.
+
+    Subclasses implement `_critic_loss(batch, with_stats)` (target + penalty) and `update()`.
+    Config fields used here: hidden, lr, tau, gamma, input_norm, n_critics, grad_clip,
+    target_noise, action_l2.
+    """
+
+    name = "central-critic"
+    discrete = False
+
+    def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
+        if spec.discrete:
+            raise ValueError(f"{self.name} is for continuous actions; task {spec.task_id} is discrete")
+        self.spec, self.cfg, self.seed, self.device = spec, config, seed, torch.device(device)
+        self.n, self.A = spec.n_agents, spec.act_dim
+        # Parameters are drawn from a generator seeded by `seed` (independent of global RNG state).
+        init_gen = torch.Generator().manual_seed(int(seed))
+        c = config
+        self.actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, init_gen)
+        self.target_actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, init_gen)
+        self.critic = EnsembleCritic(c.n_critics, spec.state_dim, self.n * self.A, c.hidden, c.input_norm, init_gen)
+        self.target_critic = EnsembleCritic(c.n_critics, spec.state_dim, self.n * self.A, c.hidden,
+                                            c.input_norm, init_gen)
+        self._build_extra(init_gen)
+        for m in self.modules().values():
+            m.to(self.device)
+        hard_update_(self.target_actors, self.actors)
+        hard_update_(self.target_critic, self.critic)
+        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
+        self._build_extra_optimisers()
+        # Sampling RNG for everything random inside update() (noise, CQL samples, PAR draws).
+        self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
+        self.rounds = 0
+
+    # hooks ------------------------------------------------------------------------------------
+    def _build_extra(self, init_gen: torch.Generator) -> None:
+        pass
+
+    def _build_extra_optimisers(self) -> None:
+        pass
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"actors": self.actors, "target_actors": self.target_actors,
+                "critic": self.critic, "target_critic": self.target_critic}
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+
+    # common pieces ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def target_policy_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """Target actors at o' plus clipped-to-[-1,1] N(0, target_noise) smoothing (reference
+        `action_noise`, --action_noise_scale 0.05)."""
+        a = self.target_actors(next_obs)
+        if self.cfg.target_noise > 0:
+            a = a + torch.randn(a.shape, generator=self.gen, device=a.device) * self.cfg.target_noise
+        return a.clamp(-1.0, 1.0)
+
+    def critic_step(self, loss: torch.Tensor) -> float:
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        # One norm over the whole critic module (reference clips critic.parameters() jointly).
+        gn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip, foreach=True)
+        self.critic_opt.step()
+        return float(gn)
+
+    def actor_step(self, batch: Batch) -> dict[str, float]:
+        """cf_pol actor loss (reference default): for each agent i, -Q_1(s, a_i = pi_i(o_i), a_-i from the
+        dataset), averaged over agents and batch, + action_l2 * sum_i mean(pi_i^2)."""
+        pi = self.actors(batch.obs)  # [B, n, A]
+        joint = counterfactual_joint(batch.actions, pi.unsqueeze(2))  # [B, n, nA]
+        q = self.critic(batch.state, joint, members=slice(0, 1))  # [1, B, n]
+        pol_loss = -q.mean()
+        reg = self.cfg.action_l2 * pi.pow(2).mean(dim=(0, 2)).sum()
+        loss = pol_loss + reg
+        params = list(self.actors.parameters())
+        grads = torch.autograd.grad(loss, params)  # no critic weight gradients needed
+        for p, g in zip(params, grads):
+            p.grad = g
+        clip_grad_norm_stacked_(params, self.cfg.grad_clip, self.n)  # per agent, as the reference
+        self.actor_opt.step()
+        self.actor_opt.zero_grad(set_to_none=True)
+        pol_loss, reg = pol_loss.detach(), reg.detach()
+        return {"actor/loss": float(pol_loss), "actor/q": float(-pol_loss), "actor/action_l2": float(reg)}
+
+    def update_targets(self) -> None:
+        polyak_(self.target_critic, self.critic, self.cfg.tau)
+        polyak_(self.target_actors, self.actors, self.cfg.tau)
+
+    # protocol ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        was_training = self.actors.training
+        self.actors.eval()  # input BatchNorm uses running statistics, as the reference's prep_rollouts
+        try:
+            o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+            a = self.actors(o)
+        finally:
+            self.actors.train(was_training)
+        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
+        sd.update({k: o.state_dict() for k, o in self.optimisers().items()})
+        sd["gen"] = self.gen.get_state()
+        sd["rounds"] = self.rounds
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, m in self.modules().items():
+            m.load_state_dict(state[k])
+        for k, o in self.optimisers().items():
+            o.load_state_dict(state[k])
+        self.gen.set_state(state["gen"])
+        self.rounds = int(state["rounds"])
+
+
+def mean_metrics(ms: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in ms for k in m}
+    return {k: float(np.mean([m[k] for m in ms if k in m])) for k in sorted(keys)}

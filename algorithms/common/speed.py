@@ -1,0 +1,72 @@
+"""Timing helper: median wall-clock milliseconds per update round on a synthetic in-memory buffer.
+
+    from plcql_bench.algorithms.common.speed import time_update_rounds
+    time_update_rounds("cfcql", spec, {"hidden": 64, "batch_size": 1024, "lr": 0.01}, rounds=20)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from plcql_bench.algorithms.base import Batch, get_algorithm, make_config
+from plcql_bench.suite.spec import TaskSpec
+
+
+class SyntheticBuffer:
+    """N random transitions held as tensors on `device`; calling it samples a Batch."""
+
+    def __init__(self, spec: TaskSpec, size: int = 100_000, device: str = "cpu", seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        n, o, s, a = spec.n_agents, spec.obs_dim, spec.state_dim, spec.act_dim
+        self.size, self.spec, self.device = size, spec, torch.device(device)
+        self.g = torch.Generator(device=self.device).manual_seed(seed)
+
+        def r(*shape):
+            return torch.randn(*shape, generator=g)
+
+        def act():
+            if spec.discrete:
+                return torch.randint(0, a, (size, n), generator=g)
+            return torch.rand(size, n, a, generator=g) * 2 - 1
+
+        d = dict(obs=r(size, n, o), state=r(size, s), actions=act(), rewards=r(size),
+                 next_obs=r(size, n, o), next_state=r(size, s), next_actions=act(),
+                 next_actions_valid=(torch.rand(size, generator=g) > 0.04).float(),
+                 terminals=(torch.rand(size, generator=g) > 0.98).float())
+        self.data = {k: v.to(self.device) for k, v in d.items()}
+
+    def __call__(self, batch_size: int) -> Batch:
+        idx = torch.randint(0, self.size, (batch_size,), generator=self.g, device=self.device)
+        return Batch(**{k: v[idx] for k, v in self.data.items()})
+
+
+def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any] | None = None,
+                       rounds: int = 20, batch_size: int | None = None, warmup: int = 3,
+                       device: str = "cpu", seed: int = 0, buffer_size: int = 100_000) -> dict[str, float]:
+    """Build `algo_name` on `spec` with `overrides` (batch_size overrides the config's), run `warmup`
+    untimed rounds and then `rounds` timed rounds; returns median/mean/min/max ms per round."""
+    cls = get_algorithm(algo_name)
+    ov = dict(overrides or {})
+    if batch_size is not None:
+        ov["batch_size"] = batch_size
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    algo = cls(spec, make_config(cls, ov), seed, device)
+    buf = SyntheticBuffer(spec, buffer_size, device, seed)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        algo.update(buf)
+    sync()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        algo.update(buf)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+            "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
