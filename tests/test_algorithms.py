@@ -323,3 +323,27 @@ def test_state_dict_round_trip(name, buf, tmp_path):
     if name != "bc":  # the continued training is identical too (same RNG and optimiser state)
         b1, b2 = SyntheticBuffer(SPEC, 300, seed=5), SyntheticBuffer(SPEC, 300, seed=5)
         assert algo.update(b1) == fresh.update(b2)
+
+
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_split_critic_gradients_match_concatenated(input_norm):
+    """The split first layer + in-place broadcast add gives the same parameter gradients as the
+    plain per-member MLP on the concatenated (state, joint action) input."""
+    B, R, S, nA, E = 4, 5, 3, 4, 2
+    critic = EnsembleCritic(E, S, nA, 6, input_norm, torch.Generator().manual_seed(0))
+    state, acts = torch.randn(B, S), torch.randn(B, R, nA)
+    critic(state, acts).pow(2).sum().backward()
+    g_split = [p.grad.clone() for p in critic.parameters()]
+    critic.zero_grad()
+    X = torch.cat([state.unsqueeze(1).expand(B, R, S), acts], -1).reshape(B * R, S + nA)
+    if input_norm:
+        X = (X - X.mean(0)) / torch.sqrt(X.var(0, unbiased=False) + 1e-5)
+        X = X.unsqueeze(0) * critic.norm.weight + critic.norm.bias
+    else:
+        X = X.unsqueeze(0).expand(E, -1, -1)
+    h = torch.relu(torch.baddbmm(critic.l1.bias, X, critic.l1.weight))
+    h = torch.relu(torch.baddbmm(critic.l2.bias, h, critic.l2.weight))
+    q = torch.baddbmm(critic.l3.bias, h, critic.l3.weight)
+    q.pow(2).sum().backward()
+    for a, p in zip(g_split, critic.parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-4, rtol=1e-4)
