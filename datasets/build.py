@@ -115,6 +115,6 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     path.parent.mkdir(parents=True, exist_ok=True)
     sha = fmt.write_dataset(path, arrays, attrs)
     fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads
-    entry = manifest.make_entry(data_dir, path, sha, profile)
+    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile)
     manifest.record(data_dir, entry)
     return entry

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
+from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.spec import Task
 
 # task id -> (module, factory function returning a Task)
@@ -21,8 +22,8 @@ SMAC_TIERS = ("medium", "medium-replay", "expert", "mixed")
 ALL_TIERS = ("expert", "medium", "medium-replay", "random", "mixed")
 
 
-class UnknownTaskError(KeyError):
-    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+class UnknownTaskError(BenchError, KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
