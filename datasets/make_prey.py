@@ -14,7 +14,7 @@ build our own stand-in, reproducibly and in seconds on a CPU:
    Adam) into OMAR's MLPNetwork (BatchNorm input, 64-64 ReLU, tanh output), saved in OMAR's
    `agent_params` layout (3 placeholder predator entries, then the prey).
 
-Usage: python tools/make_prey.py [--out datasets/assets] [--seed 0]
+Usage: python -m plcql_bench.datasets.make_prey [--out datasets/assets] [--seed 0]
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def make(task_id: str, out_dir: Path, seed: int) -> Path:
     obs = collect_obs(task_id, seed)
     net = distill(obs, flee_action(task_id, obs), seed)
     path = out_dir / f"prey_{task_id}.pt"
-    meta = {"task_id": task_id, "made_by": "tools/make_prey.py", "seed": seed,
+    meta = {"task_id": task_id, "made_by": "plcql_bench.datasets.make_prey", "seed": seed,
             "heuristic": HEURISTIC, "bc_samples": len(obs),
             "note": "behaviour-cloned scripted flee prey; NOT OMAR's pretrained DDPG prey"}
     prey.save_prey_file(path, net.state_dict(), n_predators=mpe.N_LEARNERS, meta=meta)
