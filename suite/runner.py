@@ -85,7 +85,10 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     except KeyError as exc:
         raise BenchError(exc.args[0]) from None
     try:
-        config = make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **(overrides or {})})
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
+        config = make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **from_profile,
+                                   **(overrides or {})})
     except (KeyError, TypeError) as exc:
         raise BenchError(str(exc).strip("'\"")) from None
     data_root = profile_dir(data_dir, profile)

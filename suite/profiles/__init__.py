@@ -4,7 +4,7 @@ file shipped here, or any YAML path with the same keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ class Profile:
     checkpoint_every: int
     matrix: dict[str, list]
     source: str
+    # Config overrides for every algorithm that has the field (e.g. a smaller batch for smoke).
+    algo_overrides: dict[str, Any] = field(default_factory=dict)
 
     def episodes_for(self, task_id: str, tier: str) -> int:
         return _lookup(self.dataset_episodes, task_id, tier)
@@ -88,4 +90,5 @@ def _parse(raw: dict[str, Any], source: str) -> Profile:
         checkpoint_every=int(train["checkpoint_every"]),
         matrix={k: list(v) for k, v in raw["matrix"].items()},
         source=source,
+        algo_overrides=dict(raw.get("algo_overrides") or {}),
     )
