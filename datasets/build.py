@@ -21,10 +21,6 @@ from plcql_bench.suite.tasks import ALL_TIERS, get_task
 COLLECT_BATCH = 256
 
 
-def dataset_path(data_dir: Path, task_id: str, tier: str) -> Path:
-    return Path(data_dir) / task_id / f"{tier}.h5"
-
-
 def collect(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarray]:
     """Roll out one episode per seed; return format-v1 arrays, episode-major."""
     parts = [_collect_batch(task, policy, seeds[i : i + COLLECT_BATCH])
@@ -111,7 +107,7 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
         "ref_return_random": refs["random"], "ref_return_expert": refs["expert"],
         "profile": profile,
     }
-    path = dataset_path(data_dir, task_id, tier)
+    path = manifest.dataset_path(data_dir, task_id, tier)
     path.parent.mkdir(parents=True, exist_ok=True)
     sha = fmt.write_dataset(path, arrays, attrs)
     fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads

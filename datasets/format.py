@@ -529,9 +529,7 @@ def write_dataset(
                 f.create_dataset(name, data=a, **kw)
             for k in sorted(attrs):
                 v = attrs[k]
-                if k == "env_versions":
-                    v = json.dumps(v, sort_keys=True)
-                elif isinstance(v, (dict, list)):
+                if isinstance(v, (dict, list)):
                     v = json.dumps(v, sort_keys=True)
                 f.attrs[k] = v
         with open(tmp, "rb+") as fh:

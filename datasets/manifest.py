@@ -21,7 +21,6 @@ import datetime as _dt
 import fcntl
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,6 +32,7 @@ from plcql_bench.datasets.format import (
     read_attrs,
 )
 from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.store import atomic_write_json
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
@@ -103,22 +103,6 @@ def _locked(data_dir: Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def make_entry(
     data_dir: str | os.PathLike,
     file: str | os.PathLike,
@@ -162,7 +146,7 @@ def record(data_dir: str | os.PathLike, entry: dict[str, Any]) -> str:
     with _locked(data_dir):
         datasets = _read(path)
         datasets[k] = entry
-        _write_atomic(path, datasets)
+        atomic_write_json(path, datasets)
     return k
 
 
