@@ -22,7 +22,7 @@ Variants: `fixed_k` (None | 1 | "n") and `uncertainty_weight` (False -> w = 1); 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 import torch
 from torch import nn

@@ -62,82 +62,6 @@ def version(show_all: bool) -> None:
         click.echo(f"  {'git commit':<20} {git_commit()}")
 
 
-# ----------------------------------------------------------------------------- datasets
-@cli.group()
-def datasets() -> None:
-    """Build, list and inspect datasets."""
-
-
-@datasets.command("list")
-@click.option("--profile", default="smoke", show_default=True)
-@click.pass_obj
-def datasets_list(obj: dict, profile: str) -> None:
-    """Every task x tier with its status under the profile's data directory."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import behaviour_for
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import profile_dir
-    from plcql_bench.suite.tasks import get_task, task_ids
-
-    prof = load_profile(profile)
-    root = profile_dir(obj["data_dir"], prof)
-    entries = manifest.read_manifest(root)
-    click.echo(f"{'task':<12} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
-    for task_id in task_ids():
-        for tier in get_task(task_id).spec.tiers:
-            entry = entries.get(f"{task_id}/{tier}")
-            if entry:
-                status, n = "built", entry["n_transitions"]
-                ret = f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
-            else:
-                status = "not built" if behaviour_for(task_id, tier) else "unavailable"
-                n, ret = "", ""
-            src = behaviour_for(task_id, tier)
-            click.echo(f"{task_id:<12} {tier:<14} {status:<12} {n:>11} {ret:>18}  "
-                       f"{src.policy_id if src else '-'}")
-
-
-@datasets.command("build")
-@click.argument("task", required=False)
-@click.argument("tier", required=False)
-@click.option("--profile", default="smoke", show_default=True)
-@click.option("--all", "build_all", is_flag=True, help="Every task x tier that has a behaviour policy.")
-@click.option("--matrix", is_flag=True, help="The datasets the profile's default matrix needs.")
-@click.option("--seed", "generator_seed", default=0, show_default=True, help="Generator seed.")
-@click.option("--force", is_flag=True, help="Rebuild even if the manifest has it.")
-@click.pass_obj
-def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, force) -> None:
-    """Build TASK TIER (or --all / --matrix) at the profile's size."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import behaviour_for
-    from plcql_bench.datasets.build import build_dataset
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import profile_dir
-    from plcql_bench.suite.tasks import get_task, task_ids
-
-    prof = load_profile(profile)
-    if build_all:
-        todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if behaviour_for(t, q)]
-    elif matrix:
-        todo = [(t, q) for t in prof.matrix["tasks"] for q in prof.matrix["tiers"]]
-    elif task and tier:
-        todo = [(task, tier)]
-    else:
-        raise click.UsageError("give TASK TIER, or --all, or --matrix")
-    root = profile_dir(obj["data_dir"], prof)
-    for task_id, q in todo:
-        get_task(task_id)  # unknown task -> clear error before any work
-        if not force and manifest.lookup(root, task_id, q):
-            click.echo(f"{task_id}/{q}: already built (use --force to rebuild)")
-            continue
-        entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
-                              profile=prof.name, generator_seed=generator_seed)
-        click.echo(f"{task_id}/{q}: {entry['n_transitions']} transitions, return "
-                   f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
-                   f"(refs: random {entry['ref_return_random']:.1f}, expert "
-                   f"{entry['ref_return_expert']:.1f}) -> {root / entry['file']}")
-
-
 # ----------------------------------------------------------------------------- runs
 def _parse_sets(pairs: tuple[str, ...]) -> dict:
     out = {}
@@ -231,6 +155,17 @@ def leaderboard(obj, results, out) -> None:
     index = build_site(results or obj["results_dir"], out, data_dir=obj["data_dir"])
     click.echo(f"leaderboard -> {index}")
 
+
+def _register_subcommands() -> None:
+    """Command groups that live next to what they drive."""
+    from plcql_bench.algorithms.cli import bench_speed
+    from plcql_bench.datasets.cli import datasets
+
+    cli.add_command(datasets)
+    cli.add_command(bench_speed)
+
+
+_register_subcommands()
 
 if __name__ == "__main__":
     main()
