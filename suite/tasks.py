@@ -14,6 +14,7 @@ _FACTORIES: dict[str, tuple[str, str]] = {
     "mpe-cn": ("plcql_bench.suite.envs.mpe", "cn_task"),
     "mpe-pp": ("plcql_bench.suite.envs.mpe", "pp_task"),
     "mpe-world": ("plcql_bench.suite.envs.mpe", "world_task"),
+    "mamujoco-halfcheetah-2x3": ("plcql_bench.suite.envs.mamujoco", "halfcheetah_task"),
 }
 
 # Quality tiers, in the paper's order.
