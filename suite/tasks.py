@@ -14,6 +14,10 @@ _FACTORIES: dict[str, tuple[str, str]] = {
     "mpe-cn": ("plcql_bench.suite.envs.mpe", "cn_task"),
     "mpe-pp": ("plcql_bench.suite.envs.mpe", "pp_task"),
     "mpe-world": ("plcql_bench.suite.envs.mpe", "world_task"),
+    "smax-2s3z": ("plcql_bench.suite.envs.smax", "smax_2s3z_task"),
+    "smax-3s_vs_5z": ("plcql_bench.suite.envs.smax", "smax_3s_vs_5z_task"),
+    "smax-5m_vs_6m": ("plcql_bench.suite.envs.smax", "smax_5m_vs_6m_task"),
+    "smax-6h_vs_8z": ("plcql_bench.suite.envs.smax", "smax_6h_vs_8z_task"),
     "mamujoco-halfcheetah-2x3": ("plcql_bench.suite.envs.mamujoco", "halfcheetah_task"),
 }
 
