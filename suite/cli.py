@@ -87,6 +87,7 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
 @click.pass_obj
 def run(obj, algo, task, tier, seed, profile, sets, device) -> None:
     """Train and evaluate one cell; skips it if already finished."""
+    from plcql_bench.suite.executors import _RunLog
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, execute, plan_run
 
@@ -95,52 +96,245 @@ def run(obj, algo, task, tier, seed, profile, sets, device) -> None:
     if plan.is_done():
         click.echo(f"{plan.cell.label()}: already done -> {plan.final_path}")
         return
-    result = execute(plan, device=device, log=click.echo)
+    result = execute(plan, device=device, log=_RunLog(plan.run_dir, echo=True))
     click.echo(f"{plan.cell.label()}: score {result['score']:.2f} ({result['score_name']}) "
                f"in {result['train']['wall_clock_s']:.1f}s -> {plan.final_path}")
 
 
-@cli.command("all")
-@click.option("--profile", default="smoke", show_default=True)
-@click.option("--build-missing/--no-build-missing", default=True, show_default=True,
-              help="Build datasets the matrix needs when they are missing.")
-@click.option("--device", default="cpu", show_default=True)
-@click.pass_obj
-def run_all(obj, profile, build_missing, device) -> None:
-    """Run the profile's matrix, skipping finished cells; nonzero exit if any run failed."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.build import build_dataset
+# Options shared by `all` and `plan`: which cells.
+def _matrix_options(f):
+    f = click.option("--shard", default=None, metavar="I/N",
+                     help="Only shard I of N (0-based) of the selected cells, for CI matrices and "
+                          "Slurm arrays (e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")(f)
+    f = click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
+                     help="Filter the matrix: algo=, task=, dataset=, seed= with comma lists, "
+                          "e.g. --only algo=bc,cfcql,seed=0,1.")(f)
+    return click.option("--profile", default="smoke", show_default=True)(f)
+
+
+def _select(obj, profile, only, shard):
+    from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, execute, plan_run, profile_dir
 
     prof = load_profile(profile)
-    m = prof.matrix
+    return prof, select_cells(prof, parse_only(only), parse_shard(shard))
+
+
+class _Progress:
+    """A progress bar with ETA on a terminal (tqdm); plain lines, no bar, when piped."""
+
+    def __init__(self, total: int, desc: str):
+        self.bar = None
+        if total and sys.stdout.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout, dynamic_ncols=True)
+            except ImportError:  # tqdm is a dependency, but keep working without it
+                self.bar = None
+
+    def echo(self, msg: str, err: bool = False) -> None:
+        if self.bar is not None and not err:
+            self.bar.write(msg)
+        else:
+            click.echo(msg, err=err)
+
+    def step(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@cli.command("all")
+@_matrix_options
+@click.option("--build-missing/--no-build-missing", default=True, show_default=True,
+              help="Build datasets the selected cells need when they are missing.")
+@click.option("--jobs", "-j", type=click.IntRange(min=0), default=None,
+              help="Runs at once (default 1 on CPU; GPUs x --per-gpu on CUDA). Each run in a "
+                   "spawned process with max(1, cores // jobs) torch threads; its log in run.log.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--per-gpu", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs sharing one GPU (with --device cuda/auto).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--ray-address", default=None, help="Existing Ray cluster (default: start a local one on 127.0.0.1).")
+@click.option("--rerun-failed", is_flag=True, help="Run failed cells again (default: report and skip them).")
+@click.option("--force", is_flag=True, help="Retrain the selected cells from scratch, even finished ones.")
+@click.pass_obj
+def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, executor, ray_address,
+            rerun_failed, force) -> None:
+    """Run the profile's matrix: skip finished cells, resume partial ones from their checkpoint,
+    isolate failures (traceback in status.json); exit 1 if any selected cell is failed."""
+    from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.build import build_dataset
+    from plcql_bench.suite.executors import Job, cpu_count, resolve_device, run_jobs
+    from plcql_bench.suite.matrix import cell_state
+    from plcql_bench.suite.runner import plan_run, profile_dir
+
+    prof, cells = _select(obj, profile, only, shard)
+    dev, n_gpus = resolve_device(device)
+    if jobs is None:
+        jobs = (n_gpus * per_gpu) if dev == "cuda" else (cpu_count() if executor == "ray" and not ray_address else 1)
+        if executor == "ray" and ray_address:
+            jobs = 0  # as many as the cluster schedules
     root = profile_dir(obj["data_dir"], prof)
     if build_missing:
-        for task_id in m["tasks"]:
-            for tier in m["tiers"]:
-                if not manifest.lookup(root, task_id, tier):
-                    click.echo(f"building dataset {task_id}/{tier}")
-                    build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.name)
-    cells = [Cell(a, t, q, s) for t in m["tasks"] for q in m["tiers"] for a in m["algos"] for s in m["seeds"]]
-    counts = {"trained": 0, "skipped": 0, "failed": 0}
+        for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
+            if not manifest.lookup(root, task_id, tier):
+                click.echo(f"building dataset {task_id}/{tier}")
+                build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.name)
+    counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0}
+    todo = []
     for cell in cells:
-        plan = plan_run(cell, prof, obj["data_dir"], obj["results_dir"])
-        if plan.is_done():
+        plan = plan_run(cell, prof, obj["data_dir"], obj["results_dir"])  # resolves before any run
+        state = cell_state(plan)
+        if force:
+            todo.append(cell)
+        elif state == "done":
             counts["skipped"] += 1
-            continue
-        try:
-            result = execute(plan, device=device, log=click.echo)
-        except Exception as exc:  # isolate failures: record, report, continue
+        elif state == "failed" and not rerun_failed:
+            counts["failed_skipped"] += 1
+            click.echo(f"failed earlier, skipped (--rerun-failed to retry): {cell.label()} "
+                       f"({plan.run_dir / 'status.json'})", err=True)
+        else:
+            todo.append(cell)
+    job_list = [Job(c, prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force) for c in todo]
+    progress = _Progress(len(job_list), f"all ({prof.name})")
+
+    def report(o: dict) -> None:
+        progress.step()
+        cell = o["cell"]
+        if o["state"] in ("trained", "skipped"):
+            counts["trained" if o["state"] == "trained" else "skipped"] += 1
+            score = f"{o['score']:.2f}" if o["score"] is not None else "n/a"
+            progress.echo(f"{cell.label()}: score {score} ({o['seconds']:.1f}s)")
+        elif o["state"] == "busy":
+            counts["busy"] += 1
+            progress.echo(f"busy, skipped: {o['error']}", err=True)
+        else:
             counts["failed"] += 1
-            click.echo(f"FAILED {cell.label()}: {_one_line(exc)} (see {plan.run_dir / 'status.json'})", err=True)
-            continue
-        counts["trained"] += 1
-        click.echo(f"{cell.label()}: score {result['score']:.2f} ({result['train']['wall_clock_s']:.1f}s)")
+            where = f" (see {Path(o['run_dir']) / 'status.json'})" if o.get("run_dir") else ""
+            progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
+
+    try:
+        run_jobs(job_list, executor=executor, workers=jobs, device=dev, n_gpus=n_gpus,
+                 per_gpu=per_gpu, ray_address=ray_address, on_outcome=report)
+    finally:
+        progress.close()
+    failed = counts["failed"] + counts["failed_skipped"]
+    extra = f", failed earlier and skipped {counts['failed_skipped']}" if counts["failed_skipped"] else ""
+    extra += f", busy elsewhere {counts['busy']}" if counts["busy"] else ""
     click.echo(f"all ({prof.name}): {len(cells)} cells: trained {counts['trained']}, "
-               f"skipped {counts['skipped']} (done), failed {counts['failed']}")
-    if counts["failed"]:
+               f"skipped {counts['skipped']} (done), failed {counts['failed']}{extra}")
+    if failed:
         sys.exit(1)
+
+
+@cli.command()
+@_matrix_options
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Divide the wall-clock estimate by this many parallel runs.")
+@click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
+              help="List every cell, or only the summary.")
+@click.pass_obj
+def plan(obj, profile, only, shard, jobs, show_cells) -> None:
+    """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate.
+    Exit 2 if a config does not resolve; datasets not built yet are listed (`all` builds them)."""
+    from plcql_bench.suite.matrix import cell_state, estimate_seconds, format_seconds, resolve, run_record
+
+    prof, cells = _select(obj, profile, only, shard)
+    items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
+    counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
+    bad = []
+    if show_cells:
+        click.echo(f"{'algo':<12} {'task':<10} {'dataset':<10} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
+    for item in items:
+        c = item.cell
+        state = cell_state(item.plan)
+        counts[state] += 1
+        step, note = "", ""
+        if item.plan is not None:
+            rec = run_record(item.plan.run_dir) if item.plan.run_dir.exists() else {}
+            updates = prof.updates_for(c.task, c.tier)
+            step = f"{rec.get('update') or 0}/{updates}"
+            note = item.plan.run_key[:10]
+            if state == "failed":
+                note += f"  {rec.get('reason', '')}"
+        elif item.dataset_missing:
+            note = "dataset not built yet (all builds it)"
+        else:
+            note = f"ERROR {item.error}"
+            bad.append(item)
+        if show_cells:
+            click.echo(f"{c.algo:<12} {c.task:<10} {c.tier:<10} {c.seed:>4}  {state:<8} {step:>11}  {note}")
+    seconds, unknown = estimate_seconds(items, obj["results_dir"], prof)
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items())
+    click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
+    left = counts["todo"] + counts["partial"] + counts["failed"]
+    if left:
+        est = f"~{format_seconds(seconds / jobs)} with {jobs} job(s) ({format_seconds(seconds)} serial)"
+        if unknown:
+            est += f"; {unknown} cell(s) have no recorded runtime to estimate from"
+        click.echo(f"estimate: {est}")
+    if bad:
+        raise BenchError(f"{len(bad)} cell(s) do not resolve; first: {bad[0].cell.label()}: {bad[0].error}")
+
+
+@cli.command()
+@click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
+@click.option("--state", "states", multiple=True,
+              type=click.Choice(["done", "partial", "running", "failed", "todo"]), help="Only runs in this state.")
+@click.pass_obj
+def status(obj, profile, states) -> None:
+    """Table of the runs under the results folder: state, step, runtime, failure reason."""
+    from plcql_bench.suite.matrix import format_seconds, run_record
+    from plcql_bench.suite.store import read_json
+
+    root = Path(obj["results_dir"])
+    rows = []
+    for cfg in sorted(root.rglob("config.json")):
+        try:
+            ident = read_json(cfg)
+        except (OSError, ValueError):
+            continue
+        if profile and ident.get("profile") != profile:
+            continue
+        rec = run_record(cfg.parent)
+        if states and rec["state"] not in states:
+            continue
+        rows.append((ident, rec))
+    click.echo(f"{'profile':<8} {'algo':<12} {'task':<10} {'dataset':<10} {'seed':>4}  {'state':<8} "
+               f"{'step':>11} {'runtime':>8}  reason")
+    counts: dict[str, int] = {}
+    for ident, rec in rows:
+        counts[rec["state"]] = counts.get(rec["state"], 0) + 1
+        step = f"{rec.get('update') or 0}/{rec.get('updates') or '?'}"
+        runtime = format_seconds(rec["runtime_s"]) if rec.get("runtime_s") is not None else "-"
+        reason = rec.get("reason") or ""
+        if len(reason) > 100:
+            reason = reason[:97] + "..."
+        click.echo(f"{ident.get('profile', ''):<8} {ident.get('algo', ''):<12} {ident.get('task', ''):<10} "
+                   f"{ident.get('dataset', ''):<10} {ident.get('seed', ''):>4}  {rec['state']:<8} "
+                   f"{step:>11} {runtime:>8}  {reason}")
+    click.echo(f"{len(rows)} runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+
+
+@cli.command("export")
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "marl-eval"]), default="csv",
+              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: results.csv / results.parquet / marl_eval.json).")
+@click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
+@click.pass_obj
+def export_cmd(obj, fmt, out, profile) -> None:
+    """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON."""
+    from plcql_bench.suite.export import export
+
+    out = out or Path({"csv": "results.csv", "parquet": "results.parquet", "marl-eval": "marl_eval.json"}[fmt])
+    n = export(obj["results_dir"], out, fmt, profile)
+    click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} -> {out}")
 
 
 @cli.command()

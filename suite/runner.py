@@ -11,9 +11,11 @@ Layout of a run directory, results/<profile>/<algo>/<task>/<tier>/seed<k>-<key>/
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import io
 import json
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -141,24 +143,76 @@ def load_run_dataset(plan: RunPlan):
     return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.dataset_sha256)
 
 
-def execute(plan: RunPlan, device: str = "cpu", log=print) -> dict:
-    """Train (resuming from a checkpoint when one exists), evaluate, write final.json."""
-    if plan.is_done():
+class RunBusy(BenchError):
+    """Another live process holds this run's lock (it is training it right now)."""
+
+
+def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
+    """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
+
+    Crash safety: every file is replaced atomically (store.py), the checkpoint is written before
+    status.json names it and final.json is written last, so a SIGKILL at any instant leaves the
+    run either done (final.json), resumable (ckpt.pt at an evaluation point), or not started. A
+    per-run lock (`.lock`, flock, released by the kernel when the process dies) keeps two
+    processes from training the same run at once. `fresh` discards earlier results (--force).
+    """
+    if plan.is_done() and not fresh:
         return read_json(plan.final_path)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
-    started = time.time()
-    try:
-        result = _train_and_evaluate(plan, dataset, device, log)
-    except BaseException as exc:
-        _write_status(plan, "failed", error=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc())
-        raise
-    result["train"]["wall_clock_s"] += time.time() - started
-    atomic_write_json(plan.final_path, result)
-    _write_status(plan, "done", update=result["train"]["updates"])
-    return result
+    with _run_lock(plan):
+        if fresh:
+            for name in ("final.json", "ckpt.pt", "metrics.jsonl", "status.json"):
+                (plan.run_dir / name).unlink(missing_ok=True)
+        elif plan.is_done():  # finished by another process while we waited for nothing
+            return read_json(plan.final_path)
+        _remove_stale_temp_files(plan.run_dir)
+        atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
+        log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
+            f"torch threads {torch.get_num_threads()}")
+        started = time.time()
+        try:
+            result = _train_and_evaluate(plan, dataset, device, log)
+        except BaseException as exc:
+            # Exceptions are failures (kept until --rerun-failed); Ctrl-C and SystemExit leave
+            # the run interrupted, so the next `all` resumes it like a killed run.
+            state = "failed" if isinstance(exc, Exception) else "interrupted"
+            _write_status(plan, state, error=f"{type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc())
+            log(f"{state}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            raise
+        result["train"]["wall_clock_s"] += time.time() - started
+        atomic_write_json(plan.final_path, result)  # last: its presence means done
+        _write_status(plan, "done", update=result["train"]["updates"],
+                      runtime_s=result["train"]["wall_clock_s"])
+        log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
+        return result
+
+
+class _run_lock:
+    def __init__(self, plan: RunPlan):
+        self.path = plan.run_dir / ".lock"
+        self.plan = plan
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise RunBusy(f"{self.plan.cell.label()}: another process is training it "
+                          f"({self.plan.run_dir})") from None
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
+        return False
+
+
+def _remove_stale_temp_files(run_dir: Path) -> None:
+    """Half-written temp files of a killed process (never read; atomic replace ignores them)."""
+    for tmp in run_dir.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
@@ -173,6 +227,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
     state = _resume(plan, algo, sampler) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
+    _write_status(plan, "running", update=state["update"], runtime_s=state["train_s"])
     pending: list[dict[str, float]] = []
     rounds, clock = budget["updates"], time.time()
     if state["update"] == 0:
@@ -181,6 +236,8 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
         pending.append(algo.update(sampler))
         if done % budget["eval_every"] == 0 or done == rounds:
             _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"])
+            point = state["curve"][-1]
+            log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
         if done % profile.checkpoint_every == 0 and done < rounds:
             # Checkpoints fall on evaluation points (checked by the profile loader), so no
             # partially averaged training metrics are lost on resume.
@@ -188,7 +245,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
             clock = time.time()
             state["update"] = done
             _checkpoint(plan, algo, sampler, state)
-            _write_status(plan, "running", update=done)
+            _write_status(plan, "running", update=done, runtime_s=state["train_s"])
     state["train_s"] += time.time() - clock
     final = _evaluate(task, algo, dataset, budget["final_eval_episodes"])
     return _result(plan, task, final, state, budget)
@@ -203,6 +260,9 @@ def _evaluate(task, algo, dataset, episodes: int) -> dict:
         "return_std": float(returns.std(ddof=1)) if len(returns) > 1 else 0.0,
         "normalised_score": _normalised(float(returns.mean()), dataset.attrs),
         "win_rate": float(out["won"].mean()) if task.spec.score == "win_rate" else None,
+        # Per-episode values (for exports such as marl-eval's absolute metrics).
+        "episode_returns": [float(r) for r in returns],
+        "episode_scores": [_normalised(float(r), dataset.attrs) for r in returns],
     }
 
 
@@ -244,7 +304,11 @@ def _resume(plan: RunPlan, algo, sampler: Sampler) -> dict | None:
     path = plan.run_dir / "ckpt.pt"
     if not path.exists():
         return None
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # unreadable (written atomically, so only by outside damage): start over
+        path.replace(path.with_name("ckpt.pt.unreadable"))
+        return None
     if payload.get("run_key") != plan.run_key:
         return None
     algo.load_state_dict(payload["algo"])

@@ -1,0 +1,290 @@
+"""Where runs execute: in this process, in a local pool of spawned processes, or on Ray.
+
+Every executor runs the same picklable `Job` through `run_job`, which trains one cell and returns
+an outcome dict; it never raises. A run's own log goes to `<run_dir>/run.log`.
+
+    run_jobs(jobs, executor="local"|"ray", workers=N, device=..., per_gpu=k, on_outcome=cb)
+
+Devices: the parent never initialises CUDA (no torch.cuda call here). GPUs are counted with
+`nvidia-smi -L` (or CUDA_VISIBLE_DEVICES); each job gets a device string such as "cuda:1" and
+its own process creates the CUDA context. `per_gpu` jobs share one GPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from plcql_bench.suite.errors import BenchError
+
+
+@dataclass
+class Job:
+    cell: Any  # runner.Cell
+    profile: Any  # profiles.Profile
+    data_dir: Path
+    results_dir: Path
+    device: str = "cpu"  # "cpu", "cuda", "cuda:<i>" or "auto" (resolved in the worker)
+    threads: int | None = None  # torch intra-op threads in the worker (None: leave as is)
+    fresh: bool = False  # --force: discard earlier results of this run
+    echo: bool = False  # also print the run's log lines (in-process runs)
+    overrides: dict = field(default_factory=dict)
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_job(workers: int) -> int:
+    return max(1, cpu_count() // max(1, workers))
+
+
+def gpu_count() -> int:
+    """GPUs visible to this process, without initialising CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def resolve_device(device: str) -> tuple[str, int]:
+    """("cpu" | "cuda", number of GPUs) for --device auto|cpu|cuda, decided in the parent."""
+    if device == "cpu":
+        return "cpu", 0
+    n = gpu_count()
+    if device == "auto":
+        return ("cuda", n) if n else ("cpu", 0)
+    if device.startswith("cuda"):
+        if not n:
+            raise BenchError("--device cuda: no GPU visible (nvidia-smi -L lists none)")
+        return "cuda", n
+    raise BenchError(f"--device {device!r}: expected auto, cpu or cuda")
+
+
+# ----------------------------------------------------------------------------- the worker
+def run_job(job: Job) -> dict:
+    """Train one cell; returns {"cell", "state": trained|skipped|busy|failed, ...}. Never raises."""
+    started = time.time()
+    out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
+                           "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
+    try:
+        import torch
+
+        from plcql_bench.suite.runner import RunBusy, execute, plan_run
+
+        if job.threads:
+            torch.set_num_threads(job.threads)
+        device = job.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        plan = plan_run(job.cell, job.profile, job.data_dir, job.results_dir, job.overrides)
+        out["run_dir"] = str(plan.run_dir)
+        if plan.is_done() and not job.fresh:
+            out.update(state="skipped", score=_score(plan))
+            return out
+        log = _RunLog(plan.run_dir, echo=job.echo)
+        try:
+            result = execute(plan, device=device, log=log, fresh=job.fresh)
+        except RunBusy as exc:
+            out.update(state="busy", error=str(exc))
+            return out
+        out.update(state="trained", score=result["score"])
+    except Exception as exc:  # isolate: the caller records it and goes on with the others
+        out.update(state="failed", error=" ".join(f"{type(exc).__name__}: {exc}".split()),
+                   traceback=traceback.format_exc())
+    finally:
+        out["seconds"] = time.time() - started
+    return out
+
+
+def _score(plan) -> float | None:
+    from plcql_bench.suite.store import read_json
+
+    try:
+        return read_json(plan.final_path).get("score")
+    except (OSError, ValueError):
+        return None
+
+
+class _RunLog:
+    """Appends timestamped lines to <run_dir>/run.log (created with the run directory)."""
+
+    def __init__(self, run_dir: Path, echo: bool):
+        self.path = Path(run_dir) / "run.log"
+        self.echo = echo
+
+    def __call__(self, msg: str) -> None:
+        if self.echo:
+            print(msg.splitlines()[0] if msg else msg, flush=True)
+        if self.path.parent.exists():
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            with open(self.path, "a") as fh:
+                fh.write(f"{stamp} {msg}\n")
+
+
+def _init_worker(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- executors
+def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device: str = "cpu",
+             n_gpus: int = 0, per_gpu: int = 1, ray_address: str | None = None,
+             on_outcome: Callable[[dict], None] = lambda o: None) -> list[dict]:
+    """Run every job; calls on_outcome as each finishes; returns the outcomes in finish order."""
+    if not jobs:
+        return []
+    slots = _device_slots(device, n_gpus, per_gpu, workers)
+    if executor == "ray":
+        return _run_ray(jobs, workers, device, per_gpu, ray_address, on_outcome)
+    if executor != "local":
+        raise BenchError(f"--executor {executor!r}: expected local or ray")
+    if len(slots) == 1 and device == "cpu":
+        outcomes = []
+        for job in jobs:  # in this process: no start-up cost, output goes to the console
+            job.echo = True
+            outcome = run_job(job)
+            outcomes.append(outcome)
+            on_outcome(outcome)
+        return outcomes
+    return _run_pool(jobs, slots, on_outcome)
+
+
+def _device_slots(device: str, n_gpus: int, per_gpu: int, workers: int) -> list[str]:
+    """One device string per concurrent job: cpu x workers, or cuda:i x per_gpu per GPU."""
+    if device == "cuda":
+        slots = [f"cuda:{g}" for _ in range(max(1, per_gpu)) for g in range(n_gpus)]
+        return slots[: workers] if workers else slots
+    return ["cpu"] * max(1, workers)
+
+
+def _run_pool(jobs: list[Job], slots: list[str], on_outcome) -> list[dict]:
+    """Spawned worker processes (never fork: no inherited torch/CUDA/thread state), at most
+    len(slots) jobs in flight, each with its slot's device. A worker that dies (SIGKILL, OOM,
+    segfault) fails only the jobs it was running; the pool is rebuilt for the rest."""
+    ctx = multiprocessing.get_context("spawn")
+    threads = threads_per_job(len(slots)) if slots[0] == "cpu" else 1
+    queue = list(jobs)
+    free = list(slots)
+    outcomes: list[dict] = []
+    pool = ProcessPoolExecutor(max_workers=len(slots), mp_context=ctx, initializer=_init_worker,
+                               initargs=(threads,))
+    running: dict = {}
+    try:
+        while queue or running:
+            while queue and free:
+                job = queue.pop(0)
+                slot = free.pop(0)
+                job.device = slot
+                job.threads = threads
+                running[pool.submit(run_job, job)] = (job, slot)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            broken = False
+            for fut in done:
+                job, slot = running.pop(fut)
+                free.append(slot)
+                try:
+                    outcome = fut.result()
+                except BrokenProcessPool:
+                    broken = True
+                    outcome = _worker_died(job)
+                outcomes.append(outcome)
+                on_outcome(outcome)
+            if broken:
+                for fut, (job, slot) in list(running.items()):
+                    running.pop(fut)
+                    free.append(slot)
+                    outcome = _worker_died(job)
+                    outcomes.append(outcome)
+                    on_outcome(outcome)
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = ProcessPoolExecutor(max_workers=len(slots), mp_context=ctx,
+                                           initializer=_init_worker, initargs=(threads,))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return outcomes
+
+
+def _worker_died(job: Job) -> dict:
+    """Outcome of a job whose process died without reporting; it resumes from its checkpoint
+    on the next `all` (its status.json still says running or interrupted)."""
+    from plcql_bench.suite.runner import plan_run
+
+    run_dir = None
+    try:
+        plan = plan_run(job.cell, job.profile, job.data_dir, job.results_dir, job.overrides)
+        run_dir = str(plan.run_dir)
+        if plan.is_done():
+            return {"cell": job.cell, "state": "trained", "score": _score(plan), "error": "",
+                    "traceback": "", "run_dir": run_dir, "seconds": 0.0}
+    except Exception:  # noqa: BLE001 - reported below
+        pass
+    return {"cell": job.cell, "state": "failed", "score": None, "run_dir": run_dir, "seconds": 0.0,
+            "error": "worker process died (killed or crashed); `all` resumes it from its checkpoint",
+            "traceback": ""}
+
+
+def _run_ray(jobs: list[Job], workers: int, device: str, per_gpu: int, address: str | None,
+             on_outcome) -> list[dict]:
+    """Submit every job as a Ray task to the cluster at `address`, or to a local Ray started on
+    loopback with `workers` CPUs. Paths must be visible to every node (a shared filesystem)."""
+    try:
+        import ray
+    except ImportError:
+        raise BenchError("--executor ray needs Ray: pip install 'plcql-bench[ray]'") from None
+    started_here = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, _node_ip_address="127.0.0.1")
+            started_here = True
+    try:
+        gpus = (1.0 / max(1, per_gpu)) if device == "cuda" else 0
+        remote = ray.remote(run_job).options(num_cpus=1, num_gpus=gpus, max_retries=0)
+        cap = workers if workers else len(jobs)  # 0: as many as the cluster schedules
+        threads = 1 if (device == "cuda" or address) else threads_per_job(workers)
+        queue, running, outcomes = list(jobs), {}, []
+        while queue or running:
+            while queue and len(running) < cap:
+                job = queue.pop(0)
+                job.threads = threads
+                job.device = "cuda" if device == "cuda" else "cpu"
+                running[remote.remote(job)] = job
+            ready, _ = ray.wait(list(running), num_returns=1)
+            for ref in ready:
+                job = running.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # worker crashed or task errored outside run_job
+                    outcome = _worker_died(job)
+                    if outcome["state"] == "failed":
+                        outcome["error"] = " ".join(f"ray: {type(exc).__name__}: {exc}".split())[:500]
+                outcomes.append(outcome)
+                on_outcome(outcome)
+        return outcomes
+    finally:
+        if started_here:
+            ray.shutdown()

@@ -1,0 +1,153 @@
+"""Exports of finished runs: a tidy table (CSV or Parquet) and marl-eval's JSON.
+
+Tidy rows, one per algorithm/task/dataset/seed/step/metric, from each run's final.json and
+metrics.jsonl:
+
+    profile, domain, algo, task, dataset, seed, run_key, step, metric, value
+
+`step` is the update round. Learning-curve metrics (`return_mean`, `score`, `train/<name>`) come
+from metrics.jsonl at every evaluation point; the headline numbers come from final.json at the
+last round with the prefix `final/` (`final/score`, `final/return_mean`, `final/return_std`,
+`final/normalised_score`, `final/win_rate` where defined).
+
+marl-eval (InstaDeep's `marl_eval`) reads one nested JSON dictionary:
+
+    {env_name: {task_name: {algo_name: {"run_<seed>": {
+        "step_<i>": {"step_count": <update>, "<metric>": [values...]},
+        ...,
+        "absolute_metrics": {"<metric>": [values...]}}}}}}
+
+env_name is the task's domain (e.g. "mpe"); task_name is `<task>_<dataset>` because an
+offline-RL "task" is an environment plus a dataset; algo_name is the algorithm. Each step_i is
+an evaluation point (metric lists hold one value, the mean over the evaluation episodes, since
+per-episode curve values are not stored); absolute_metrics holds the final evaluation's
+per-episode returns (`return`) and the per-episode normalised scores (`normalised_score`) or
+the win rate. Its data-processing utilities can then normalise and aggregate without glue code.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Iterator
+
+from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
+
+COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "step", "metric", "value")
+
+
+def finished_runs(results_dir: Path, profile: str | None = None) -> Iterator[tuple[Path, dict]]:
+    """(run_dir, final record) of every finished run, in a stable order."""
+    for path in sorted(Path(results_dir).rglob("final.json")):
+        try:
+            rec = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if rec.get("status") != "done" or (profile and rec.get("profile") != profile):
+            continue
+        yield path.parent, rec
+
+
+def _history(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def tidy_rows(results_dir: Path, profile: str | None = None) -> list[dict]:
+    rows = []
+    for run_dir, rec in finished_runs(results_dir, profile):
+        base = {"profile": rec["profile"], "domain": rec.get("domain", ""), "algo": rec["algo"],
+                "task": rec["task"], "dataset": rec["dataset"], "seed": int(rec["seed"]),
+                "run_key": rec["run_key"]}
+        history = _history(run_dir) or [{"update": p["update"], "return_mean": p["return_mean"],
+                                         "score": p["score"]} for p in rec.get("curve", [])]
+        for point in history:
+            for metric, value in sorted(point.items()):
+                if metric == "update" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                rows.append({**base, "step": int(point["update"]), "metric": metric, "value": float(value)})
+        final = rec["final_eval"]
+        last = int(rec["train"]["updates"])
+        finals = {"final/score": rec.get("score"), "final/return_mean": final.get("return_mean"),
+                  "final/return_std": final.get("return_std"),
+                  "final/normalised_score": final.get("normalised_score"),
+                  "final/win_rate": final.get("win_rate")}
+        for metric, value in finals.items():
+            if value is not None:
+                rows.append({**base, "step": last, "metric": metric, "value": float(value)})
+    return rows
+
+
+def marl_eval(results_dir: Path, profile: str | None = None) -> dict:
+    out: dict = {}
+    for run_dir, rec in finished_runs(results_dir, profile):
+        env = rec.get("domain") or rec["task"].split("-")[0]
+        task = f"{rec['task']}_{rec['dataset']}"
+        run: dict = {}
+        for i, point in enumerate(rec.get("curve", [])):
+            entry = {"step_count": int(point["update"]), "return": [float(point["return_mean"])]}
+            if point.get("score") is not None:
+                entry[_score_metric(rec)] = [float(point["score"])]
+            run[f"step_{i}"] = entry
+        final = rec["final_eval"]
+        returns = final.get("episode_returns") or [final["return_mean"]]
+        absolute = {"return": [float(r) for r in returns]}
+        if rec.get("score_name") == "win_rate" and final.get("win_rate") is not None:
+            absolute["win_rate"] = [float(final["win_rate"])]
+        elif final.get("normalised_score") is not None:
+            absolute["normalised_score"] = _episode_scores(final, returns)
+        run["absolute_metrics"] = absolute
+        out.setdefault(env, {}).setdefault(task, {}).setdefault(rec["algo"], {})[f"run_{int(rec['seed'])}"] = run
+    return out
+
+
+def _score_metric(rec: dict) -> str:
+    return "normalised_score" if rec.get("score_name", "normalised") == "normalised" else rec["score_name"]
+
+
+def _episode_scores(final: dict, returns: list[float]) -> list[float]:
+    """Per-episode normalised scores. The score is affine in the return, so the two recorded
+    (mean return, mean score) pairs fix it only with the reference returns; final.json stores
+    them per episode when available, else the mean score is repeated once."""
+    if "episode_scores" in final:
+        return [float(s) for s in final["episode_scores"]]
+    return [float(final["normalised_score"])]
+
+
+def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None) -> int:
+    """Write the export; returns the number of rows (tidy) or runs (marl-eval)."""
+    out = Path(out)
+    if fmt == "marl-eval":
+        data = marl_eval(results_dir, profile)
+        atomic_write_json(out, data)
+        return sum(len(runs) for tasks in data.values() for algos in tasks.values() for runs in algos.values())
+    rows = tidy_rows(results_dir, profile)
+    if fmt == "csv":
+        import io
+
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(out, buf.getvalue().encode())
+    elif fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise BenchError("--format parquet needs pyarrow: pip install 'plcql-bench[export]'") from None
+        table = pa.Table.from_pylist(rows, schema=pa.schema([
+            ("profile", pa.string()), ("domain", pa.string()), ("algo", pa.string()), ("task", pa.string()),
+            ("dataset", pa.string()), ("seed", pa.int64()), ("run_key", pa.string()), ("step", pa.int64()),
+            ("metric", pa.string()), ("value", pa.float64())]))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(out)
+    else:
+        raise BenchError(f"--format {fmt!r}: expected csv, parquet or marl-eval")
+    return len(rows)

@@ -1,0 +1,227 @@
+"""The run matrix: which cells a command covers, and what state each one is in.
+
+    parse_only(["algo=bc,cfcql,seed=0"]) -> {"algo": ["bc", "cfcql"], "seed": ["0"]}
+    parse_shard("2/8") -> (2, 8)                      0-based shard index i of N
+    select_cells(profile, only, shard) -> [Cell]      canonical order, filtered, then sharded
+    resolve(cells, profile, data_dir, results_dir) -> [Resolved]   plan or error per cell
+    cell_state(plan) -> "done" | "partial" | "failed" | "running" | "todo"
+    estimate_seconds(resolved, results_dir, profile) -> (seconds, n_without_estimate)
+
+Run identity stays in runner.plan_run (content hash); this module only enumerates and reads the
+files a run directory holds, so it is cheap enough for `plan` and `status` on thousands of cells.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.profiles import Profile
+from plcql_bench.suite.store import read_json
+
+# --only keys, with the aliases users type.
+_KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
+         "datasets": "tier", "tier": "tier", "tiers": "tier", "seed": "seed", "seeds": "seed"}
+STATES = ("done", "partial", "running", "failed", "todo")
+LOCK_NAME = ".lock"
+
+
+def parse_only(specs: Iterable[str]) -> dict[str, list[str]]:
+    """`algo=bc,cfcql,task=mpe-cn,seed=0,1`: a token with '=' starts a key, plain tokens extend
+    the previous key's list. Several --only options merge (lists of the same key are joined)."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        current = None
+        for token in (t.strip() for t in spec.split(",")):
+            if not token:
+                continue
+            if "=" in token:
+                key, value = (s.strip() for s in token.split("=", 1))
+                if key not in _KEYS:
+                    raise BenchError(f"--only: unknown key {key!r} (use algo, task, dataset, seed)")
+                current = _KEYS[key]
+                token = value
+            if current is None:
+                raise BenchError(f"--only {spec!r}: expected key=value[,value...]")
+            if token:
+                out.setdefault(current, []).append(token)
+    return out
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise BenchError(f"--shard {text!r}: expected i/N, e.g. 0/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise BenchError(f"--shard {text!r}: need 0 <= i < N")
+    return i, n
+
+
+def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
+                 shard: tuple[int, int] | None = None):
+    """The profile's matrix in canonical order (task, tier, algo, seed), filtered by `only`,
+    then every N-th cell from i for shard i/N (shards are disjoint and cover the selection)."""
+    from plcql_bench.suite.runner import Cell
+
+    m = profile.matrix
+    axes = {"algo": [str(a) for a in m["algos"]], "task": [str(t) for t in m["tasks"]],
+            "tier": [str(q) for q in m["tiers"]], "seed": [str(s) for s in m["seeds"]]}
+    only = only or {}
+    for key, wanted in only.items():
+        missing = [w for w in wanted if w not in axes[key]]
+        if missing:
+            name = "dataset" if key == "tier" else key
+            raise BenchError(f"--only {name}={','.join(missing)}: not in profile {profile.name!r} "
+                             f"matrix ({name}s: {', '.join(axes[key])})")
+    keep = {k: set(only.get(k, axes[k])) for k in axes}
+    cells = [Cell(a, t, q, int(s)) for t in axes["task"] for q in axes["tier"]
+             for a in axes["algo"] for s in axes["seed"]
+             if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]]
+    if shard:
+        i, n = shard
+        cells = cells[i::n]
+    return cells
+
+
+@dataclass
+class Resolved:
+    cell: object
+    plan: object | None  # runner.RunPlan, or None when the cell does not resolve
+    error: str | None = None  # why it does not resolve (bad config, dataset not built, ...)
+    dataset_missing: bool = False  # `all --build-missing` would build it
+
+
+def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[Resolved]:
+    from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.format import DatasetError
+    from plcql_bench.suite.runner import plan_run, profile_dir
+
+    out = []
+    root = profile_dir(data_dir, profile)
+    for cell in cells:
+        try:
+            out.append(Resolved(cell, plan_run(cell, profile, data_dir, results_dir)))
+        except (BenchError, DatasetError) as exc:
+            missing = False
+            try:
+                missing = manifest.lookup(root, cell.task, cell.tier) is None
+            except (BenchError, DatasetError):
+                pass
+            out.append(Resolved(cell, None, " ".join(str(exc).split()), missing))
+    return out
+
+
+def lock_held(run_dir: Path) -> bool:
+    """True when a live process holds the run's lock (it is training right now)."""
+    path = Path(run_dir) / LOCK_NAME
+    if not path.exists():
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock we may have taken
+    return False
+
+
+def run_record(run_dir: Path) -> dict:
+    """What a run directory says about itself: state, update reached, runtime, failure."""
+    run_dir = Path(run_dir)
+    final = _read(run_dir / "final.json")
+    status = _read(run_dir / "status.json") or {}
+    if final and final.get("status") == "done":
+        return {"state": "done", "update": final["train"]["updates"], "updates": final["train"]["updates"],
+                "runtime_s": final["train"].get("wall_clock_s"), "reason": "", "score": final.get("score")}
+    config = _read(run_dir / "config.json") or {}
+    updates = (config.get("budget") or {}).get("updates")
+    rec = {"update": status.get("update", 0), "updates": updates, "runtime_s": status.get("runtime_s"),
+           "reason": "", "score": None}
+    if lock_held(run_dir):
+        rec["state"] = "running"
+    elif status.get("status") == "failed":
+        rec.update(state="failed", reason=status.get("error", ""))
+    elif (run_dir / "ckpt.pt").exists() or status:
+        rec["state"] = "partial"  # interrupted; `all` resumes it from ckpt.pt
+    else:
+        rec["state"] = "todo"
+    return rec
+
+
+def cell_state(plan) -> str:
+    if plan is None or not Path(plan.run_dir).exists():
+        return "todo"
+    return run_record(plan.run_dir)["state"]
+
+
+def _read(path: Path):
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def recorded_runtimes(results_dir: Path) -> list[dict]:
+    """(algo, task, tier, profile, updates, seconds) of every finished run under results_dir."""
+    out = []
+    for path in Path(results_dir).rglob("final.json"):
+        rec = _read(path)
+        if not rec or rec.get("status") != "done":
+            continue
+        out.append({"algo": rec.get("algo"), "task": rec.get("task"), "tier": rec.get("dataset"),
+                    "profile": rec.get("profile"), "updates": rec["train"]["updates"],
+                    "seconds": float(rec["train"].get("wall_clock_s", 0.0))})
+    return out
+
+
+def estimate_seconds(items: list[Resolved], results_dir: Path, profile: Profile) -> tuple[float, int]:
+    """Serial seconds for the cells not done yet, from recorded runtimes: the median seconds per
+    update of finished runs with the same (algo, task, tier), else (algo, task), else algo, else
+    any run, times the updates the cell still needs. Returns (seconds, cells with no estimate)."""
+    records = recorded_runtimes(results_dir)
+    per_update: dict[tuple, list[float]] = {}
+    for r in records:
+        rate = r["seconds"] / max(r["updates"], 1)
+        for key in ((r["algo"], r["task"], r["tier"]), (r["algo"], r["task"]), (r["algo"],), ()):
+            per_update.setdefault(key, []).append(rate)
+    total, unknown = 0.0, 0
+    for item in items:
+        c = item.cell
+        state = cell_state(item.plan)
+        if state == "done":
+            continue
+        updates = profile.updates_for(c.task, c.tier)
+        left = updates
+        if state == "partial" and item.plan is not None:
+            left = max(updates - int(run_record(item.plan.run_dir).get("update") or 0), 0)
+        rate = None
+        for key in ((c.algo, c.task, c.tier), (c.algo, c.task), (c.algo,), ()):
+            if key in per_update:
+                rate = statistics.median(per_update[key])
+                break
+        if rate is None:
+            unknown += 1
+        else:
+            total += rate * max(left, 1)
+    return total, unknown
+
+
+def format_seconds(s: float) -> str:
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
