@@ -77,3 +77,38 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
                    f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
                    f"(refs: random {entry['ref_return_random']:.1f}, expert "
                    f"{entry['ref_return_expert']:.1f}) -> {root / entry['file']}")
+
+
+@datasets.command("import")
+@click.argument("task")
+@click.argument("tier")
+@click.argument("source", type=click.Path(path_type=str))
+@click.option("--format", "fmt_name", default="auto", show_default=True,
+              type=click.Choice(["auto", "omar-npy", "cfcql-h5"]),
+              help="auto: a directory is OMAR's .npy layout, an .h5 file is CFCQL's SMAC format.")
+@click.option("--profile", default="paper", show_default=True,
+              help="Profile whose data directory receives the file (official data is paper-sized).")
+@click.option("--seed", "omar_seed", default=0, show_default=True,
+              help="OMAR: which seed_<k>_data directory to import.")
+@click.option("--prey", "prey_file", default=None, type=click.Path(path_type=str),
+              help="PP/World: OMAR's pretrained_adv_model.pt (found next to SOURCE by default).")
+@click.pass_obj
+def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_file) -> None:
+    """Convert an official dataset file (OMAR .npy, CFCQL SMAC .h5) to format v1 as TASK/TIER."""
+    from plcql_bench.datasets.importers import import_dataset, normalise_tier
+    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import profile_dir
+    from plcql_bench.suite.tasks import get_task
+
+    spec = get_task(task).spec
+    tier = normalise_tier(tier)
+    if tier not in spec.tiers:
+        raise BenchError(f"unknown tier {tier!r} for {task} (tiers: {', '.join(spec.tiers)})")
+    prof = load_profile(profile)
+    root = profile_dir(obj["data_dir"], prof)
+    entry = import_dataset(fmt_name, source, spec, tier, root, profile=prof.name, seed=omar_seed,
+                           prey_file=prey_file)
+    click.echo(f"{task}/{tier}: imported {entry['n_transitions']} transitions "
+               f"({entry['n_episodes']} episodes), return {entry['return_mean']:.2f} ± "
+               f"{entry['return_std']:.2f} -> {root / entry['file']}")
