@@ -1,15 +1,26 @@
 """Behaviour policies per task and tier, and the reference policies used for normalisation.
 
-For now every behaviour policy is scripted (datasets/scripted.py): CN uses a landmark assignment
-+ PD controller, PP and World a predator chase heuristic; the medium tiers run the same
-controllers with heavy action noise, and the random tier is uniform. Trained MATD3 behaviour
-policies replace them with the tasks-and-datasets work. Tiers without a behaviour policy
-(medium-replay for now) are listed as unavailable by `datasets list`.
+Lookup order for (task, tier), see `behaviour_for`:
+
+1. Trained MATD3 checkpoints (datasets/matd3.py), when `<behaviour dir>/<task>/index.json` exists
+   (default `datasets/assets/behaviour/`, override with PLCQL_BEHAVIOUR_DIR): expert / medium /
+   random run the selected actor checkpoints with Gaussian action noise (EXPLORATION_NOISE, "noise
+   added for diversity" as in OMAR), and medium-replay replays the training replay up to the
+   medium checkpoint (kind="replay"; only where that replay file exists). Ids start "matd3:".
+2. A task's own behaviours: `task.extras["behaviours"](tier) -> Behaviour | None` (SMAX).
+3. Scripted fallbacks (datasets/scripted.py): CN landmark assignment + PD controller, PP/World a
+   predator chase heuristic; medium = the same with heavy action noise; random = uniform. Ids
+   start "scripted-" / "uniform-random".
+
+Tiers without any behaviour policy are listed as unavailable by `datasets list`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -25,6 +36,11 @@ class Behaviour:
     policy_id: str
     make: Callable[[np.random.Generator], Policy]
     note: str = ""
+    kind: str = "policy"  # "policy": roll out make(rng); "replay": read `replay` (medium-replay)
+    replay: dict | None = None  # kind="replay": {"file", "episodes", "up_to_env_step", ...}
+
+
+EXPLORATION_NOISE = 0.1  # Gaussian action noise of the trained behaviour policies
 
 
 def _random() -> Behaviour:
@@ -70,5 +86,76 @@ REFERENCES: dict[str, tuple[Behaviour, Behaviour]] = {
 }
 
 
+def _trained_index(task_id: str) -> tuple[dict, Path] | None:
+    from plcql_bench.datasets.matd3 import behaviour_dir
+
+    d = behaviour_dir() / task_id
+    path = d / "index.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()), d
+
+
+def _file_tag(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def trained_behaviour(task_id: str, tier: str, noise: float = EXPLORATION_NOISE) -> Behaviour | None:
+    """The trained MATD3 behaviour for (task, tier), or None."""
+    found = _trained_index(task_id)
+    if found is None:
+        return None
+    index, d = found
+    if tier == "medium-replay":
+        rep = index.get("medium_replay")
+        if not rep or not Path(rep["file"]).is_file():
+            return None
+        return Behaviour(f"matd3:{task_id}/replay-to-step-{rep['up_to_env_step']}",
+                         lambda rng: None, "MATD3 training replay up to the medium checkpoint",
+                         kind="replay", replay=rep)
+    entry = index.get("tiers", {}).get(tier)
+    if entry is None:
+        return None
+    ckpt = d / entry["checkpoint"]
+
+    def make(rng: np.random.Generator, ckpt=ckpt) -> Policy:
+        from plcql_bench.datasets.matd3 import load_actor, noisy_policy
+
+        return noisy_policy(load_actor(ckpt)[0], noise, rng)
+
+    return Behaviour(f"matd3:{task_id}/{tier}@{_file_tag(ckpt)}(noise={noise})", make,
+                     f"MATD3 checkpoint at {entry['env_steps']} env steps, eval return "
+                     f"{entry['return']:.2f}")
+
+
+def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:
+    from plcql_bench.suite.tasks import get_task
+
+    hook = get_task(task_id).extras.get("behaviours")
+    return hook(tier) if hook else None
+
+
 def behaviour_for(task_id: str, tier: str) -> Behaviour | None:
-    return BEHAVIOURS.get((task_id, tier))
+    return (trained_behaviour(task_id, tier) or _task_behaviour(task_id, tier)
+            or BEHAVIOURS.get((task_id, tier)))
+
+
+def references_for(task_id: str) -> tuple[Behaviour, Behaviour] | None:
+    """(random reference, expert reference): uniform random, and the trained expert without
+    noise when a checkpoint exists, else the scripted expert."""
+    expert = trained_behaviour(task_id, "expert", noise=0.0)
+    if expert is not None:
+        return _random(), expert
+    return REFERENCES.get(task_id)
+
+
+def available(task_id: str, tier: str) -> str | None:
+    """The policy id that would generate (task, tier), or None when nothing can build it."""
+    b = behaviour_for(task_id, tier)
+    if b is not None:
+        return b.policy_id
+    if tier == "mixed":
+        halves = [behaviour_for(task_id, t) for t in ("medium", "expert")]
+        if None not in halves:
+            return f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
+    return None

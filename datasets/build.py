@@ -1,7 +1,22 @@
 """Build a dataset (task x tier) by rolling out its behaviour policy in batched envs.
 
 Deterministic for a given generator seed: env seeds come from suite.protocol.collection_seeds and
-the policy noise from a Generator seeded with (generator_seed, tier index)."""
+the policy noise from a Generator seeded with (generator_seed, tier index).
+
+Collector hook. A task whose env is not a Python `BatchedEnv` loop (SMAX: jax vmap + scan) puts
+its own collector in `task.extras["collect"]`:
+
+    collect(task: Task, behaviour: Behaviour, seeds: np.ndarray[int64, E], rng: np.random.Generator)
+        -> dict[str, np.ndarray]
+
+It runs one episode per seed with the policy `behaviour.make(rng)` (whatever that object is for
+the task: params or a function) and returns format-v1 arrays, episode-major, episodes in seed
+order (obs, state, actions, rewards, next_obs, next_state, next_actions, next_actions_valid,
+terminals, timeouts, episode_ids, steps, and avail_actions/next_avail_actions for discrete
+tasks). It may add `episode_won` (bool [E]); build removes it and stores `win_rate`. Its reference
+returns come from `task.extras["references"]() -> {"random": float, "expert": float}` (NaN for
+win-rate tasks) when present; otherwise they are measured with `protocol.rollout_returns`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +27,12 @@ import numpy as np
 
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
-from plcql_bench.datasets.behaviour import GENERATOR_VERSION, REFERENCES, behaviour_for
+from plcql_bench.datasets.behaviour import (
+    GENERATOR_VERSION,
+    Behaviour,
+    behaviour_for,
+    references_for,
+)
 from plcql_bench.suite import protocol
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.spec import Policy, Task
@@ -25,10 +45,7 @@ def collect(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarr
     """Roll out one episode per seed; return format-v1 arrays, episode-major."""
     parts = [_collect_batch(task, policy, seeds[i : i + COLLECT_BATCH])
              for i in range(0, len(seeds), COLLECT_BATCH)]
-    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    offsets = np.cumsum([0] + [p["episode_ids"].max() + 1 for p in parts[:-1]])
-    arrays["episode_ids"] = np.concatenate([p["episode_ids"] + o for p, o in zip(parts, offsets)])
-    return arrays
+    return _concat_episodes(parts)
 
 
 def _collect_batch(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarray]:
@@ -74,16 +91,69 @@ def _to_episode_major(rows: list[dict], discrete: bool) -> dict[str, np.ndarray]
     return {k: v.astype(casts.get(k, v.dtype), copy=False) for k, v in out.items()}
 
 
+_REF_CACHE: dict[tuple, dict[str, float]] = {}
+
+
+def uniform_random_return(task: Task, episodes: int = protocol.REFERENCE_EPISODES) -> float:
+    from plcql_bench.datasets import scripted
+
+    policy = scripted.random_policy(np.random.default_rng(0), task.spec.act_dim)
+    return float(protocol.rollout_returns(task, policy, protocol.eval_seeds(episodes))["returns"].mean())
+
+
 def reference_returns(task: Task) -> dict[str, float]:
-    """Random and expert reference returns, measured on the protocol's evaluation seeds."""
-    if task.spec.task_id not in REFERENCES:
+    """Random and expert reference returns, measured on the protocol's evaluation seeds (cached
+    per process by the reference policies' ids)."""
+    hook = task.extras.get("references")
+    if hook is not None:
+        return dict(hook())
+    refs_b = references_for(task.spec.task_id)
+    if refs_b is None:
         raise BenchError(f"{task.spec.task_id}: no reference policies defined yet")
-    seeds = protocol.eval_seeds(protocol.REFERENCE_EPISODES)
-    refs = {}
-    for name, behaviour in zip(("random", "expert"), REFERENCES[task.spec.task_id]):
-        policy = behaviour.make(np.random.default_rng(0))
-        refs[name] = float(protocol.rollout_returns(task, policy, seeds)["returns"].mean())
-    return refs
+    key = (task.spec.task_id, task.spec.episode_limit, refs_b[0].policy_id, refs_b[1].policy_id)
+    if key not in _REF_CACHE:
+        seeds = protocol.eval_seeds(protocol.REFERENCE_EPISODES)
+        refs = {}
+        for name, behaviour in zip(("random", "expert"), refs_b):
+            policy = behaviour.make(np.random.default_rng(0))
+            refs[name] = float(protocol.rollout_returns(task, policy, seeds)["returns"].mean())
+        _REF_CACHE[key] = refs
+    return dict(_REF_CACHE[key])
+
+
+def _concat_episodes(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    offsets = np.cumsum([0] + [int(p["episode_ids"].max()) + 1 for p in parts[:-1]])
+    out["episode_ids"] = np.concatenate([p["episode_ids"] + o for p, o in zip(parts, offsets)])
+    return out
+
+
+def _from_replay(behaviour: Behaviour, episodes: int) -> dict[str, np.ndarray]:
+    """The first `episodes` episodes of a MATD3 training replay (up to the medium checkpoint)."""
+    from plcql_bench.datasets.importers import _episode_next_actions
+
+    rep = behaviour.replay
+    n_eps = min(int(episodes), int(rep["episodes"]))
+    with np.load(rep["file"]) as z:
+        ids = z["episode_ids"]
+        keep = ids < n_eps
+        arrays = {k: z[k][keep] for k in z.files if k != "env_step"}
+    n = len(arrays["rewards"])
+    last = np.zeros(n, bool)
+    last[np.flatnonzero(np.diff(arrays["episode_ids"]))] = True
+    last[-1] = True
+    arrays["next_actions"], arrays["next_actions_valid"] = _episode_next_actions(arrays["actions"], last)
+    starts = np.concatenate([[0], np.flatnonzero(last)[:-1] + 1])
+    lengths = np.diff(np.concatenate([starts, [n]]))
+    arrays["steps"] = (np.arange(n) - np.repeat(starts, lengths)).astype(np.int32)
+    return arrays
+
+
+def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.random.Generator):
+    hook = task.extras.get("collect")
+    if hook is not None:
+        return hook(task, behaviour, seeds, rng)
+    return collect(task, behaviour.make(rng), seeds)
 
 
 def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, profile: str,
@@ -92,21 +162,36 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     task = get_task(task_id)
     if tier not in task.spec.tiers:
         raise BenchError(f"unknown tier {tier!r} for {task_id} (tiers: {', '.join(task.spec.tiers)})")
-    behaviour = behaviour_for(task_id, tier)
-    if behaviour is None:
-        raise BenchError(f"{task_id}/{tier}: no behaviour policy available yet")
     tier_index = ALL_TIERS.index(tier)
     rng = np.random.default_rng([generator_seed, tier_index])
     seeds = protocol.collection_seeds(generator_seed, tier_index, 0, episodes)
-    arrays = collect(task, behaviour.make(rng), seeds)
+    behaviour = behaviour_for(task_id, tier)
+    if behaviour is None and tier == "mixed":
+        # mixed = equal halves of medium and expert episodes (CFCQL tools/mixed.py)
+        halves = [behaviour_for(task_id, t) for t in ("medium", "expert")]
+        if None in halves:
+            raise BenchError(f"{task_id}/mixed: needs medium and expert behaviour policies")
+        k = episodes // 2
+        arrays = _concat_episodes([_collect_tier(task, halves[0], seeds[:k], rng),
+                                   _collect_tier(task, halves[1], seeds[k:], rng)])
+        policy_id = f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
+    elif behaviour is None:
+        raise BenchError(f"{task_id}/{tier}: no behaviour policy available yet")
+    elif behaviour.kind == "replay":
+        arrays, policy_id = _from_replay(behaviour, episodes), behaviour.policy_id
+    else:
+        arrays, policy_id = _collect_tier(task, behaviour, seeds, rng), behaviour.policy_id
+    won = arrays.pop("episode_won", None)
     refs = reference_returns(task)
     attrs = {
-        "task_id": task_id, "quality": tier, "behaviour_policy_id": behaviour.policy_id,
+        "task_id": task_id, "quality": tier, "behaviour_policy_id": policy_id,
         "generator_version": GENERATOR_VERSION, "generator_seed": generator_seed,
         "env_versions": json.dumps(task.spec.env_versions(), sort_keys=True),
         "ref_return_random": refs["random"], "ref_return_expert": refs["expert"],
         "profile": profile,
     }
+    if won is not None:
+        attrs["win_rate"] = float(np.mean(won))
     path = manifest.dataset_path(data_dir, task_id, tier)
     path.parent.mkdir(parents=True, exist_ok=True)
     sha = fmt.write_dataset(path, arrays, attrs)

@@ -15,7 +15,7 @@ def datasets() -> None:
 def datasets_list(obj: dict, profile: str) -> None:
     """Every task x tier with its status under the profile's data directory."""
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import behaviour_for
+    from plcql_bench.datasets.behaviour import available
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
@@ -23,7 +23,7 @@ def datasets_list(obj: dict, profile: str) -> None:
     prof = load_profile(profile)
     root = profile_dir(obj["data_dir"], prof)
     entries = manifest.read_manifest(root)
-    click.echo(f"{'task':<12} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
+    click.echo(f"{'task':<26} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
     for task_id in task_ids():
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
@@ -31,11 +31,10 @@ def datasets_list(obj: dict, profile: str) -> None:
                 status, n = "built", entry["n_transitions"]
                 ret = f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
             else:
-                status = "not built" if behaviour_for(task_id, tier) else "unavailable"
+                status = "not built" if available(task_id, tier) else "unavailable"
                 n, ret = "", ""
-            src = behaviour_for(task_id, tier)
-            click.echo(f"{task_id:<12} {tier:<14} {status:<12} {n:>11} {ret:>18}  "
-                       f"{src.policy_id if src else '-'}")
+            src = entry.get("behaviour_policy_id") if entry else available(task_id, tier)
+            click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src or '-'}")
 
 
 @datasets.command("build")
@@ -50,15 +49,16 @@ def datasets_list(obj: dict, profile: str) -> None:
 def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, force) -> None:
     """Build TASK TIER (or --all / --matrix) at the profile's size."""
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import behaviour_for
+    from plcql_bench.datasets.behaviour import available
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.errors import BenchError
     from plcql_bench.suite.runner import profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
     if build_all:
-        todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if behaviour_for(t, q)]
+        todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if available(t, q)]
     elif matrix:
         todo = [(t, q) for t in prof.matrix["tasks"] for q in prof.matrix["tiers"]]
     elif task and tier:
@@ -67,7 +67,9 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         raise click.UsageError("give TASK TIER, or --all, or --matrix")
     root = profile_dir(obj["data_dir"], prof)
     for task_id, q in todo:
-        get_task(task_id)  # unknown task -> clear error before any work
+        spec = get_task(task_id).spec  # unknown task or tier -> clear error before any work
+        if q not in spec.tiers:
+            raise BenchError(f"unknown tier {q!r} for {task_id} (tiers: {', '.join(spec.tiers)})")
         if not force and manifest.lookup(root, task_id, q):
             click.echo(f"{task_id}/{q}: already built (use --force to rebuild)")
             continue
@@ -112,3 +114,37 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
     click.echo(f"{task}/{tier}: imported {entry['n_transitions']} transitions "
                f"({entry['n_episodes']} episodes), return {entry['return_mean']:.2f} ± "
                f"{entry['return_std']:.2f} -> {root / entry['file']}")
+
+
+@datasets.command("train-behaviour")
+@click.argument("task")
+@click.option("--profile", default="smoke", show_default=True,
+              help="Training budget: smoke (seconds), cpu (reduced, CPU-hours), paper (OMAR-scale).")
+@click.option("--out", default=None, type=click.Path(path_type=str),
+              help="Run directory (resumable); default artifacts/behaviour/<task>/<profile>/.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--max-seconds", default=None, type=float, help="Stop (resumably) after this long.")
+@click.option("--assets", default=None, type=click.Path(path_type=str),
+              help="Where to publish checkpoints+cards (default: datasets/assets/behaviour for "
+                   "non-smoke profiles; smoke publishes only with --assets).")
+def datasets_train_behaviour(task, profile, out, seed, max_seconds, assets) -> None:
+    """Train MATD3 behaviour policies for TASK (continuous tasks); resumes from --out."""
+    from plcql_bench.datasets import matd3
+    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.tasks import get_task
+
+    spec = get_task(task).spec
+    if spec.discrete:
+        raise BenchError(f"{task}: MATD3 is for continuous tasks; SMAX has its own trainer")
+    matd3.budget_for(task, profile)  # unknown profile -> one-line error
+    if assets is None and profile != "smoke":
+        assets = str(matd3.ASSETS_DIR)
+    res = matd3.train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds,
+                                assets=assets, progress=click.echo)
+    if res is None:
+        return
+    tiers = res["tiers"] if "tiers" in res else {t: {"return": res[t]["return"],
+                                                     "env_steps": res[t]["env_steps"]}
+                                                 for t in ("expert", "medium", "random")}
+    for t, e in tiers.items():
+        click.echo(f"{task}/{t}: return {e['return']:.2f} at {e['env_steps']} env steps")
