@@ -57,7 +57,8 @@ def test_backends_agree_and_reward_is_single_agent_reward():
     acts = _actions(rng, 2, 30)
     fast = get_task(TID).make_env(2)
     ref = get_task(TID).make_env(2, backend="gym")
-    single = [gym.make("HalfCheetah-v5") for _ in range(2)]
+    with mamujoco.quiet_mujoco():
+        single = [gym.make("HalfCheetah-v5") for _ in range(2)]
     seeds = np.array([5, 6])
     a, b = fast.reset(seeds), ref.reset(seeds)
     s_obs = [e.reset(seed=int(s))[0] for e, s in zip(single, seeds)]

@@ -36,6 +36,7 @@ in every dataset and result, and numbers are not comparable with the paper's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import warnings
 from functools import partial
@@ -58,19 +59,26 @@ def _mujoco_warning(msg: str) -> None:
         warnings.warn(f"mujoco: {msg}", RuntimeWarning, stacklevel=2)
 
 
-def _make_mamujoco():
-    """One gymnasium-robotics MaMuJoCo env in OMAR's configuration."""
+@contextlib.contextmanager
+def quiet_mujoco():
+    """While loading HalfCheetah models: drop the `settotalmass` deprecation warning."""
     import mujoco
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # gymnasium_robotics warns about Adroit versions on import
-        from gymnasium_robotics import mamujoco_v1
     previous = mujoco.get_mju_user_warning()
     mujoco.set_mju_user_warning(_mujoco_warning)
     try:
-        return mamujoco_v1.parallel_env("HalfCheetah", "2x3", agent_obsk=0, global_categories=())
+        yield
     finally:
         mujoco.set_mju_user_warning(previous)
+
+
+def _make_mamujoco():
+    """One gymnasium-robotics MaMuJoCo env in OMAR's configuration."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium_robotics warns about Adroit versions on import
+        from gymnasium_robotics import mamujoco_v1
+    with quiet_mujoco():
+        return mamujoco_v1.parallel_env("HalfCheetah", "2x3", agent_obsk=0, global_categories=())
 
 
 def layout(env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
