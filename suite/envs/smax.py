@@ -187,28 +187,28 @@ class SmaxCore:
 
 
 @cache
-def _core(map_name: str) -> SmaxCore:
-    return SmaxCore(map_name)
+def _core(map_name: str, episode_limit: int | None = None) -> SmaxCore:
+    return SmaxCore(map_name, episode_limit)
 
 
 @cache
-def _jitted(map_name: str):
+def _jitted(map_name: str, episode_limit: int | None = None):
     import jax
-    import jax.numpy as jnp
 
-    core = _core(map_name)
+    core = _core(map_name, episode_limit)
     reset = jax.jit(jax.vmap(lambda s: core.reset(jax.random.PRNGKey(s))))
     step = jax.jit(jax.vmap(core.step))
-    del jnp
     return reset, step
 
 
 class SmaxEnv:
     """B SMAX envs in lockstep (implements suite.spec.BatchedEnv); jitted, vmapped step."""
 
-    def __init__(self, spec: TaskSpec, map_name: str, num_envs: int):
+    def __init__(self, spec: TaskSpec, map_name: str, num_envs: int,
+                 episode_limit: int | None = None):
+        """episode_limit overrides the SMAC limit (for tests and tools only)."""
         self.spec, self.map_name, self.num_envs = spec, map_name, int(num_envs)
-        self._reset, self._step = _jitted(map_name)
+        self._reset, self._step = _jitted(map_name, episode_limit)
         self._carry: Carry | None = None
 
     def _to_step(self, o: Obs, reward, terminal, timeout, won) -> Step:

@@ -1,0 +1,223 @@
+"""Fast SMAX dataset collection: `jax.vmap` over envs + `lax.scan` over time, jitted once per map.
+
+    arrays, meta = collect_smax("smax-2s3z", policy, seeds, params=params)
+
+* ``policy(params, obs, avail, key) -> actions`` is a jittable function of ONE env: obs float32
+  [n, obs_dim], avail uint8 [n, n_actions], a PRNG key; it returns int [n] actions that must be
+  available under ``avail``. ``random_policy`` draws uniformly among the available actions.
+* One episode per seed, in seed order (episode-major). Env b is reset from
+  ``PRNGKey(seeds[b])`` exactly as ``SmaxEnv.reset`` does, and its policy key is
+  ``fold_in(PRNGKey(seeds[b]), POLICY_STREAM)``, so the output is a deterministic function of
+  (task, policy, params, seeds) on a given jax version and device.
+* ``batch`` env slots run in jitted scans of ``chunk`` steps. Slot b plays the episodes of seeds
+  b, b+batch, b+2·batch, ...: when its episode ends it restarts at once on its next seed, so no
+  slot idles waiting for long episodes. A slot with no seed left is frozen (see
+  suite/envs/smax.py) and its rows are dropped with a mask; rows are then grouped by episode.
+  Results do not depend on ``batch`` or ``chunk``.
+* ``next_actions`` is the policy's action at the next observation, including the final next obs
+  of each episode, so ``next_actions_valid`` is 1 everywhere. ``terminals``/``timeouts`` are kept
+  apart (terminal = battle over; timeout = the SMAC episode limit).
+
+``meta`` holds per-episode results (which are not format-v1 arrays, their length is E):
+``won`` bool [E], ``returns`` float64 [E], ``lengths`` int64 [E], plus ``win_rate``,
+``env_steps`` and ``seconds``.
+
+Benchmark: ``python -m plcql_bench.datasets.smax_collect --bench`` prints env-steps/s per map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from functools import cache
+from typing import Any, Callable
+
+import numpy as np
+
+from plcql_bench.suite.envs import smax as smax_env
+
+GENERATOR_VERSION = "smax-collect-1"
+POLICY_STREAM = 0x5EED
+
+PolicyFn = Callable[[Any, Any, Any, Any], Any]
+
+
+def random_policy(params, obs, avail, key):
+    """Uniform over each agent's available actions (params ignored)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = jnp.where(avail > 0, 0.0, -jnp.inf)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@cache
+def _runner(map_name: str, policy: PolicyFn, chunk: int):
+    """Jitted (init, advance, first_obs) for a batch of env slots.
+
+    Each of the B slots plays the episodes of one row of a seed-position table [B, K]
+    (position -1 = none); when an episode ends, the slot restarts at once on its next seed, so
+    no slot idles while others finish long episodes."""
+    import jax
+    import jax.numpy as jnp
+
+    core = smax_env._core(map_name)
+
+    def start(params, seed):
+        base = jax.random.PRNGKey(seed)
+        carry = core.reset(base)
+        pkey, k = jax.random.split(jax.random.fold_in(base, POLICY_STREAM))
+        a0 = policy(params, carry.last.obs, carry.last.avail, k).astype(jnp.int32)
+        return carry, a0, pkey
+
+    def init_one(params, seeds, row):
+        pos = row[0]
+        carry, a0, pkey = start(params, seeds[jnp.maximum(pos, 0)])
+        carry = carry._replace(done=pos < 0)
+        return (carry, a0, pkey, jnp.int32(0))
+
+    def advance_one(params, seeds, row, c):
+        def body(c, _):
+            carry, a, pkey, k = c
+            carry2, out = core.step(carry, a)
+            pkey, kk = jax.random.split(pkey)
+            a_fin = policy(params, out.next.obs, out.next.avail, kk).astype(jnp.int32)
+            ended = carry2.done & out.valid
+            ys = (row[k], a, a_fin, out.next.obs, out.next.state, out.next.avail, out.reward,
+                  out.terminal & out.valid, out.timeout & out.valid, out.won & out.valid,
+                  out.valid)
+            k2 = jnp.where(ended, k + 1, k)
+            nxt = row[jnp.minimum(k2, row.shape[0] - 1)]
+            do_reset = ended & (k2 < row.shape[0]) & (nxt >= 0)
+            fresh, a0, pkey0 = start(params, seeds[jnp.maximum(nxt, 0)])
+            sel = lambda x, y: jax.tree.map(lambda u, v: jnp.where(do_reset, u, v), x, y)  # noqa: E731
+            c = (sel(fresh, carry2), jnp.where(do_reset, a0, a_fin), sel(pkey0, pkey), k2)
+            return c, ys
+
+        return jax.lax.scan(body, c, None, length=chunk)
+
+    def first_obs(seed):
+        return core.reset(jax.random.PRNGKey(seed)).last
+
+    init = jax.jit(jax.vmap(init_one, in_axes=(None, None, 0)))
+    advance = jax.jit(jax.vmap(advance_one, in_axes=(None, None, 0, 0)))
+    return init, advance, jax.jit(jax.vmap(first_obs))
+
+
+def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int = 256,
+                 chunk: int = 16, log: Callable[[str], None] | None = None
+                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Collect one episode per seed; returns (format-v1 arrays, meta). See the module docstring."""
+    import jax
+
+    map_name = smax_env.map_of(task_id)
+    seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    n_ep = len(seeds)
+    if n_ep == 0:
+        raise ValueError("no seeds")
+    if (seeds < 0).any() or (seeds >= 2**32).any():
+        raise ValueError("SMAX seeds must be in [0, 2**32)")
+    b = int(min(batch, n_ep))
+    k = -(-n_ep // b)
+    k_pad = 1 << (k - 1).bit_length()  # power of two: few distinct compiled shapes
+    table = np.arange(k_pad)[None, :] * b + np.arange(b)[:, None]
+    table = np.where(table < n_ep, table, -1).astype(np.int32)
+    # seeds padded to the table size so their shape is a function of (b, k_pad) only
+    seeds_pad = np.zeros(b * k_pad, np.uint32)
+    seeds_pad[:n_ep] = seeds
+    init, advance, first_obs = _runner(map_name, policy, chunk)
+
+    t0 = time.perf_counter()
+    c = init(params, seeds_pad, table)
+    parts, t, max_t = [], 0, (k + 1) * smax_env.EPISODE_LIMITS[map_name]
+    while t < max_t:
+        c, ys = advance(params, seeds_pad, table, c)
+        parts.append(jax.device_get(ys))
+        t += chunk
+        if bool(np.asarray(c[0].done).all()):
+            break
+        if log is not None and len(parts) % 50 == 0:
+            log(f"{task_id}: {t} slot steps")
+    ys = [np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0]))]
+    valid = ys[-1].astype(bool)
+    pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step = (y[valid] for y in ys[:-1])
+    order = np.argsort(pos, kind="stable")  # rows of one slot are in time order
+    pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step = (
+        x[order] for x in (pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step))
+    lengths = np.bincount(pos, minlength=n_ep).astype(np.int64)
+    if (lengths == 0).any():
+        raise RuntimeError("collection ended before every episode finished")
+    n = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    steps = np.arange(n) - np.repeat(starts, lengths)
+    first = jax.device_get(first_obs(seeds.astype(np.uint32)))
+
+    def shifted(nxt: np.ndarray, init_rows: np.ndarray) -> np.ndarray:
+        cur = np.empty_like(nxt)
+        cur[1:] = nxt[:-1]
+        cur[starts] = init_rows
+        return cur
+
+    seconds = time.perf_counter() - t0
+    arrays = {
+        "obs": shifted(nobs, np.asarray(first.obs)).astype(np.float32),
+        "state": shifted(nstate, np.asarray(first.state)).astype(np.float32),
+        "actions": a.astype(np.int64),
+        "avail_actions": shifted(navail, np.asarray(first.avail)).astype(np.uint8),
+        "rewards": rew.astype(np.float32),
+        "next_obs": nobs.astype(np.float32),
+        "next_state": nstate.astype(np.float32),
+        "next_actions": a_fin.astype(np.int64),
+        "next_avail_actions": navail.astype(np.uint8),
+        "next_actions_valid": np.ones(n, np.uint8),
+        "terminals": term.astype(np.uint8),
+        "timeouts": tout.astype(np.uint8),
+        "episode_ids": np.repeat(np.arange(n_ep, dtype=np.int64), lengths),
+        "steps": steps.astype(np.int32),
+    }
+    ends = starts + lengths - 1
+    won = won_step[ends].astype(bool)
+    returns = np.bincount(arrays["episode_ids"], weights=rew.astype(np.float64), minlength=n_ep)
+    meta = {"won": won, "returns": returns, "lengths": lengths, "win_rate": float(won.mean()),
+            "env_steps": n, "seconds": seconds}
+    if log is not None:
+        log(f"{task_id}: {n_ep} episodes, {n} steps in {seconds:.1f}s, win rate {won.mean():.3f}")
+    return arrays, meta
+
+
+def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 16,
+          log=print) -> dict[str, dict[str, float]]:
+    """Env-steps/s of random-policy collection per map (compile excluded: one warm-up batch)."""
+    results = {}
+    for m in maps:
+        tid = smax_env.PREFIX + m
+        t0 = time.perf_counter()
+        collect_smax(tid, random_policy, np.arange(batch), batch=batch, chunk=chunk)
+        warm = time.perf_counter() - t0
+        _, meta = collect_smax(tid, random_policy, 1000 + np.arange(episodes), batch=batch,
+                               chunk=chunk)
+        rate = meta["env_steps"] / meta["seconds"]
+        results[tid] = {"env_steps_per_s": rate, "env_steps": meta["env_steps"],
+                        "seconds": meta["seconds"], "warmup_s": warm,
+                        "mean_len": float(meta["lengths"].mean())}
+        log(f"{tid:16s} {rate:9.0f} env-steps/s  ({meta['env_steps']} steps in "
+            f"{meta['seconds']:.2f}s, mean episode {meta['lengths'].mean():.1f}, "
+            f"first batch incl. compile {warm:.1f}s)")
+    return results
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bench", action="store_true", help="report env-steps/s per map")
+    p.add_argument("--maps", nargs="*", default=list(smax_env.MAPS))
+    p.add_argument("--episodes", type=int, default=512)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--chunk", type=int, default=16)
+    a = p.parse_args(argv)
+    if not a.bench:
+        p.error("nothing to do (use --bench)")
+    bench(a.maps, a.episodes, a.batch, a.chunk)
+
+
+if __name__ == "__main__":
+    main()
