@@ -31,7 +31,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from plcql_bench.leaderboard.stats import best_in_row, cell_stats
+from plcql_bench.leaderboard.stats import best_in_row, cell_stats, ties_with_best
 
 __all__ = [
     "RESULT_SCHEMA_VERSION",
@@ -94,6 +94,9 @@ class RunResult:
     finished_at: str = ""
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     image: dict[str, str] = field(default_factory=dict, compare=False)
+    # Learning curve ((update, score), ...) and measured update rounds per second (plots only).
+    curve: tuple = field(default=(), compare=False)
+    updates_per_s: float | None = field(default=None, compare=False)
 
     @property
     def variant(self) -> tuple[str, int | None]:
@@ -172,6 +175,16 @@ def _parse_result(raw: Any, path: str) -> RunResult:
         if isinstance(versions_raw, dict)
         else {}
     )
+    curve = []
+    for point in raw.get("curve") or []:
+        if not isinstance(point, dict):
+            continue
+        u, v = point.get("update"), point.get("score")
+        if _is_int(u) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            curve.append((int(u), float(v)))
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    ups = train.get("updates_per_s")
+    ups = float(ups) if isinstance(ups, (int, float)) and not isinstance(ups, bool) and math.isfinite(ups) and ups > 0 else None
     image_raw = raw.get("image")
     image = (
         {str(k): str(v) for k, v in image_raw.items() if v is not None} if isinstance(image_raw, dict) else {}
@@ -194,6 +207,8 @@ def _parse_result(raw: Any, path: str) -> RunResult:
         finished_at=_opt_str(raw, "finished_at"),
         versions=versions,
         image=image,
+        curve=tuple(curve),
+        updates_per_s=ups,
     )
 
 
@@ -239,6 +254,58 @@ def load_results(results_dir: Path) -> tuple[list[RunResult], list[Skipped]]:
     kept.sort(key=lambda r: r.path)
     skipped.sort(key=lambda s: s.path)
     return kept, skipped
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A run that failed: a run directory with status.json ``failed`` and no final.json."""
+
+    path: str  # the status.json, relative to results_dir
+    algo: str
+    task: str
+    dataset: str
+    seed: int | None
+    profile: str
+    error: str
+
+
+def load_failures(results_dir: Path) -> list[Failure]:
+    """Failed runs under ``results_dir``. The identity comes from the run's config.json (written
+    before training), else from the path ``<profile>/<algo>/<task>/<tier>/seed<k>-<key>/``."""
+    results_dir = Path(results_dir)
+    out: list[Failure] = []
+    for status_file in sorted(results_dir.rglob("status.json")):
+        run_dir = status_file.parent
+        if (run_dir / "final.json").exists():
+            continue
+        try:
+            status = json.loads(status_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(status, dict) or status.get("status") != "failed":
+            continue
+        ident: dict = {}
+        try:
+            raw = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+            ident = raw if isinstance(raw, dict) else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            pass
+        parts = run_dir.relative_to(results_dir).parts
+        guess = dict(zip(("profile", "algo", "task", "dataset"), parts[-5:-1])) if len(parts) >= 5 else {}
+        vals = {k: ident.get(k) if isinstance(ident.get(k), str) and ident.get(k) else guess.get(k) for k in ("profile", "algo", "task", "dataset")}
+        if not all(vals.values()):
+            continue
+        seed = ident.get("seed")
+        error = status.get("error")
+        out.append(
+            Failure(
+                path=status_file.relative_to(results_dir).as_posix(),
+                seed=seed if _is_int(seed) else None,
+                error=(error.splitlines()[0][:300] if isinstance(error, str) and error else "no error message"),
+                **vals,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,103 +491,326 @@ def algo_label(paper: dict | None, algo: str) -> str:
     return (paper or {}).get("algorithm_labels", {}).get(algo, algo)
 
 
-def build_tables(cells: list[dict], paper: dict | None) -> list[dict]:
-    """Lay the aggregated cells out as one table per domain and mark the best cell per row.
+MAIN_TABLE_FALLBACK = ("omar", "macql", "iql", "matd3bc", "dof", "cfcql", "spacql", "plcql")
+SMAC_TABLE_FALLBACK = ("cfcql", "macql", "maicq", "omar", "madtkd", "bc", "iql", "awac", "spacql", "plcql")
+ABLATION_FALLBACK = ("plcql", "plcql-k1", "plcql-kn", "plcql-w1")
+TARGET = "plcql"  # the algorithm the headline claims and probabilities of improvement are about
+RIVAL = "spacql"
 
-    Mutates each cell dict: sets ``best`` and ``compared`` and attaches ``paper``."""
-    task_rank = _paper_task_rank(paper)
-    show_protocol = len({c["protocol_version"] for c in cells}) > 1
-    by_domain: dict[str, list[dict]] = defaultdict(list)
-    for c in cells:
-        by_domain[c["domain"]].append(c)
+# Agents per task, for the structural Q-evaluation count when the task registry cannot say.
+KNOWN_N_AGENTS = {
+    "mpe-cn": 3, "mpe-pp": 3, "mpe-world": 3, "mamujoco-halfcheetah-2x3": 2,
+    "2s3z": 5, "3s_vs_5z": 3, "5m_vs_6m": 5, "6h_vs_8z": 6,
+}
 
-    tables = []
-    for domain in sorted(by_domain, key=_domain_rank):
-        dcells = by_domain[domain]
-        paper_order = _paper_algo_order(paper, domain)
-        present = {c["algo"] for c in dcells}
-        algos = [a for a in paper_order if a in present] + sorted(present - set(paper_order))
 
-        rows_map: dict[tuple[str, str], list[dict]] = defaultdict(list)
-        for c in dcells:
-            rows_map[(c["task"], c["dataset"])].append(c)
-        row_keys = sorted(rows_map, key=lambda k: (_task_rank(paper, k[0], task_rank), _tier_rank(domain, k[1])))
+def _table_columns(paper: dict | None, key: str, fallback: tuple[str, ...]) -> list[str]:
+    cols = ((paper or {}).get("tables", {}).get(key) or {}).get("columns")
+    return list(cols) if cols else list(fallback)
 
-        rows = []
-        mixed_any = False
-        for task, dataset in row_keys:
-            entries = rows_map[(task, dataset)]
-            majority = _majority_variant(entries)
-            mixed = len({(e["profile"], e["protocol_version"]) for e in entries}) > 1
-            mixed_any |= mixed
-            for e in entries:
-                e["compared"] = (e["profile"], e["protocol_version"]) == majority
-            best = set(
-                best_in_row([e["mean"] for e in entries], eligible=[e["compared"] for e in entries])
+
+def ablation_algos(paper: dict | None) -> list[str]:
+    """Algorithm ids of the ablation table's columns (the full method first)."""
+    variants = ((paper or {}).get("tables", {}).get("ablation") or {}).get("variants") or []
+    ids = [v["algo"] for v in variants if isinstance(v, dict) and v.get("algo")]
+    return ids or list(ABLATION_FALLBACK)
+
+
+def is_discrete_task(domain: str, score_name: str) -> bool:
+    """SMAC/SMAX tasks (scored by win rate) have discrete actions; MPE and MaMuJoCo continuous."""
+    return domain in SMAC_DOMAINS or score_name == "win_rate"
+
+
+def _registry_class(algo: str):
+    """The registered algorithm class, or None when the suite does not implement ``algo``."""
+    try:
+        from plcql_bench.algorithms.base import get_algorithm
+
+        return get_algorithm(algo)
+    except Exception:  # unknown algorithm, or the algorithms cannot be imported here
+        return None
+
+
+def support(algo: str, discrete_task: bool) -> str:
+    """"yes", "no" (the algorithm does not handle the task's action type) or "unknown"
+    (the suite does not implement the algorithm). ``cls.discrete``: False = continuous only,
+    True = discrete only, None = both."""
+    cls = _registry_class(algo)
+    if cls is None:
+        return "unknown"
+    d = getattr(cls, "discrete", None)
+    return "yes" if d is None or bool(d) == discrete_task else "no"
+
+
+def n_agents(task: str) -> int | None:
+    try:
+        from plcql_bench.suite.tasks import get_task
+
+        return int(get_task(task).spec.n_agents)
+    except Exception:
+        pass
+    if task in KNOWN_N_AGENTS:
+        return KNOWN_N_AGENTS[task]
+    tail = task.partition("-")[2]
+    for name, n in KNOWN_N_AGENTS.items():
+        if _norm_map(tail) == _norm_map(name):
+            return n
+    return None
+
+
+def _paper_task_label(paper: dict | None, task: str) -> str | None:
+    if not paper:
+        return None
+    label = paper.get("task_map", {}).get(task)
+    if label is not None:
+        return str(label)
+    prefix, _, tail = task.partition("-")
+    if prefix in SMAC_DOMAINS and tail:
+        rows = paper.get("tables", {}).get("starcraft_results", {}).get("rows", {})
+        return next((str(m) for m in rows if _norm_map(str(m)) == _norm_map(tail)), None)
+    return None
+
+
+def paper_ablation_value(paper: dict | None, task: str, dataset: str, algo: str) -> dict | None:
+    """The paper's ablation-table value for one of our cells (same keys as ``paper_value``)."""
+    abl = ((paper or {}).get("tables", {}) or {}).get("ablation")
+    label = _paper_task_label(paper, task)
+    tier = (paper or {}).get("tier_map", {}).get(dataset)
+    if not abl or label is None or tier is None:
+        return None
+    col = next((c for c in abl.get("columns", []) if str(c["task"]) == label and c["tier"] == tier), None)
+    var = next((v for v in abl.get("variants", []) if v.get("algo") == algo), None)
+    if col is None or var is None:
+        return None
+    entry = var.get("values", {}).get(label, {}).get(tier)
+    return {
+        "mean": None if entry is None else float(entry["mean"]),
+        "std": None if entry is None else float(entry["std"]),
+        "score_name": col.get("score_name", "normalised"),
+        "table": abl.get("label", "ablation"),
+        "task": label,
+        "tier": tier,
+        "sc2": task.partition("-")[0] in SMAC_DOMAINS,
+    }
+
+
+def _ablation_rows(paper: dict | None) -> list[tuple[str, str, str]]:
+    """(task, dataset, domain) of the paper's ablation columns in this suite's ids. A SMAC map
+    becomes the SMAX task ``smax-<map>`` (the suite's StarCraft substitute)."""
+    abl = ((paper or {}).get("tables", {}) or {}).get("ablation") or {}
+    inv_task = {str(v): k for k, v in (paper or {}).get("task_map", {}).items()}
+    inv_tier = {v: k for k, v in (paper or {}).get("tier_map", {}).items()}
+    out = []
+    for c in abl.get("columns", []):
+        label, tier = str(c["task"]), inv_tier.get(c["tier"])
+        if tier is None:
+            continue
+        task = inv_task.get(label, f"smax-{label}")
+        out.append((task, tier, task.partition("-")[0]))
+    return out
+
+
+def _entry_view(e: dict) -> dict:
+    return {
+        "text": format_mean_std(e["mean"], e["std"], e["score_name"]),
+        "n": e["n"],
+        "profile": e["profile"],
+        "protocol_version": e["protocol_version"],
+        "best": e["_best"],
+        "tied": e["_tied"],
+        "tie_p": e["_tie_p"],
+        "tested": e["_tested"],
+        "compared": e["_compared"],
+        "seeds": ", ".join(str(s) for s in e["seeds"]),
+    }
+
+
+def _paper_view(ref: dict | None) -> dict | None:
+    if ref is None:
+        return None
+    return {
+        "text": format_mean_std(ref["mean"], ref["std"], ref["score_name"]) if ref["mean"] is not None else "\u2014 (not reported)",
+        "sc2": ref["sc2"],
+        "mean": ref["mean"],
+        "std": ref["std"],
+    }
+
+
+def _build_table(
+    key: str,
+    label: str,
+    score_label: str,
+    algos: list[str],
+    rows_in: list[tuple[str, str, str]],
+    entries_by_row: dict[tuple[str, str], list[dict]],
+    failures_by_cell: dict[tuple[str, str, str], list[Failure]],
+    paper: dict | None,
+    paper_lookup,
+    show_protocol: bool,
+) -> dict:
+    """One table: rows (task, dataset, domain) x algorithm columns. Marks best and tied cells
+    among the row's majority-profile entries. Entries are copied, never mutated."""
+    rows = []
+    mixed_any = False
+    records = []
+    for task, dataset, domain in rows_in:
+        entries = [dict(e) for e in entries_by_row.get((task, dataset), []) if e["algo"] in algos]
+        majority = _majority_variant(entries) if entries else None
+        mixed = len({(e["profile"], e["protocol_version"]) for e in entries}) > 1
+        mixed_any |= mixed
+        for e in entries:
+            e["_compared"] = (e["profile"], e["protocol_version"]) == majority
+        best = set(best_in_row([e["mean"] for e in entries], eligible=[e["_compared"] for e in entries]))
+        ties = ties_with_best([e["scores"] if e["_compared"] else None for e in entries], sorted(best))
+        for i, e in enumerate(entries):
+            e["_best"] = i in best
+            e["_tied"], e["_tie_p"], e["_tested"] = ties[i]["tied"], ties[i]["p"], ties[i]["tested"]
+        where = paper_row(paper, task, dataset)
+        discrete = is_discrete_task(domain, entries[0]["score_name"] if entries else ("win_rate" if domain in SMAC_DOMAINS else "normalised"))
+        row_cells = []
+        for algo in algos:
+            mine = sorted(
+                (e for e in entries if e["algo"] == algo),
+                key=lambda e: (not e["_compared"], e["profile"], str(e["protocol_version"])),
             )
-            for i, e in enumerate(entries):
-                e["best"] = i in best
-                e["paper"] = paper_value(paper, task, dataset, e["algo"])
-            where = paper_row(paper, task, dataset)
-            row_cells = []
-            for algo in algos:
-                mine = sorted(
-                    (e for e in entries if e["algo"] == algo),
-                    key=lambda e: (not e["compared"], e["profile"], str(e["protocol_version"])),
-                )
-                ref = paper_value(paper, task, dataset, algo)
-                row_cells.append(
-                    {
-                        "algo": algo,
-                        "best": any(e["best"] for e in mine),
-                        "entries": [
-                            {
-                                "text": format_mean_std(e["mean"], e["std"], e["score_name"]),
-                                "n": e["n"],
-                                "profile": e["profile"],
-                                "protocol_version": e["protocol_version"],
-                                "best": e["best"],
-                                "compared": e["compared"],
-                                "seeds": ", ".join(str(s) for s in e["seeds"]),
-                            }
-                            for e in mine
-                        ],
-                        "paper": None
-                        if ref is None
-                        else {
-                            "text": format_mean_std(ref["mean"], ref["std"], ref["score_name"])
-                            if ref["mean"] is not None
-                            else "\u2014 (not reported)",
-                            "sc2": ref["sc2"],
-                        },
-                    }
-                )
-            rows.append(
+            fails = failures_by_cell.get((task, dataset, algo), [])
+            missing = None
+            if not mine:
+                if fails:
+                    missing = {"kind": "failed", "detail": f"{len(fails)} run{'s' if len(fails) > 1 else ''} failed: {fails[0].error}"}
+                else:
+                    sup = support(algo, discrete)
+                    if sup == "no":
+                        kind = "discrete" if discrete else "continuous"
+                        missing = {"kind": "unsupported", "detail": f"{algo_label(paper, algo)} does not support {kind} actions"}
+                    elif sup == "unknown":
+                        missing = {"kind": "not run", "detail": "not implemented in this suite yet"}
+                    else:
+                        missing = {"kind": "not run", "detail": "no result files for this cell"}
+            ref = _paper_view(paper_lookup(paper, task, dataset, algo))
+            row_cells.append(
                 {
-                    "task": task,
-                    "dataset": dataset,
-                    "paper_label": f"{where[1]} {where[2]}" if where else None,
-                    "paper_sc2": bool(where and where[0] == "starcraft_results"),
-                    "mixed": mixed,
-                    "cells": row_cells,
+                    "algo": algo,
+                    "best": any(e["_best"] for e in mine),
+                    "tied": any(e["_tied"] for e in mine),
+                    "entries": [_entry_view(e) for e in mine],
+                    "missing": missing,
+                    "n_failed": len(fails),
+                    "failed_detail": fails[0].error if fails else "",
+                    "paper": ref,
                 }
             )
-        score_names = sorted({c["score_name"] for c in dcells})
-        tables.append(
+            base = {"table": key, "task": task, "dataset": dataset, "domain": domain, "algo": algo}
+            paper_cols = {"paper_mean": None if ref is None else ref["mean"], "paper_std": None if ref is None else ref["std"]}
+            if not mine:
+                records.append({**base, "status": missing["kind"], "reason": missing["detail"], "profile": None,
+                                "protocol_version": None, "n": 0, "mean": None, "std": None, "best": False,
+                                "tied_with_best": False, "tie_p": None, "n_failed": len(fails), **paper_cols})
+            for e in mine:
+                records.append({**base, "status": "ok", "reason": "", "profile": e["profile"],
+                                "protocol_version": e["protocol_version"], "n": e["n"], "mean": e["mean"],
+                                "std": e["std"], "best": e["_best"], "tied_with_best": e["_tied"],
+                                "tie_p": e["_tie_p"], "n_failed": len(fails), **paper_cols})
+        rows.append(
             {
+                "task": task,
+                "dataset": dataset,
                 "domain": domain,
-                "label": DOMAIN_LABELS.get(domain, domain),
-                "score_label": " / ".join(
-                    "win rate" if s == "win_rate" else "normalised score" for s in score_names
-                ),
-                "algos": [{"id": a, "label": algo_label(paper, a)} for a in algos],
-                "rows": rows,
-                "mixed": mixed_any,
-                "smax": domain == "smax",
-                "show_protocol": show_protocol,
-                "n_runs": sum(c["n"] for c in dcells),
+                "paper_label": f"{where[1]} {where[2]}" if where else None,
+                "paper_sc2": bool(where and where[0] == "starcraft_results"),
+                "mixed": mixed,
+                "cells": row_cells,
+                "_entries": entries,
             }
         )
+    return {
+        "key": key,
+        "domain": key,  # anchor id
+        "label": label,
+        "score_label": score_label,
+        "algos": [{"id": a, "label": algo_label(paper, a)} for a in algos],
+        "rows": rows,
+        "mixed": mixed_any,
+        "smax": any(r["domain"] == "smax" for r in rows),
+        "show_protocol": show_protocol,
+        "records": records,
+    }
+
+
+def build_tables(cells: list[dict], paper: dict | None, failures: list[Failure] = ()) -> list[dict]:
+    """The three tables: the main (MPE + MaMuJoCo) table, the SMAC/SMAX table and the ablation
+    table, each with the paper's columns first and any other algorithm we ran after them.
+
+    A row appears in the main and SMAC tables when some run of it finished or failed; the
+    ablation table always shows the paper's two ablation rows. Sets ``best``, ``compared``,
+    ``tied`` on each aggregated cell (from the main/SMAC table; ablation-only algorithms from
+    the ablation table)."""
+    task_rank = _paper_task_rank(paper)
+    show_protocol = len({c["protocol_version"] for c in cells}) > 1
+    abl_algos = ablation_algos(paper)
+    variants = set(abl_algos) - {TARGET}
+    entries_by_row: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for c in cells:
+        entries_by_row[(c["task"], c["dataset"])].append(c)
+    failures_by_cell: dict[tuple[str, str, str], list[Failure]] = defaultdict(list)
+    for f in failures:
+        failures_by_cell[(f.task, f.dataset, f.algo)].append(f)
+
+    def domain_of(task: str) -> str:
+        for c in cells:
+            if c["task"] == task:
+                return c["domain"]
+        return task.partition("-")[0]
+
+    def is_smac_row(task: str) -> bool:
+        d = domain_of(task)
+        return d in SMAC_DOMAINS or any(c["score_name"] == "win_rate" for c in cells if c["task"] == task)
+
+    keys: set[tuple[str, str]] = {(c["task"], c["dataset"]) for c in cells if c["algo"] not in variants}
+    keys |= {(f.task, f.dataset) for f in failures if f.algo not in variants}
+
+    def ordered(ks) -> list[tuple[str, str, str]]:
+        rows = [(t, d, domain_of(t)) for t, d in ks]
+        return sorted(rows, key=lambda r: (_domain_rank(r[2]), _task_rank(paper, r[0], task_rank), _tier_rank(r[2], r[1])))
+
+    def extra(rows: list[tuple[str, str, str]], base: list[str]) -> list[str]:
+        ks = {(t, d) for t, d, _ in rows}
+        present = {c["algo"] for c in cells if (c["task"], c["dataset"]) in ks} | {
+            f.algo for f in failures if (f.task, f.dataset) in ks
+        }
+        return base + sorted(present - set(base) - variants)
+
+    main_rows = ordered(k for k in keys if not is_smac_row(k[0]))
+    smac_rows = ordered(k for k in keys if is_smac_row(k[0]))
+    abl_rows = list(_ablation_rows(paper))
+    more = {(c["task"], c["dataset"]) for c in cells if c["algo"] in variants} | {
+        (f.task, f.dataset) for f in failures if f.algo in variants
+    }
+    abl_rows += [r for r in ordered(more) if (r[0], r[1]) not in {(t, d) for t, d, _ in abl_rows}]
+    abl_rows = [(t, d, domain_of(t) if any(c["task"] == t for c in cells) else dom) for t, d, dom in abl_rows]
+
+    tables = [
+        _build_table("main", "MPE + MaMuJoCo", "normalised score", extra(main_rows, _table_columns(paper, "main_results", MAIN_TABLE_FALLBACK)),
+                     main_rows, entries_by_row, failures_by_cell, paper, paper_value, show_protocol),
+        _build_table("smac", "SMAC / SMAX", "win rate", extra(smac_rows, _table_columns(paper, "starcraft_results", SMAC_TABLE_FALLBACK)),
+                     smac_rows, entries_by_row, failures_by_cell, paper, paper_value, show_protocol),
+        _build_table("ablation", "Ablation of PLCQL", "normalised score / win rate", abl_algos,
+                     abl_rows, entries_by_row, failures_by_cell, paper, paper_ablation_value, show_protocol),
+    ]
+    # Flags on the shared aggregated cells (for results.json / results.csv).
+    for t in (tables[2], tables[0], tables[1]):  # main/SMAC win over ablation
+        for row in t["rows"]:
+            for e in row["_entries"]:
+                for c in cells:
+                    if c["task"] == e["task"] and c["dataset"] == e["dataset"] and c["algo"] == e["algo"] and c["profile"] == e["profile"] and c["protocol_version"] == e["protocol_version"]:
+                        c["best"], c["compared"], c["tied"], c["tie_p"] = e["_best"], e["_compared"], e["_tied"], e["_tie_p"]
+                        c["paper"] = paper_value(paper, c["task"], c["dataset"], c["algo"]) or paper_ablation_value(paper, c["task"], c["dataset"], c["algo"])
+    for c in cells:
+        c.setdefault("best", False)
+        c.setdefault("compared", False)
+        c.setdefault("tied", False)
+        c.setdefault("tie_p", None)
+        c.setdefault("paper", paper_value(paper, c["task"], c["dataset"], c["algo"]))
     return tables
 
 
@@ -723,6 +1013,7 @@ CSV_FIELDS = (
     "mean",
     "std",
     "best",
+    "tied_with_best",
     "compared",
     "seeds",
     "paper_mean",
@@ -735,6 +1026,8 @@ def _json_cell(c: dict) -> dict:
         "domain", "task", "dataset", "algo", "profile", "protocol_version", "score_name",
         "n", "mean", "std", "best", "compared", "seeds", "scores", "run_keys", "files",
     )}
+    out["tied_with_best"] = bool(c.get("tied"))
+    out["tie_p"] = c.get("tie_p")
     p = c.get("paper")
     out["paper"] = None if p is None else {k: p[k] for k in ("mean", "std", "table", "task", "tier")}
     return out
@@ -753,6 +1046,7 @@ def _csv_text(cells: list[dict]) -> str:
                 "mean": repr(c["mean"]),
                 "std": repr(c["std"]),
                 "best": int(bool(c["best"])),
+                "tied_with_best": int(bool(c.get("tied"))),
                 "compared": int(bool(c["compared"])),
                 "seeds": " ".join(str(s) for s in c["seeds"]),
                 "paper_mean": "" if p.get("mean") is None else p["mean"],
@@ -762,6 +1056,36 @@ def _csv_text(cells: list[dict]) -> str:
     return buf.getvalue()
 
 
+TABLE_FIELDS = (
+    "table", "task", "dataset", "domain", "algo", "status", "reason", "profile", "protocol_version",
+    "n", "mean", "std", "best", "tied_with_best", "tie_p", "n_failed", "paper_mean", "paper_std",
+)
+
+
+def _csv_records(records: list[dict], fields: tuple[str, ...] | None = None) -> str:
+    fields = fields or tuple(dict.fromkeys(k for r in records for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: "" if r.get(k) is None else (int(r[k]) if isinstance(r[k], bool) else r[k]) for k in fields})
+    return buf.getvalue()
+
+
+ENV_PACKAGES = ("mpe2", "pettingzoo", "mujoco", "gymnasium-robotics", "jaxmarl", "jax", "jaxlib", "smax", "pysc2", "sc2", "smac")
+
+
+def env_versions(prov: dict) -> list[dict]:
+    """The environment stacks behind the numbers (MuJoCo for MaMuJoCo, JaxMARL for SMAX, SC2),
+    from the versions the runs recorded; the named stacks are listed even when no run used them."""
+    versions = prov.get("versions", {})
+    out = [{"name": k, "versions": versions[k], "absent": False} for k in ENV_PACKAGES if k in versions]
+    for name, keys in (("MuJoCo", ("mujoco",)), ("SMAX (JaxMARL)", ("jaxmarl", "smax")), ("StarCraft II", ("sc2", "pysc2", "smac"))):
+        if not any(k in versions for k in keys):
+            out.append({"name": name, "versions": [], "absent": True})
+    return out
+
+
 def build_site(
     results_dir: Path,
     out_dir: Path,
@@ -769,22 +1093,64 @@ def build_site(
     *,
     now: datetime | None = None,
     paper_path: Path | None = None,
+    bootstrap_reps: int | None = None,
+    poi_reps: int | None = None,
 ) -> Path:
     """Build the leaderboard from ``results_dir`` into ``out_dir``; returns the index.html path.
 
     ``now`` fixes the build date (for reproducible output); ``paper_path`` overrides the
-    transcribed paper tables (default: ``paper_results.yaml`` next to this module)."""
+    transcribed paper tables (default: ``paper_results.yaml`` next to this module);
+    ``bootstrap_reps`` / ``poi_reps`` override the stratified-bootstrap replicates (tests)."""
+    from plcql_bench.leaderboard import analysis
+    from plcql_bench.leaderboard import stats as st
+
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"results directory not found: {results_dir}")
     now = now or datetime.now(timezone.utc)
+    reps = bootstrap_reps or st.BOOTSTRAP_REPS
+    preps = poi_reps or st.POI_REPS
     paper = load_paper_results(paper_path)
     runs, skipped = load_results(results_dir)
+    failures = load_failures(results_dir)
     cells = aggregate(runs)
-    tables = build_tables(cells, paper)
+    tables = build_tables(cells, paper, failures)
     manifest, manifest_note = load_manifest(Path(data_dir) if data_dir is not None else None)
     prov = provenance(runs, now)
     profiles = sorted({r.profile for r in runs})
+
+    def label(a: str) -> str:
+        return algo_label(paper, a)
+
+    runs_by_cell: dict[tuple, list[RunResult]] = defaultdict(list)
+    for r in runs:
+        runs_by_cell[(r.task, r.dataset, r.algo, r.profile, r.protocol_version)].append(r)
+    main_t, smac_t, abl_t = tables
+    aggs = [
+        a
+        for i, t in enumerate((main_t, smac_t))
+        for a in [analysis.aggregates(t, label, TARGET, reps=reps, poi_reps=preps, salt=f"agg{i}")]
+        if a is not None
+    ]
+    claims = analysis.claims([main_t, smac_t], paper, label, TARGET, RIVAL)
+    curves = analysis.learning_curves(tables, runs_by_cell, label)
+    par = analysis.par_policy(tables, runs_by_cell, results_dir, TARGET, n_agents)
+    compute = analysis.compute_cost(runs, label, TARGET, RIVAL, n_agents)
+    cards = dataset_cards(manifest, runs, paper) if manifest is not None else None
+
+    downloads = {
+        "main": ("tables/main", [r for r in main_t["records"]], TABLE_FIELDS),
+        "smac": ("tables/smac", [r for r in smac_t["records"]], TABLE_FIELDS),
+        "ablation": ("tables/ablation", [r for r in abl_t["records"]], TABLE_FIELDS),
+        "aggregates": ("tables/aggregates", [r for a in aggs for r in a["records"]], None),
+        "poi": ("tables/probability_of_improvement", [r for a in aggs for r in a["poi_records"]], None),
+        "claims": ("tables/claims", claims["records"], None),
+        "par": ("tables/par_policy", par["records"], None),
+        "compute": ("tables/compute_cost", compute["records"], None),
+        "datasets": ("tables/datasets", cards or [], None),
+        "skipped": ("tables/skipped", [{"path": s.path, "reason": s.reason} for s in skipped]
+                    + [{"path": f.path, "reason": f"failed run: {f.error}"} for f in failures], None),
+    }
 
     context = {
         "title": "PLCQL-bench leaderboard",
@@ -793,14 +1159,26 @@ def build_site(
         "n_cells": len(cells),
         "n_runs": len(runs),
         "skipped": skipped,
-        "cards": dataset_cards(manifest, runs, paper) if manifest is not None else None,
+        "failures": failures,
+        "cards": cards,
         "manifest_note": manifest_note,
         "provenance": prov,
+        "env_versions": env_versions(prov),
         "profiles": profiles,
         "non_paper_profiles": [p for p in profiles if p != PAPER_PROFILE],
         "paper_source": (paper or {}).get("source"),
         "paper_tables": paper_reference_tables(paper),
         "any_mixed": any(t["mixed"] for t in tables),
+        "tie_test": st.TIE_TEST,
+        "aggregates": aggs,
+        "claims": claims,
+        "curves": curves,
+        "par": par,
+        "compute": compute,
+        "target_label": label(TARGET),
+        "rival_label": label(RIVAL),
+        "downloads": {k: v[0] for k, v in downloads.items()},
+        "bootstrap": {"reps": reps, "poi_reps": preps, "seed": st.BOOTSTRAP_SEED},
     }
     html = _environment().get_template("index.html.j2").render(**context)
 
@@ -810,14 +1188,24 @@ def build_site(
     payload = {
         "schema_version": OUTPUT_SCHEMA_VERSION,
         "generated_at": now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "statistic": {"mean": "arithmetic mean over seeds", "std": "sample std, ddof=1 (0 when n=1)"},
+        "statistic": {"mean": "arithmetic mean over seeds", "std": "sample std, ddof=1 (0 when n=1)",
+                      "tie": st.TIE_TEST},
         "cells": [_json_cell(c) for c in cells],
         "skipped": [{"path": s.path, "reason": s.reason} for s in skipped],
+        "failed": [{"path": f.path, "algo": f.algo, "task": f.task, "dataset": f.dataset, "seed": f.seed,
+                    "profile": f.profile, "error": f.error} for f in failures],
         "provenance": prov,
         "paper_source": (paper or {}).get("source"),
     }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     (out_dir / "results.csv").write_text(_csv_text(cells), encoding="utf-8")
+    (out_dir / "tables").mkdir(exist_ok=True)
+    for stem, records, fields in downloads.values():
+        (out_dir / f"{stem}.csv").write_text(_csv_records(records, fields), encoding="utf-8")
+        (out_dir / f"{stem}.json").write_text(
+            json.dumps({"schema_version": OUTPUT_SCHEMA_VERSION, "rows": records}, indent=2, default=str) + "\n",
+            encoding="utf-8",
+        )
     return index
 
 

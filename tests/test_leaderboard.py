@@ -14,10 +14,18 @@ from pathlib import Path
 import pytest
 
 from plcql_bench.leaderboard import build
-from plcql_bench.leaderboard.build import build_site, format_score, load_paper_results, paper_value
+from plcql_bench.leaderboard.build import format_score, load_paper_results, paper_value
 from plcql_bench.leaderboard.stats import best_in_row, cell_stats
 
 NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
+MAIN_COLUMNS = ["OMAR", "MACQL", "IQL", "MA-TD3+BC", "DoF", "CFCQL", "SPaCQL", "PLCQL"]
+
+
+def build_site(*args, **kw):
+    """The real builder with fewer bootstrap replicates, to keep the tests fast."""
+    kw.setdefault("bootstrap_reps", 100)
+    kw.setdefault("poi_reps", 50)
+    return build.build_site(*args, **kw)
 
 
 # ------------------------------------------------------------------ helpers
@@ -234,7 +242,7 @@ def test_outputs_written(site):
 
 def test_displayed_means_are_computed_from_files(site):
     board = parse(site["html"]).tables
-    assert len(board) == 1
+    assert len(board) == 2  # main table and the ablation table (no SMAC rows)
     rows = board[0]["rows"]
     for (algo, tier), scores in SCORES.items():
         label = {"plcql": "PLCQL", "cfcql": "CFCQL", "bc": "BC"}[algo]
@@ -256,7 +264,7 @@ def test_best_cell_bold_and_only_it(site):
     for tier, best in expected.items():
         bold = table["bold"][("mpe-cn", tier)]
         assert [k for k, v in bold.items() if v] == [labels[best]]
-    strong = re.findall(r"<strong[^>]*>(.*?)</strong>", site["html"])
+    strong = re.findall(r'<strong class="score">(.*?)</strong>', site["html"])
     assert sorted(strong) == sorted(fmt(SCORES[(a, t)]) for t, a in expected.items())
 
 
@@ -269,7 +277,7 @@ def test_missing_cell_shows_dash(site):
 def test_rows_and_columns_in_paper_order(site):
     table = parse(site["html"]).tables[0]
     assert [tier for _, tier in table["rows"]] == ["expert", "medium"]
-    assert list(table["rows"][("mpe-cn", "expert")]) == ["CFCQL", "PLCQL", "BC"]
+    assert list(table["rows"][("mpe-cn", "expert")]) == MAIN_COLUMNS + ["BC"]
 
 
 def test_skipped_files_listed(site):
@@ -395,12 +403,12 @@ def test_smax_rows_labelled_not_comparable(tmp_path):
     write(res, "cn", result(score=70.0))
     html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
     tables = parse(html).tables
-    assert len(tables) == 2  # MPE first, then SMAX
+    assert len(tables) == 3  # MPE first, then SMAX, then the ablation
     cell = tables[1]["rows"][("smax-2s3z", "medium")]["PLCQL"]
     assert cell.startswith(fmt([0.5, 0.75], 2))
     assert "paper (reported), SC2" in cell and "0.51 ± 0.19" in cell
     assert "not comparable" in html
-    assert html.index('id="domain-mpe"') < html.index('id="domain-smax"')
+    assert html.index('id="domain-main"') < html.index('id="domain-smac"') < html.index('id="domain-ablation"')
 
 
 def test_dataset_cards_from_manifest(tmp_path):
@@ -439,7 +447,7 @@ def test_paper_dash_is_shown_as_not_reported(tmp_path):
     html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
     table = parse(html).tables[0]
     row = table["rows"][("mamujoco-halfcheetah-2x3", "expert")]
-    assert list(row) == ["DoF", "newalgo"]  # paper algorithms first, then others
+    assert list(row) == MAIN_COLUMNS + ["newalgo"]  # paper algorithms first, then others
     assert "paper (reported) — (not reported)" in row["DoF"]
     assert "paper" not in row["newalgo"] and table["bold"][("mamujoco-halfcheetah-2x3", "expert")]["newalgo"]
     assert "MaMuJoCo" in html
