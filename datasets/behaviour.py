@@ -43,8 +43,9 @@ class Behaviour:
 EXPLORATION_NOISE = 0.1  # Gaussian action noise of the trained behaviour policies
 
 
-def _random() -> Behaviour:
-    return Behaviour("uniform-random-v1", scripted.random_policy, "uniform actions in [-1, 1]")
+def _random(act_dim: int = 2) -> Behaviour:
+    return Behaviour("uniform-random-v1", lambda rng: scripted.random_policy(rng, act_dim),
+                     "uniform actions in [-1, 1]")
 
 
 def _cn_scripted(noise: float) -> Behaviour:
@@ -145,7 +146,9 @@ def references_for(task_id: str) -> tuple[Behaviour, Behaviour] | None:
     noise when a checkpoint exists, else the scripted expert."""
     expert = trained_behaviour(task_id, "expert", noise=0.0)
     if expert is not None:
-        return _random(), expert
+        from plcql_bench.suite.tasks import get_task
+
+        return _random(get_task(task_id).spec.act_dim), expert
     return REFERENCES.get(task_id)
 
 
