@@ -148,3 +148,36 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, assets) -> N
                                                  for t in ("expert", "medium", "random")}
     for t, e in tiers.items():
         click.echo(f"{task}/{t}: return {e['return']:.2f} at {e['env_steps']} env steps")
+
+
+@datasets.command("bench")
+@click.argument("tasks", nargs=-1)
+@click.option("--episodes", default=64, show_default=True, help="Episodes per task (1000-step tasks: a quarter).")
+def datasets_bench(tasks, episodes) -> None:
+    """Collection speed: env-steps/s of `datasets build`'s collector with a uniform random policy."""
+    import time
+
+    import numpy as np
+
+    from plcql_bench.datasets.behaviour import _random
+    from plcql_bench.datasets.build import _collect_tier
+    from plcql_bench.suite import protocol
+    from plcql_bench.suite.tasks import get_task, task_ids
+
+    for task_id in tasks or task_ids():
+        task = get_task(task_id)
+        if task.spec.discrete and "collect" not in task.extras:
+            click.echo(f"{task_id:<26} skipped (discrete task without a collector)")
+            continue
+        n = max(2, episodes // 4) if task.spec.episode_limit >= 500 else episodes
+        behaviour = _random(task.spec.act_dim)
+        hook = task.extras.get("bench_behaviour")  # discrete tasks: their own random behaviour
+        if hook is not None:
+            behaviour = hook()
+        seeds = protocol.collection_seeds(0, 0, 0, n)
+        _collect_tier(task, behaviour, seeds[:2], np.random.default_rng(0))  # warm-up / compile
+        start = time.perf_counter()
+        arrays = _collect_tier(task, behaviour, seeds, np.random.default_rng(0))
+        dt = time.perf_counter() - start
+        steps = len(arrays["rewards"])
+        click.echo(f"{task_id:<26} {steps:>8} env steps in {dt:6.2f} s: {steps / dt:>10,.0f} env-steps/s")
