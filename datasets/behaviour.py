@@ -108,9 +108,12 @@ def trained_behaviour(task_id: str, tier: str, noise: float = EXPLORATION_NOISE)
         return None
     index, d = found
     if tier == "medium-replay":
+        from plcql_bench.datasets.matd3 import resolve_replay
+
         rep = index.get("medium_replay")
-        if not rep or not Path(rep["file"]).is_file():
+        if not rep or not resolve_replay(rep["file"]).is_file():
             return None
+        rep = {**rep, "file": str(resolve_replay(rep["file"]))}
         return Behaviour(f"matd3:{task_id}/replay-to-step-{rep['up_to_env_step']}",
                          lambda rng: None, "MATD3 training replay up to the medium checkpoint",
                          kind="replay", replay=rep)

@@ -99,6 +99,23 @@ def budget_for(task_id: str, profile: str) -> Budget:
     return b
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _portable(path: Path) -> str:
+    """A path relative to the repository root when it lies inside it (artifacts/...)."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def resolve_replay(file: str) -> Path:
+    p = Path(file)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
 def behaviour_dir() -> Path:
     return Path(os.environ.get(BEHAVIOUR_DIR_ENV) or ASSETS_DIR)
 
@@ -443,7 +460,7 @@ def publish(task_id: str, out: str | Path, assets: str | Path, profile: str,
         with np.load(out / "replay.npz") as z:
             steps, ids = z["env_step"], z["episode_ids"]
         upto = steps <= max(med_step, 1)
-        replay_meta = {"file": str(out / "replay.npz"), "up_to_env_step": med_step,
+        replay_meta = {"file": _portable(out / "replay.npz"), "up_to_env_step": med_step,
                        "episodes": int(ids[upto].max() + 1) if upto.any() else 0,
                        "transitions": int(upto.sum())}
     for tier in ("expert", "medium", "random"):
