@@ -1,7 +1,7 @@
 """Figures for the leaderboard, rendered by matplotlib (Agg) as SVG text for inlining.
 
 Every function takes plain numbers (already aggregated by ``build.py``) and returns the SVG
-markup of one figure, starting at ``<svg``. Text stays text (``svg.fonttype = none``), so the
+markup of one figure (``Markup``, starting at ``<svg``) for inlining. Text stays text (``svg.fonttype = none``), so the
 figures are small, searchable and use the page's fonts; ``$`` is never parsed as mathtext.
 Each figure gets its own ``svg.hashsalt`` so the ids of clip paths never collide between the
 figures inlined into one page, and no date is written, so the output is reproducible.
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from typing import Sequence
 
 import matplotlib
+from markupsafe import Markup
 
 matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,13 +71,19 @@ def algo_color(algo: str) -> str:
     return _FALLBACK[sum(map(ord, algo)) % len(_FALLBACK)]
 
 
-def _svg(fig, salt: str) -> str:
+def _svg(fig, salt: str) -> Markup:
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": salt}):
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
+    # matplotlib's SVG writer escapes every text node and attribute (labels come from result
+    # files); refuse anything that would still execute or load when inlined into the page.
+    lowered = svg.lower()
+    if "<script" in lowered or "<foreignobject" in lowered or "javascript:" in lowered:
+        raise ValueError("refusing to inline an SVG with script content")
+    return Markup(svg)
 
 
 def _figure(ncols: int, width_per: float = 3.2, height: float = 2.4, nrows: int = 1):
