@@ -75,7 +75,7 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(setup, monkeypatch):
         execute(plan, log=lambda *_: None)
     assert not plan.final_path.exists()
     status = json.loads((plan.run_dir / "status.json").read_text())
-    assert status["status"] == "failed" and "simulated crash" in status["error"]
+    assert status["status"] == "interrupted" and "simulated crash" in status["error"]
     monkeypatch.setattr(runner.get_algorithm("cfcql"), "update", real_update)
 
     logs: list[str] = []
