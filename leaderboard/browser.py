@@ -1,0 +1,189 @@
+"""Check a built leaderboard page in a real browser (headless Chromium) and screenshot it.
+
+    python -m plcql_bench.leaderboard.browser site/index.html [--screenshot artifacts/leaderboard.png]
+
+Three headless runs against ``file://`` (so the page must work offline):
+
+1. the page as built, with Chromium's log on stderr (``--enable-logging=stderr``): the page
+   ships no script, so *any* console line it produces (an uncaught error, a resource that
+   failed to load, a blocked request) is reported as an error;
+2. a probe copy of the page (written next to it, then deleted) with a small script added that
+   records ``window.onerror``, ``console.error`` and failed resource loads, and measures every
+   ``table.board`` (rendered size, ``display``/``visibility``); ``--dump-dom`` returns the
+   probe's findings from the DOM;
+3. a screenshot of the page as built.
+
+Exit status 0 when the page passes, 1 with the problems listed otherwise, 2 when Chromium is
+not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html as htmlmod
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["find_chromium", "check_page", "PageReport"]
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+BASE_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+              "--hide-scrollbars", "--mute-audio", "--disable-background-networking")
+
+PROBE = """<script id="lb-probe">
+(function () {
+  var errors = [];
+  window.addEventListener("error", function (e) {
+    var t = e.target;
+    if (t && t !== window && (t.src || t.href)) { errors.push("failed to load " + (t.src || t.href)); }
+    else { errors.push("uncaught: " + (e.message || e)); }
+  }, true);
+  window.addEventListener("unhandledrejection", function (e) { errors.push("unhandled rejection: " + e.reason); });
+  var origError = console.error;
+  console.error = function () { errors.push("console.error: " + Array.prototype.join.call(arguments, " ")); return origError.apply(console, arguments); };
+  window.addEventListener("load", function () {
+    var tables = [];
+    document.querySelectorAll("table.board").forEach(function (t) {
+      var r = t.getBoundingClientRect(), s = getComputedStyle(t);
+      tables.push({id: t.id, width: r.width, height: r.height, rows: t.tBodies.length ? t.tBodies[0].rows.length : 0,
+                   display: s.display, visibility: s.visibility, opacity: s.opacity});
+    });
+    var svgs = document.querySelectorAll("figure svg").length;
+    var out = document.createElement("pre");
+    out.id = "lb-probe-result";
+    out.textContent = JSON.stringify({errors: errors, tables: tables, svgs: svgs, title: document.title});
+    document.body.appendChild(out);
+  });
+})();
+</script>"""
+
+
+@dataclass
+class PageReport:
+    errors: list[str] = field(default_factory=list)
+    tables: list[dict] = field(default_factory=list)
+    svgs: int = 0
+    screenshot: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def find_chromium() -> str | None:
+    env = os.environ.get("CHROMIUM")
+    if env and shutil.which(env):
+        return shutil.which(env)
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _run(chromium: str, args: list[str], profile: Path, timeout: float) -> subprocess.CompletedProcess:
+    cmd = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, errors="replace")
+
+
+CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]\s*(.*)")
+
+
+def check_page(
+    page: Path,
+    *,
+    screenshot: Path | None = None,
+    window: tuple[int, int] = (1400, 2200),
+    chromium: str | None = None,
+    timeout: float = 60.0,
+    min_tables: int = 1,
+) -> PageReport:
+    """Load ``page`` in headless Chromium; report console errors, invisible or missing
+    ``table.board`` tables, and save a screenshot when ``screenshot`` is given."""
+    page = Path(page).resolve()
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
+    report = PageReport()
+    url = page.as_uri()
+    size = f"--window-size={window[0]},{window[1]}"
+    with tempfile.TemporaryDirectory(prefix="lb-chromium-") as tmp:
+        tmp = Path(tmp)
+        # 1. console output of the page as built
+        r = _run(chromium, ["--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000", "--dump-dom", url], tmp / "p1", timeout)
+        for line in r.stderr.splitlines():
+            m = CONSOLE_RE.search(line)
+            if m:
+                report.errors.append(f"console: {m.group(1).strip()}")
+        if r.returncode != 0:
+            report.errors.append(f"chromium exited with {r.returncode}: {r.stderr.strip()[-300:]}")
+        elif "</html>" not in r.stdout and "</body>" not in r.stdout:
+            report.errors.append("chromium returned no DOM for the page")
+
+        # 2. probe copy next to the page (same directory, so relative links resolve alike)
+        text = page.read_text(encoding="utf-8")
+        probed = text.replace("<head>", "<head>\n" + PROBE, 1) if "<head>" in text else PROBE + text
+        fd, probe_name = tempfile.mkstemp(prefix=".probe-", suffix=".html", dir=page.parent)
+        os.close(fd)
+        probe_path = Path(probe_name)
+        try:
+            probe_path.write_text(probed, encoding="utf-8")
+            r = _run(chromium, [size, "--virtual-time-budget=3000", "--dump-dom", probe_path.as_uri()], tmp / "p2", timeout)
+        finally:
+            probe_path.unlink(missing_ok=True)
+        m = re.search(r'<pre id="lb-probe-result">(.*?)</pre>', r.stdout, re.S)
+        if not m:
+            report.errors.append("the probe did not report (page failed to load or scripts could not run)")
+        else:
+            found = json.loads(htmlmod.unescape(m.group(1)))
+            report.errors += found["errors"]
+            report.tables = found["tables"]
+            report.svgs = found["svgs"]
+            if len(report.tables) < min_tables:
+                report.errors.append(f"expected at least {min_tables} leaderboard table(s), found {len(report.tables)}")
+            for t in report.tables:
+                if t["width"] < 50 or t["height"] < 20 or t["display"] == "none" or t["visibility"] != "visible" or float(t["opacity"]) < 0.5:
+                    report.errors.append(f"table {t['id']} is not visible: {t}")
+
+        # 3. screenshot of the page as built
+        if screenshot is not None:
+            screenshot = Path(screenshot).resolve()
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            r = _run(chromium, [size, "--virtual-time-budget=3000", f"--screenshot={screenshot}", url], tmp / "p3", timeout)
+            if not screenshot.is_file() or screenshot.stat().st_size == 0:
+                report.errors.append(f"no screenshot written: {r.stderr.strip()[-300:]}")
+            else:
+                report.screenshot = screenshot
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m plcql_bench.leaderboard.browser", description=__doc__.split("\n\n")[0])
+    ap.add_argument("page", type=Path, help="the built index.html")
+    ap.add_argument("--screenshot", type=Path, default=None, help="PNG to write (e.g. artifacts/leaderboard.png)")
+    ap.add_argument("--window", default="1400,2200", help="viewport WIDTH,HEIGHT for the screenshot")
+    args = ap.parse_args(argv)
+    if find_chromium() is None:
+        print("error: chromium is not installed (Debian: apt-get install chromium)", file=sys.stderr)
+        return 2
+    w, h = (int(v) for v in args.window.split(","))
+    report = check_page(args.page, screenshot=args.screenshot, window=(w, h))
+    for t in report.tables:
+        print(f"table {t['id']}: {t['rows']} rows, {t['width']:.0f}x{t['height']:.0f}px")
+    print(f"{report.svgs} inline SVG figures")
+    if report.screenshot:
+        print(f"screenshot: {report.screenshot}")
+    for e in report.errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
