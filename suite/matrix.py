@@ -102,19 +102,23 @@ class Resolved:
 def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[Resolved]:
     from plcql_bench.datasets import manifest
     from plcql_bench.datasets.format import DatasetError
-    from plcql_bench.suite.runner import plan_run, profile_dir
+    from plcql_bench.suite.runner import plan_run, profile_dir, resolve_config
 
     out = []
     root = profile_dir(data_dir, profile)
     for cell in cells:
         try:
+            resolve_config(cell, profile)
+        except (BenchError, DatasetError) as exc:
+            out.append(Resolved(cell, None, " ".join(str(exc).split())))
+            continue
+        try:
             out.append(Resolved(cell, plan_run(cell, profile, data_dir, results_dir)))
         except (BenchError, DatasetError) as exc:
-            missing = False
             try:
                 missing = manifest.lookup(root, cell.task, cell.tier) is None
             except (BenchError, DatasetError):
-                pass
+                missing = False
             out.append(Resolved(cell, None, " ".join(str(exc).split()), missing))
     return out
 

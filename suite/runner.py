@@ -78,21 +78,7 @@ def profile_dir(root: Path, profile: Profile) -> Path:
 def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
              overrides: dict[str, Any] | None = None) -> RunPlan:
     """Resolve a cell to its config, dataset and content-addressed run directory."""
-    task = get_task(cell.task)
-    if cell.tier not in task.spec.tiers:
-        raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
-                         f"(tiers: {', '.join(task.spec.tiers)})")
-    try:
-        cls = get_algorithm(cell.algo)
-    except KeyError as exc:
-        raise BenchError(exc.args[0]) from None
-    try:
-        fields = {f.name for f in dataclasses.fields(cls.Config)}
-        from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
-        config = make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **from_profile,
-                                   **(overrides or {})})
-    except (KeyError, TypeError) as exc:
-        raise BenchError(str(exc).strip("'\"")) from None
+    config = resolve_config(cell, profile, overrides)
     data_root = profile_dir(data_dir, profile)
     entry = manifest.lookup(data_root, cell.task, cell.tier)
     if entry is None:
@@ -108,6 +94,26 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
                / f"seed{cell.seed}-{key[:10]}")
     return RunPlan(cell, profile, config, data_root / entry["file"], entry["sha256"], key, run_dir)
+
+
+def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
+    """The cell's algorithm config (task defaults < profile overrides < --set); BenchError when
+    the task, tier, algorithm or a config field does not exist."""
+    task = get_task(cell.task)
+    if cell.tier not in task.spec.tiers:
+        raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
+                         f"(tiers: {', '.join(task.spec.tiers)})")
+    try:
+        cls = get_algorithm(cell.algo)
+    except KeyError as exc:
+        raise BenchError(exc.args[0]) from None
+    try:
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
+        return make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **from_profile,
+                                 **(overrides or {})})
+    except (KeyError, TypeError) as exc:
+        raise BenchError(str(exc).strip("'\"")) from None
 
 
 class Sampler:

@@ -1,0 +1,105 @@
+"""`plan` and `status`: matrix selection (--only, --shard), per-cell state, estimates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plcql_bench.datasets.build import build_dataset
+from plcql_bench.suite.cli import cli
+from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells
+from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runner import Cell, execute, plan_run
+
+PROFILE = """
+name: plantest
+description: plan tests
+datasets: {episodes: {default: 6}}
+train: {updates: {default: 2}, eval_every: 2, eval_episodes: 1, final_eval_episodes: 2, checkpoint_every: 2}
+matrix: {algos: [bc, cfcql, plcql], tasks: [mpe-cn], tiers: [expert, random], seeds: [0, 1, 2]}
+algo_overrides: {batch_size: 32, hidden: 32}
+"""
+
+
+@pytest.fixture()
+def profile(tmp_path):
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    return load_profile(str(tmp_path / "p.yaml"))
+
+
+def test_only_parses_comma_lists_and_aliases():
+    assert parse_only(["algo=bc,cfcql,task=mpe-cn,seed=0,1", "dataset=random"]) == {
+        "algo": ["bc", "cfcql"], "task": ["mpe-cn"], "seed": ["0", "1"], "tier": ["random"]}
+    with pytest.raises(BenchError, match="unknown key 'colour'"):
+        parse_only(["colour=red"])
+    assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None
+    for bad in ("4/4", "-1/2", "x", "1/0"):
+        with pytest.raises(BenchError):
+            parse_shard(bad)
+
+
+def test_select_filters_and_shards_partition_the_matrix(profile):
+    everything = select_cells(profile)
+    assert len(everything) == 3 * 2 * 3
+    picked = select_cells(profile, parse_only(["algo=bc,plcql,seed=2,dataset=random"]))
+    assert picked == [Cell("bc", "mpe-cn", "random", 2), Cell("plcql", "mpe-cn", "random", 2)]
+    shards = [select_cells(profile, None, (i, 4)) for i in range(4)]
+    flat = [c for s in shards for c in s]
+    assert sorted(flat, key=str) == sorted(everything, key=str) and len(set(flat)) == len(flat)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    with pytest.raises(BenchError, match="seed=7"):
+        select_cells(profile, {"seed": ["7"]})
+
+
+def _invoke(tmp: Path, *args: str):
+    return CliRunner().invoke(cli, ["--data-dir", str(tmp / "data"), "--results-dir", str(tmp / "results"),
+                                    *args], catch_exceptions=False)
+
+
+def test_plan_and_status_show_each_cell_state(tmp_path, profile):
+    p = str(tmp_path / "p.yaml")
+    out = _invoke(tmp_path, "plan", "--profile", p).output
+    assert "18 cells: done 0, partial 0, running 0, failed 0, todo 18" in out
+    assert "dataset not built yet" in out and "no recorded runtime" in out
+
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
+    plans = {c: plan_run(c, profile, tmp_path / "data", tmp_path / "results")
+             for c in select_cells(profile, {"tier": ["random"], "seed": ["0"]})}
+    done, failed, partial = (Cell(a, "mpe-cn", "random", 0) for a in ("bc", "cfcql", "plcql"))
+    execute(plans[done], log=lambda *_: None)
+    for cell, status in ((failed, {"status": "failed", "error": "ValueError: boom", "update": 0}),
+                         (partial, {"status": "running", "update": 1})):
+        d = plans[cell].run_dir
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"profile": "plantest", "algo": cell.algo, "task": cell.task,
+                                                   "dataset": cell.tier, "seed": 0, "budget": {"updates": 2}}))
+        (d / "status.json").write_text(json.dumps(status))
+    (plans[partial].run_dir / "ckpt.pt").write_bytes(b"")
+
+    out = _invoke(tmp_path, "plan", "--profile", p).output
+    assert "18 cells: done 1, partial 1, running 0, failed 1, todo 15" in out
+    lines = {tuple(line.split()[:5]): line for line in out.splitlines() if line.startswith(("bc ", "cfcql ", "plcql "))}
+    assert "2/2" in lines[("bc", "mpe-cn", "random", "0", "done")]
+    assert "ValueError: boom" in lines[("cfcql", "mpe-cn", "random", "0", "failed")]
+    assert "1/2" in lines[("plcql", "mpe-cn", "random", "0", "partial")]
+    assert "estimate: ~" in out  # from the recorded runtime of the finished run
+    assert "with 4 job(s)" in _invoke(tmp_path, "plan", "--profile", p, "--jobs", "4").output
+
+    sharded = _invoke(tmp_path, "plan", "--profile", p, "--shard", "1/3", "--only", "dataset=random").output
+    assert "3 cells:" in sharded
+
+    table = _invoke(tmp_path, "status").output
+    assert "3 runs: done 1, failed 1, partial 1" in table
+    assert any("failed" in line and "ValueError: boom" in line for line in table.splitlines())
+    only_failed = _invoke(tmp_path, "status", "--state", "failed").output
+    assert "1 runs: failed 1" in only_failed
+
+
+def test_plan_rejects_configs_that_do_not_resolve(tmp_path):
+    (tmp_path / "p.yaml").write_text(PROFILE.replace("algos: [bc, cfcql, plcql]", "algos: [bc, nope]"))
+    with pytest.raises(BenchError, match="do not resolve.*unknown algorithm 'nope'"):
+        _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"))
