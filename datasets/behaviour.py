@@ -94,7 +94,10 @@ def _trained_index(task_id: str) -> tuple[dict, Path] | None:
     path = d / "index.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text()), d
+    index = json.loads(path.read_text())
+    if not str(index.get("trainer", "")).startswith("plcql-bench-matd3"):
+        return None  # another trainer's files (e.g. SMAX) are not MATD3 checkpoints
+    return index, d
 
 
 def _file_tag(path: Path) -> str:

@@ -250,8 +250,17 @@ class Trainer:
         if not path.exists():
             return
         blob = torch.load(path, map_location="cpu", weights_only=False)
-        if blob["budget"] != asdict(self.b) or blob["task_id"] != self.spec.task_id:
-            raise RuntimeError(f"{path}: written with another task or budget; use a new --out")
+        # The total env_steps may change between runs (train longer / stop earlier); every other
+        # hyperparameter must match.
+        same = {k: v for k, v in blob["budget"].items() if k != "env_steps"}
+        mine = {k: v for k, v in asdict(self.b).items() if k != "env_steps"}
+        if same != mine or blob["task_id"] != self.spec.task_id:
+            from plcql_bench.suite.errors import BenchError
+
+            raise BenchError(f"{path}: written with another task or budget; use a new --out")
+        if blob["size"] > len(self.replay["rewards"]):
+            self.replay = {k: np.zeros((blob["size"],) + v.shape[1:], v.dtype)
+                           for k, v in self.replay.items()}
         self.nets.load_state_dict(blob["nets"])
         self.size, self.env_steps = blob["size"], blob["env_steps"]
         self.updates, self.episodes, self.wall = blob["updates"], blob["episodes"], blob["wall"]
@@ -324,6 +333,10 @@ class Trainer:
         names = ("obs", "state", "actions", "rewards", "next_obs", "next_state", "terminals", "timeouts")
         keep = np.stack(cols[-1], 1)  # [B, T]
         start = self.size
+        need = start + int(keep.sum())
+        if need > len(self.replay["rewards"]):
+            self.replay = {k: np.concatenate([v, np.zeros((need - len(v),) + v.shape[1:], v.dtype)])
+                           for k, v in self.replay.items()}
         for name, col in zip(names, cols):
             arr = np.stack(col, 1)[keep]  # episode-major
             self.replay[name][start:start + len(arr)] = arr

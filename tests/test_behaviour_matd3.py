@@ -27,6 +27,11 @@ def trained(tmp_path_factory):
     t2 = matd3.Trainer("mpe-cn", "smoke", out, budget=budget)
     assert t2.env_steps == steps_before and t2.size == steps_before
     assert t2.train(progress=lambda *_: None)
+    # a larger env_steps resumes the same run (train longer); other changes are refused
+    t3 = matd3.Trainer("mpe-cn", "smoke", out, budget=replace(budget, env_steps=800))
+    assert t3.env_steps == 600
+    with pytest.raises(Exception, match="another task or budget"):
+        matd3.Trainer("mpe-cn", "smoke", out, budget=replace(budget, gamma=0.9))
     rand = build.uniform_random_return(t2.task, 4)
     index = matd3.publish("mpe-cn", out, assets, "smoke", rand)
     return out, assets, index
