@@ -124,10 +124,12 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
               help="Run directory (resumable); default artifacts/behaviour/<task>/<profile>/.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--max-seconds", default=None, type=float, help="Stop (resumably) after this long.")
+@click.option("--env-steps", default=None, type=int,
+              help="Override the profile's total env steps (resume with more to train longer).")
 @click.option("--assets", default=None, type=click.Path(path_type=str),
               help="Where to publish checkpoints+cards (default: datasets/assets/behaviour for "
                    "non-smoke profiles; smoke publishes only with --assets).")
-def datasets_train_behaviour(task, profile, out, seed, max_seconds, assets) -> None:
+def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, assets) -> None:
     """Train MATD3 behaviour policies for TASK (continuous tasks); resumes from --out."""
     from plcql_bench.datasets import matd3
     from plcql_bench.suite.errors import BenchError
@@ -140,7 +142,7 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, assets) -> N
     if assets is None and profile != "smoke":
         assets = str(matd3.ASSETS_DIR)
     res = matd3.train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds,
-                                assets=assets, progress=click.echo)
+                                assets=assets, progress=click.echo, env_steps=env_steps)
     if res is None:
         return
     tiers = res["tiers"] if "tiers" in res else {t: {"return": res[t]["return"],

@@ -496,12 +496,16 @@ def publish(task_id: str, out: str | Path, assets: str | Path, profile: str,
 
 def train_behaviour(task_id: str, profile: str, out: str | Path | None = None, seed: int = 0,
                     max_seconds: float | None = None, assets: str | Path | None = None,
-                    progress=print) -> dict | None:
-    """Train (or resume) and, when the budget is spent, select and publish the tiers."""
+                    progress=print, env_steps: int | None = None) -> dict | None:
+    """Train (or resume) and, when the budget is spent, select and publish the tiers.
+    env_steps overrides the profile's total (resuming a run with a larger value trains longer)."""
     from plcql_bench.datasets.build import uniform_random_return
 
-    out = Path(out or Path("artifacts") / "behaviour" / task_id / profile)
-    trainer = Trainer(task_id, profile, out, seed=seed)
+    out = Path(out or REPO_ROOT / "artifacts" / "behaviour" / task_id / profile)
+    budget = budget_for(task_id, profile)
+    if env_steps is not None:
+        budget = replace(budget, env_steps=int(env_steps))
+    trainer = Trainer(task_id, profile, out, seed=seed, budget=budget)
     done = trainer.train(max_seconds=max_seconds, progress=progress)
     if not done:
         progress(f"{task_id}: stopped at {trainer.env_steps}/{trainer.b.env_steps} steps; "
