@@ -74,13 +74,18 @@ class CFCQL(CentralCriticAlgorithm):
         q_next = q_next.min(0).values[:, 0]
         return batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * q_next
 
+    def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The per-update target and diagnostics (common name across the CFCQL family, used by
+        bench-speed to time target construction alone)."""
+        return self.td_target(batch), {}
+
     def critic_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """sum_j MSE(Q_j(s,a), y) + cql_alpha * sum_j pen_j. Shared by PLCQL."""
         B = batch.size
         q = self.critic(batch.state, batch.actions.reshape(B, 1, -1))[:, :, 0]  # [E, B]
         td = (q - target.unsqueeze(0)).pow(2).mean(1).sum()
         stats = {"critic/td_loss": td.detach(), "critic/q_data": q.detach().mean(),
-                 "critic/target": target.mean()}
+                 "critic/target": target.detach().mean()}
         loss = td
         if self.cfg.cql_alpha > 0:
             pen, cst = cf_cql_penalty(self.critic, batch.state, batch.actions, q, self.cfg.n_sampled_actions,

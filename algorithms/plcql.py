@@ -130,6 +130,14 @@ class PLCQL(CFCQL):
         return batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * q.min(0).values
 
     @torch.no_grad()
+    def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Y [B] for one critic update: draw k ~ pi_par(.|s'), build a'^(k), one target-ensemble call."""
+        k, logp_old, probs = self.sample_k(batch.next_state)
+        joint_next, mask = self.par_next_actions(batch, k)
+        return self.par_target(batch, joint_next), dict(k=k, logp_old=logp_old, probs=probs,
+                                                          joint_next=joint_next, mask=mask)
+
+    @torch.no_grad()
     def par_reward(self, batch: Batch, joint_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """r_par = w * Q_1(s', a'^(k)), w = sigmoid(-u_Q T) + 0.5 (or 1). Returns (r_par, u_Q, w)."""
         q = self.critic(batch.next_state, joint_next.reshape(batch.size, 1, -1))[:, :, 0]  # [E, B]
@@ -185,9 +193,8 @@ class PLCQL(CFCQL):
         critic_ms, out = [], {}
         for u in range(self.cfg.ca_ratio):
             batch = sample(self.cfg.batch_size)
-            k, logp_old, probs = self.sample_k(batch.next_state)
-            joint_next, mask = self.par_next_actions(batch, k)
-            target = self.par_target(batch, joint_next)
+            target, aux = self.compute_target(batch)
+            k, logp_old, probs, joint_next, mask = (aux[x] for x in ("k", "logp_old", "probs", "joint_next", "mask"))
             if u == 0:
                 # r_par at (s', a'^(k)) with the online ensemble before this round's critic step
                 r_par, u_q, w = self.par_reward(batch, joint_next)

@@ -68,5 +68,37 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
         algo.update(buf)
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
-            "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
+    out = {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+           "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
+    if hasattr(algo, "compute_target"):  # target construction alone (the PAR part that PLCQL cuts from n to 1)
+        bs = ov.get("batch_size", getattr(algo.cfg, "batch_size", 1024))
+        tt = []
+        for _ in range(max(rounds, 10)):
+            batch = buf(bs)
+            t0 = time.perf_counter()
+            algo.compute_target(batch)
+            sync()
+            tt.append((time.perf_counter() - t0) * 1e3)
+        out["target_median_ms"] = statistics.median(tt)
+    return out
+
+
+def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]], rounds: int = 20,
+                     warmup: int = 2, device: str = "cpu", seed: int = 0) -> dict[str, float]:
+    """Median ms per round of several algorithms timed in alternation (round i of each, then round
+    i + 1 ...), so that a shared machine's changing load hits all of them alike. Use it to compare."""
+    algos, buf = {}, SyntheticBuffer(spec, 100_000, device, seed)
+    for name in names:
+        cls = get_algorithm(name)
+        torch.manual_seed(seed)
+        algos[name] = cls(spec, make_config(cls, dict(overrides.get(name, {}))), seed, device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(warmup + rounds):
+        for name, algo in algos.items():
+            t0 = time.perf_counter()
+            algo.update(buf)
+            sync()
+            if i >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {n: statistics.median(v) for n, v in times.items()}

@@ -1,0 +1,122 @@
+"""SPaCQL (Jin & Montana 2025, "Partial action replacement ... conservative Q-learning"), continuous.
+
+No code is public (reference-implementations.md §4.4). What the paper summary states, implemented as
+such on top of the CFCQL continuous machinery (the paper: "all hyperparameters consistent with CFCQL"):
+
+  * an ensemble of E = 10 centralised critics (one batched call) with ensemble-min targets;
+  * one PAR target per k = 1..n: exactly k agents, chosen uniformly without replacement, take the
+    target policy's next action (CFCQL's clipped N(0, 0.05) smoothing); the others keep the
+    dataset's next action. All n joint actions go through ONE target-critic call (R = n);
+  * uncertainty u_k = std over the ensemble of Q_j(s', a'^(k)); weights w_k = (1/u_k) / sum_k' 1/u_k';
+  * target y = r + gamma (1 - terminal) sum_k w_k min_j Qbar_j(s', a'^(k));
+  * critic loss sum_j MSE(Q_j(s, a), y) + cql_alpha * sum_j CF-CQL penalty_j (CFCQL's term);
+  * actors as CFCQL (cf_pol on Q_1), round as CFCQL (--ca_ratio 5).
+
+Paper-silent, configurable (docs/algorithms/spacql.md):
+  weights per sample (default) or per batch (`weights_per`), which ensemble gives u_k (`uncertainty_from`:
+  the target ensemble, default, which the target needs anyway; or the online one), and whether the weights
+  carry gradient (`detach_weights`; only meaningful with the online ensemble).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from plcql_bench.algorithms.base import Batch, BatchSampler, register
+from plcql_bench.algorithms.cfcql import CFCQL
+from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
+from plcql_bench.algorithms.common.continuous import mean_metrics
+
+
+@dataclass
+class Config(CFCQLConfig):
+    n_critics: int = 10  # SPaCQL: "an ensemble of 10 Q-networks" (§4.4)
+    # --- paper-silent choices ---
+    weights_per: str = "sample"  # "sample": w_k per transition; "batch": w_k from the batch-mean u_k
+    uncertainty_from: str = "target"  # "target" (the ensemble that gives the min) or "online"
+    detach_weights: bool = True  # False: gradients flow through w_k into the online critic
+    weight_eps: float = 1e-6  # 1 / (u_k + eps): guards u_k = 0 (identical members)
+
+
+def par_masks_all_k(B: int, n: int, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[B, n_k, n] bool: mask[b, k-1, i] = agent i replaced in the k-th PAR joint action of row b.
+
+    For each (row, k) an independent uniform subset of exactly k agents (ranks of a random permutation
+    < k); rows whose dataset next action is unknown (`valid` = 0) replace every agent for every k."""
+    scores = torch.rand(B, n, n, generator=generator, device=valid.device)
+    ranks = scores.argsort(dim=2).argsort(dim=2)
+    k = torch.arange(1, n + 1, device=valid.device).view(1, n, 1)
+    return (ranks < k) | (valid < 0.5).view(B, 1, 1)
+
+
+def inverse_std_weights(u: torch.Tensor, per: str, eps: float) -> torch.Tensor:
+    """u [B, n_k] -> w [B, n_k], w_k = (1/u_k) / sum_k' (1/u_k'); per batch: from the batch-mean u_k."""
+    if per == "batch":
+        u = u.mean(0, keepdim=True).expand_as(u)
+    elif per != "sample":
+        raise ValueError(f"weights_per must be 'sample' or 'batch', got {per!r}")
+    inv = 1.0 / (u + eps)
+    return inv / inv.sum(-1, keepdim=True)
+
+
+@register
+class SPaCQL(CFCQL):
+    name = "spacql"
+    Config = Config
+    discrete = False
+
+    def _build_extra(self, init_gen: torch.Generator) -> None:
+        if self.cfg.uncertainty_from not in ("target", "online"):
+            raise ValueError(f"uncertainty_from must be 'target' or 'online', got {self.cfg.uncertainty_from!r}")
+        if self.cfg.weights_per not in ("sample", "batch"):
+            raise ValueError(f"weights_per must be 'sample' or 'batch', got {self.cfg.weights_per!r}")
+
+    @torch.no_grad()
+    def par_joint_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """a'^(k) for k = 1..n: [B, n_k, n * A], and the masks [B, n_k, n]."""
+        B = batch.size
+        masks = par_masks_all_k(B, self.n, batch.next_actions_valid, self.gen)
+        pi_next = self.target_policy_actions(batch.next_obs)  # one draw, shared by every k
+        joint = torch.where(masks.unsqueeze(-1), pi_next.unsqueeze(1), batch.next_actions.unsqueeze(1))
+        return joint.reshape(B, self.n, -1), masks
+
+    def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """y [B] = r + gamma (1 - terminal) sum_k w_k min_j Qbar_j(s', a'^(k)), and diagnostics."""
+        joint, masks = self.par_joint_actions(batch)
+        with torch.no_grad():
+            q_t = self.target_critic(batch.next_state, joint)  # [E, B, n_k]
+            q_min = q_t.min(0).values  # [B, n_k]
+        if self.cfg.uncertainty_from == "target":
+            u = q_t.std(dim=0)
+        else:
+            with torch.set_grad_enabled(not self.cfg.detach_weights):
+                u = self.critic(batch.next_state, joint).std(dim=0)
+        w = inverse_std_weights(u, self.cfg.weights_per, self.cfg.weight_eps)
+        if self.cfg.detach_weights:
+            w = w.detach()
+        y = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * (w * q_min).sum(-1)
+        kvals = torch.arange(1, self.n + 1, dtype=w.dtype, device=w.device)
+        stats = {"spacql/E_k_weighted": (w.detach() * kvals).sum(-1).mean()}
+        for i in range(self.n):  # metrics only (n scalars)
+            stats[f"spacql/w_k{i + 1}"] = w.detach()[:, i].mean()
+            stats[f"spacql/u_k{i + 1}"] = u.detach()[:, i].mean()
+        return y, stats
+
+    def update(self, sample: BatchSampler) -> dict[str, float]:
+        critic_ms, out = [], {}
+        for u in range(self.cfg.ca_ratio):
+            batch = sample(self.cfg.batch_size)
+            target, tstats = self.compute_target(batch)
+            loss, stats = self.critic_loss(batch, target)
+            gn = self.critic_step(loss)
+            m = {k: float(v) for k, v in {**stats, **tstats}.items()}
+            m["critic/grad_norm"] = gn
+            critic_ms.append(m)
+            if u == 0:
+                out.update(self.actor_step(batch))
+        self.update_targets()
+        self.rounds += 1
+        out.update(mean_metrics(critic_ms))
+        return out
