@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 __all__ = [
     "algo_color",
@@ -191,6 +192,7 @@ def aggregate_svg(title: str, rows: Sequence[dict], score_label: str, salt: str)
             ax.set_yticks(range(len(rows)))
             ax.set_yticklabels([r["label"] for r in rows] if ax is axes[0] else [""] * len(rows))
             ax.set_title(f"{name} ({score_label})")
+            ax.xaxis.set_major_locator(MaxNLocator(5))
             ax.invert_yaxis()
             ax.grid(axis="y", visible=False)
         fig.suptitle(title, fontsize=9.5)
@@ -206,6 +208,7 @@ def profile_svg(taus: Sequence[float], profiles: dict[str, dict], labels: dict[s
             c = algo_color(a)
             ax.plot(taus, p["profile"], color=c, lw=1.6, label=labels.get(a, a))
             ax.fill_between(taus, p["lo"], p["hi"], color=c, alpha=0.15, lw=0)
+        ax.xaxis.set_major_locator(MaxNLocator(6))
         ax.set_xlabel(f"{score_label} threshold \u03c4")
         ax.set_ylabel("fraction of runs with score > \u03c4")
         ax.set_ylim(-0.02, 1.02)
