@@ -62,9 +62,11 @@ def backbone_overrides(spec: TaskSpec) -> dict[str, Any]:
 
 
 def cql_alpha_override(spec: TaskSpec, tier: str) -> dict[str, Any]:
-    key = "mamujoco" if spec.task_id.startswith("mamujoco") else spec.task_id
-    table = CFCQL_ALPHA.get(key, {})
-    return {"cql_alpha": table[tier]} if tier in table else {}
+    """cql_alpha from algorithms/configs/cfcql.yaml (the same table as CFCQL_ALPHA above, which is kept
+    as a readable copy; a test checks they agree)."""
+    from plcql_bench.algorithms.common.configs import tier_table
+
+    return {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
 
 
 # --------------------------------------------------------------------------------------------

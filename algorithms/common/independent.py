@@ -1,0 +1,156 @@
+"""Independent (decentralised-critic) actor-critic backbone: the OMAR paper's "independent TD3"
+(reference-implementations.md §4.0), used by OMAR, MA-TD3+BC, IQL and AWAC.
+
+Every agent i has its own critic(s) over its own (o_i, a_i) and its own tanh actor. All agents and
+twins are ONE stacked network: member index t * n + i = twin t of agent i (`StackedMLP`, batched
+matmuls), so there is no Python loop over agents or members in an update.
+
+The reference updates each agent on its own fresh batch; here all agents share the round's batch
+(agents have disjoint parameters, so this only changes which transitions each agent sees).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
+from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
+from plcql_bench.suite.spec import TaskSpec
+
+
+def omar_backbone(spec: TaskSpec) -> dict[str, Any]:
+    """OMAR main.py defaults (MPE) and its HalfCheetah override (§4.0)."""
+    if spec.task_id.startswith("mamujoco"):
+        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99)
+    if spec.task_id.startswith("mpe"):
+        return dict(hidden=64, batch_size=1024, lr=0.01, tau=0.01, gamma=0.95)
+    return {}
+
+
+class IndepCritics(nn.Module):
+    """n_twins x n agents critics Q_{t,i}(o_i, a_i) (or V_i(o_i) with act_dim = 0), one stacked MLP."""
+
+    def __init__(self, n_agents: int, n_twins: int, obs_dim: int, act_dim: int, hidden: int, input_norm: bool,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.n, self.T = n_agents, n_twins
+        self.mlp = StackedMLP(n_twins * n_agents, obs_dim + act_dim, 1, hidden=hidden, input_norm=input_norm,
+                              generator=generator)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor | None = None) -> torch.Tensor:
+        """obs [B, n, o] (act [B, n, A]) -> Q [T, B, n]. Extra leading sample axes: obs [B, M, n, o]
+        -> [T, B, M, n]."""
+        x = obs if act is None else torch.cat([obs, act], -1)
+        lead = x.shape[:-2]
+        x = x.reshape(-1, self.n, x.shape[-1]).transpose(0, 1)  # [n, B*, in]
+        x = x.unsqueeze(0).expand(self.T, -1, -1, -1).reshape(self.T * self.n, -1, x.shape[-1])
+        q = self.mlp(x)[..., 0].view(self.T, self.n, -1).transpose(1, 2)  # [T, B*, n]
+        return q.reshape(self.T, *lead, self.n)
+
+
+class IndependentBase:
+    """Actors (+ targets), stacked independent critics (+ targets), Adams, sampling RNG, protocol."""
+
+    name = "independent"
+    discrete = False
+    n_twins = 2
+    use_value = False  # IQL: an extra V_i(o_i)
+    use_target_actors = True
+
+    def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
+        if spec.discrete:
+            raise ValueError(f"{self.name} is for continuous actions; task {spec.task_id} is discrete")
+        self.spec, self.cfg, self.seed, self.device = spec, config, seed, torch.device(device)
+        self.n, self.A = spec.n_agents, spec.act_dim
+        if self.device.type == "cpu":
+            keep_freed_memory()
+        g = torch.Generator().manual_seed(int(seed))
+        c = config
+        self.actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
+        self.target_actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
+        self.critic = IndepCritics(self.n, self.n_twins, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
+        self.target_critic = IndepCritics(self.n, self.n_twins, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
+        if self.use_value:
+            self.value = IndepCritics(self.n, 1, spec.obs_dim, 0, c.hidden, c.input_norm, g)
+        for m in self.modules().values():
+            m.to(self.device)
+        hard_update_(self.target_actors, self.actors)
+        hard_update_(self.target_critic, self.critic)
+        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+        if self.use_value:
+            self.value_opt = torch.optim.Adam(self.value.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+        self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
+        self.rounds = 0
+
+    def modules(self) -> dict[str, nn.Module]:
+        m = {"actors": self.actors, "target_actors": self.target_actors, "critic": self.critic,
+             "target_critic": self.target_critic}
+        if self.use_value:
+            m["value"] = self.value
+        return m
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        o = {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+        if self.use_value:
+            o["value_opt"] = self.value_opt
+        return o
+
+    # pieces -------------------------------------------------------------------------------------
+    def step_critic(self, loss: torch.Tensor) -> None:
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:  # reference clips each agent's critic (both twins) separately
+            clip_grad_norm_agents_(list(self.critic.parameters()), self.cfg.grad_clip, self.n_twins, self.n)
+        self.critic_opt.step()
+
+    def step_actor(self, loss: torch.Tensor) -> None:
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            clip_grad_norm_stacked_(list(self.actors.parameters()), self.cfg.grad_clip, self.n)
+        self.actor_opt.step()
+
+    def update_targets(self) -> None:
+        polyak_(self.target_critic, self.critic, self.cfg.tau)
+        polyak_(self.target_actors, self.actors, self.cfg.tau)
+
+    # protocol -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        self.actors.eval()
+        try:
+            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
+        finally:
+            self.actors.train()
+        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
+        sd.update({k: o.state_dict() for k, o in self.optimisers().items()})
+        sd["gen"] = self.gen.get_state()
+        sd["rounds"] = self.rounds
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, m in self.modules().items():
+            m.load_state_dict(state[k])
+        for k, o in self.optimisers().items():
+            o.load_state_dict(state[k])
+        self.gen.set_state(state["gen"])
+        self.rounds = int(state["rounds"])
+
+
+def clip_grad_norm_agents_(params: list[nn.Parameter], max_norm: float, n_twins: int, n_agents: int) -> torch.Tensor:
+    """Clip per agent over all its twins (member t * n + i belongs to agent i), as the reference's
+    clip_grad_norm_(agent_i.critic.parameters()) on a twin critic."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sq = torch.stack([g.reshape(n_twins, n_agents, -1).pow(2).sum((0, 2)) for g in grads]).sum(0)  # [n]
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.view(n_twins, n_agents, -1).mul_(coef.view(1, n_agents, 1))
+    return sq.sqrt()
