@@ -166,13 +166,13 @@ def compute_svg(rows: Sequence[dict], algos: Sequence[tuple[str, str]], salt: st
                        width=width, color=algo_color(a), label=label)
                 for p, v in zip(pos, vals):
                     if v is not None:
-                        ax.annotate(f"{v:.3g}", (p, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+                        ax.annotate(f"{v:,.0f}" if v >= 100 else f"{v:.3g}", (p, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
             ax.set_xticks(xs)
             ax.set_xticklabels([r["task"] for r in rows], rotation=20 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center")
             ax.set_title(title)
             ax.set_ylabel(ylabel)
-            ax.legend(frameon=False, loc="upper left")
-            ax.margins(y=0.15)
+            ax.margins(y=0.3)
+            ax.legend(frameon=False, loc="upper left", ncols=2)
         fig.tight_layout()
         return _svg(fig, salt)
 
