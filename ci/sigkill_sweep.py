@@ -125,7 +125,12 @@ def main() -> int:
             proc = subprocess.Popen(all_cmd(tmp, root.name, args.jobs), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True)
             restarts += 1
-        time.sleep(rng.uniform(0.5, 3.0))
+        # Wait until training is under way (a run.log written since this start; start-up costs
+        # seconds), then strike at a random moment.
+        started = time.time()
+        while proc.poll() is None and not any(p.stat().st_mtime > started for p in root.rglob("run.log")):
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 2.0))
         if proc.poll() is not None:
             continue
         live = workers(proc.pid)
@@ -141,7 +146,8 @@ def main() -> int:
         found = check_files(root)
         problems += found
         print(f"kill {sum(kills.values()):2d}: {kind:<6} t={time.time() - t0:6.1f}s  "
-              f"done so far {len(finals(root))}/8  corrupt files {len(found)}")
+              f"{root.name}: done {len(finals(root))}/8, checkpoints {len(list(root.rglob('ckpt.pt')))}, "
+              f"corrupt files {len(found)}")
     if proc.poll() is None:
         proc.wait()
     # Finish every sweep folder that was hit and compare it with the reference.

@@ -220,7 +220,7 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
 
     try:
         run_jobs(job_list, executor=executor, workers=jobs, device=dev, n_gpus=n_gpus,
-                 per_gpu=per_gpu, ray_address=ray_address, on_outcome=report)
+                 per_gpu=per_gpu, ray_address=ray_address, on_outcome=report, echo=progress.bar is None)
     finally:
         progress.close()
     failed = counts["failed"] + counts["failed_skipped"]

@@ -151,7 +151,7 @@ def _init_worker(threads: int | None) -> None:
 # ----------------------------------------------------------------------------- executors
 def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device: str = "cpu",
              n_gpus: int = 0, per_gpu: int = 1, ray_address: str | None = None,
-             on_outcome: Callable[[dict], None] = lambda o: None) -> list[dict]:
+             on_outcome: Callable[[dict], None] = lambda o: None, echo: bool = True) -> list[dict]:
     """Run every job; calls on_outcome as each finishes; returns the outcomes in finish order."""
     if not jobs:
         return []
@@ -162,8 +162,8 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
         raise BenchError(f"--executor {executor!r}: expected local or ray")
     if len(slots) == 1 and device == "cpu":
         outcomes = []
-        for job in jobs:  # in this process: no start-up cost, output goes to the console
-            job.echo = True
+        for job in jobs:  # in this process: no start-up cost, log lines also on the console
+            job.echo = echo
             outcome = run_job(job)
             outcomes.append(outcome)
             on_outcome(outcome)

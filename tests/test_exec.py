@@ -69,6 +69,7 @@ def test_jobs_isolate_failures_and_log_per_run(sweep):
     tmp, result = sweep
     assert result.exit_code == 1, result.output  # a run failed -> nonzero
     assert "trained 2, skipped 0 (done), failed 2" in result.output
+    assert "run/s" not in result.output and "%|" not in result.output  # no bar when piped
     finals = _finals(tmp / "results")
     assert sorted(finals) == [("bc", 0), ("bc", 1)]
     run_dirs = sorted(p.parent for p in (tmp / "results").rglob("config.json"))
@@ -188,3 +189,32 @@ def test_sigkill_mid_training_then_all_equals_uninterrupted_run(tmp_path):
         assert a[key] == b[key], key  # bitwise: floats compare exactly
     assert (a_dir / "metrics.jsonl").read_bytes() == (run_dir / "metrics.jsonl").read_bytes()
     assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_gpu_slots_and_device_resolution_without_cuda(monkeypatch):
+    from plcql_bench.suite.executors import _device_slots, resolve_device
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert resolve_device("auto") == ("cuda", 2) and resolve_device("cpu") == ("cpu", 0)
+    assert _device_slots("cuda", 2, 2, 0) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]  # --per-gpu 2
+    assert _device_slots("cuda", 2, 3, 4) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]  # capped by --jobs
+    assert _device_slots("cpu", 0, 1, 3) == ["cpu"] * 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resolve_device("auto") == ("cpu", 0)
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    import io
+
+    from plcql_bench.suite import cli as cli_mod
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert cli_mod._Progress(3, "all").bar is None  # piped: no bar
+    tty = io.StringIO()
+    tty.isatty = lambda: True
+    monkeypatch.setattr(sys, "stdout", tty)
+    bar = cli_mod._Progress(3, "all")
+    assert bar.bar is not None
+    bar.step()
+    bar.close()
+    assert "1/3" in tty.getvalue() and "<" in tty.getvalue()  # count and ETA
