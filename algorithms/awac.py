@@ -1,0 +1,69 @@
+"""Multi-agent AWAC (continuous): per-agent advantage-weighted actor-critic.
+
+Only a SMAC AWAC exists in the references (CFCQL `baseline_awac.yaml`, reference-implementations.md
+§4.7): per-agent twin Q, V taken as the policy's expectation of the target Q, weight exp(beta * A)
+capped at 100, beta = 3.0, Q-target EMA 0.005, lr 1e-3. Continuous construction on OMAR's independent
+backbone with the deterministic tanh actor (so the policy expectation is Q at pi(o)):
+
+    Q_t,i:   MSE( Q_t,i(o_i, a_i), r + gamma (1 - d) min_t Qbar_t,i(o'_i, pi_i(o'_i)) )
+    A_i   =  min_t Qbar_t,i(o_i, a_i) - min_t Qbar_t,i(o_i, pi_i(o_i))
+    actor_i: mean_b[ min(exp(beta * A_i), 100) * |pi_i(o_i) - a_i|^2 ]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.common.configs import tier_table
+from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
+from plcql_bench.algorithms.iql import polyak_critic_only
+from plcql_bench.suite.spec import TaskSpec
+
+
+@dataclass
+class Config:
+    hidden: int = 64  # OMAR backbone sizes (SMAC AWAC critics: 256)
+    lr: float = 1e-3  # baseline_awac.yaml lr 1e-3
+    batch_size: int = 1024
+    tau: float = 0.005  # baseline_awac.yaml Q-target EMA 0.005
+    gamma: float = 0.95
+    input_norm: bool = True
+    grad_clip: float = 0.5
+    beta: float = 3.0  # baseline_awac.yaml
+    max_weight: float = 100.0
+
+
+@register
+class AWAC(IndependentBase):
+    name = "awac"
+    Config = Config
+    discrete = False
+
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        bb = omar_backbone(spec)
+        out = {k: bb[k] for k in ("hidden", "batch_size", "gamma") if k in bb}
+        return {**out, **tier_table("awac", spec, tier)}
+
+    def update(self, sample: BatchSampler) -> dict[str, float]:
+        c, b = self.cfg, sample(self.cfg.batch_size)
+        with torch.no_grad():
+            pi_next, pi_now = self.actors(b.next_obs), self.actors(b.obs)
+            q_next = self.target_critic(b.next_obs, pi_next).min(0).values
+            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
+            adv = self.target_critic(b.obs, b.actions).min(0).values - self.target_critic(b.obs, pi_now).min(0).values
+            weight = torch.exp(c.beta * adv).clamp(max=c.max_weight)
+        q = self.critic(b.obs, b.actions)
+        td = (q - y).pow(2).mean(1).sum()
+        self.step_critic(td)
+        pi = self.actors(b.obs)
+        a_loss = (weight * (pi - b.actions).pow(2).sum(-1)).mean(0).sum()
+        self.step_actor(a_loss)
+        polyak_critic_only(self)
+        self.rounds += 1
+        return {"critic/td_loss": float(td.detach()), "actor/loss": float(a_loss.detach()),
+                "awac/adv": float(adv.mean()), "awac/weight": float(weight.mean())}
