@@ -106,8 +106,9 @@ class StackedMLP(nn.Module):
 
     def __init__(self, n_members: int, in_dim: int, out_dim: int, hidden: int = 64, n_hidden: int = 2,
                  input_norm: bool = False, tanh_out: bool = False, last_init_scale: float | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, activation: str = "relu") -> None:
         super().__init__()
+        self.act = {"relu": torch.relu, "mish": torch.nn.functional.mish}[activation]
         self.n_members, self.in_dim, self.out_dim = n_members, in_dim, out_dim
         self.norm = StackedInputNorm(n_members, in_dim) if input_norm else None
         dims = [in_dim] + [hidden] * n_hidden
@@ -122,7 +123,7 @@ class StackedMLP(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         for layer in self.hidden:
-            x = torch.relu(layer(x))
+            x = self.act(layer(x))
         x = self.out(x)
         return torch.tanh(x) if self.tanh_out else x
 
