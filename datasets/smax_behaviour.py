@@ -1,0 +1,423 @@
+"""SMAX behaviour policies: MAPPO (shared actor + one-hot agent id, centralised V(state)) in JAX,
+trained online in the vmapped SMAX env, with small checkpoints and a card per map.
+
+    card = train("smax-2s3z", Path("datasets/assets/behaviour/smax-2s3z"), budget="3M", seed=0)
+    policy, params = load_policy("smax-2s3z", "expert")   # jittable policy + its params
+    arrays, meta = collect_smax("smax-2s3z", policy, seeds, params=params)
+
+Algorithm (standard MAPPO choices, written from the papers' description, no code copied):
+* actor: MLP 128-128 ReLU on [obs, one-hot agent id] -> logits, unavailable actions masked;
+  parameters shared by all agents. Critic: MLP 128-128 on the SMAX world state -> V(s) of the
+  team reward (x REWARD_SCALE).
+* rollouts: NUM_ENVS envs x ROLLOUT steps with auto-reset; GAE(gamma 0.99, lambda 0.95) that
+  bootstraps through time-limit cuts from V(final next state) and not through terminals.
+* PPO: 4 epochs x 4 minibatches, clip 0.2, entropy 0.01, value coefficient 0.5, Adam 5e-4,
+  global-norm clip 0.5, advantages normalised per minibatch.
+
+Checkpoints: every ``ckpt_every`` env steps the actor is saved as ``ckpt_<steps>.npz`` and
+evaluated greedily on CKPT_EVAL_EPISODES episodes (seeds CKPT_EVAL_SEED_BASE + i, disjoint from
+the protocol's evaluation and collection seeds); ``log.jsonl`` records each checkpoint.
+``resume.pkl`` (not committed) lets an interrupted run continue where it stopped.
+
+Tiers (``card.json`` -> "tiers"), following the references (CFCQL, §2.2 of the notes):
+* expert: the checkpoint with the best greedy win rate (latest on ties): the converged policy;
+* medium: the checkpoint before expert whose win rate is closest to half of expert's (a clearly
+  intermediate win rate), acting greedily like CFCQL's medium/expert collection;
+* medium-replay: the training policies up to medium: every checkpoint up to and including
+  medium, acting stochastically (an on-policy learner has no replay buffer; its rollouts are
+  exactly these sampled policies) -- ``replay_sources``;
+* mixed: equal halves of medium and expert episodes (done by the dataset builder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from plcql_bench.suite.envs import smax as smax_env
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "behaviour"
+CKPT_EVAL_EPISODES = 128
+CKPT_EVAL_SEED_BASE = 5_000_000
+REWARD_SCALE = 10.0
+ALGO_VERSION = "mappo-smax-1"
+
+
+def default_config() -> dict[str, Any]:
+    return dict(num_envs=64, rollout=128, epochs=4, minibatches=4, lr=5e-4, gamma=0.99,
+                gae_lambda=0.95, clip=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
+                hidden=128, ckpt_every=100_000, eval_episodes=CKPT_EVAL_EPISODES,
+                max_wall_s=None)
+
+
+def parse_budget(budget: str | int) -> int:
+    """'3M' / '500k' / '1e6' / 20000 -> env steps; 'smoke' = 20k."""
+    if isinstance(budget, int):
+        return budget
+    b = str(budget).strip().lower()
+    if b == "smoke":
+        return 20_000
+    if b == "paper":
+        return 5_000_000
+    mult = {"k": 1_000, "m": 1_000_000}.get(b[-1:], 1)
+    return int(float(b[:-1] if b[-1:] in "km" else b) * mult)
+
+
+# --------------------------------------------------------------------------- networks
+
+
+def _init_mlp(key, sizes, last_scale):
+    import jax
+    import jax.numpy as jnp
+
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        key, k = jax.random.split(key)
+        scale = last_scale if i == len(sizes) - 2 else float(np.sqrt(2))
+        w = jax.nn.initializers.orthogonal(scale)(k, (a, b), jnp.float32)
+        layers.append({"w": w, "b": jnp.zeros((b,), jnp.float32)})
+    return layers
+
+
+def _mlp(layers, x):
+    import jax
+
+    for layer in layers[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+    return x @ layers[-1]["w"] + layers[-1]["b"]
+
+
+def actor_logits(actor, obs, avail):
+    """obs [..., n, obs_dim], avail [..., n, A] -> masked logits [..., n, A]."""
+    import jax.numpy as jnp
+
+    n = obs.shape[-2]
+    ids = jnp.broadcast_to(jnp.eye(n, dtype=obs.dtype), obs.shape[:-1] + (n,))
+    logits = _mlp(actor, jnp.concatenate([obs, ids], axis=-1))
+    return jnp.where(avail > 0, logits, -1e9)
+
+
+def greedy_policy(params, obs, avail, key):
+    """Jittable: argmax of the masked logits (params = actor layers)."""
+    import jax.numpy as jnp
+
+    return jnp.argmax(actor_logits(params, obs, avail), axis=-1).astype(jnp.int32)
+
+
+def sample_policy(params, obs, avail, key):
+    """Jittable: sample from the masked softmax (params = actor layers)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.random.categorical(key, actor_logits(params, obs, avail), axis=-1).astype(jnp.int32)
+
+
+def init_params(key, core, hidden: int):
+    import jax
+
+    ka, kc = jax.random.split(key)
+    return {
+        "actor": _init_mlp(ka, [core.obs_dim + core.n_agents, hidden, hidden, core.n_actions], 0.01),
+        "critic": _init_mlp(kc, [core.state_dim, hidden, hidden, 1], 1.0),
+    }
+
+
+# --------------------------------------------------------------------------- training step
+
+
+def make_update(core, cfg, optimizer):
+    """One jitted MAPPO iteration: rollout (NUM_ENVS x ROLLOUT) + PPO epochs."""
+    import jax
+    import jax.numpy as jnp
+
+    nenv, T = cfg["num_envs"], cfg["rollout"]
+    gamma, lam = cfg["gamma"], cfg["gae_lambda"]
+    env_step = jax.vmap(core.step_autoreset)
+
+    def value(critic, state):
+        return _mlp(critic, state)[..., 0]
+
+    def rollout(params, env_c, ep_ret, key):
+        def body(c, _):
+            env_c, ep_ret, key = c
+            key, k = jax.random.split(key)
+            o = env_c.last
+            logits = actor_logits(params["actor"], o.obs, o.avail)
+            a = jax.random.categorical(k, logits, axis=-1)
+            logp = jnp.take_along_axis(jax.nn.log_softmax(logits), a[..., None], -1)[..., 0]
+            v = value(params["critic"], o.state)
+            env_c2, out = env_step(env_c, a.astype(jnp.int32))
+            v_next = value(params["critic"], out.next.state)
+            done = out.terminal | out.timeout
+            ep_ret = ep_ret + out.reward
+            tr = dict(obs=o.obs, avail=o.avail, state=o.state, a=a, logp=logp, v=v,
+                      r=out.reward * REWARD_SCALE, term=out.terminal, done=done, v_next=v_next)
+            stats = dict(ended=done, won=out.won & done, ret=jnp.where(done, ep_ret, 0.0))
+            return (env_c2, jnp.where(done, 0.0, ep_ret), key), (tr, stats)
+
+        (env_c, ep_ret, key), (traj, stats) = jax.lax.scan(body, (env_c, ep_ret, key), None, T)
+        return env_c, ep_ret, traj, stats
+
+    def gae(traj):
+        delta = traj["r"] + gamma * (1.0 - traj["term"]) * traj["v_next"] - traj["v"]
+
+        def f(adv_next, x):
+            d, done = x
+            adv = d + gamma * lam * (1.0 - done) * adv_next
+            return adv, adv
+
+        _, adv = jax.lax.scan(f, jnp.zeros(nenv), (delta, traj["done"].astype(jnp.float32)),
+                              reverse=True)
+        return adv, adv + traj["v"]
+
+    def loss_fn(params, mb):
+        logits = actor_logits(params["actor"], mb["obs"], mb["avail"])
+        logp_all = jax.nn.log_softmax(logits)
+        logp = jnp.take_along_axis(logp_all, mb["a"][..., None], -1)[..., 0]
+        ratio = jnp.exp(logp - mb["logp"])
+        adv = (mb["adv"] - mb["adv"].mean()) / (mb["adv"].std() + 1e-8)
+        adv = adv[:, None]
+        pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg["clip"], 1 + cfg["clip"]) * adv).mean()
+        probs = jax.nn.softmax(logits)
+        ent = -(probs * jnp.where(mb["avail"] > 0, logp_all, 0.0)).sum(-1).mean()
+        v = value(params["critic"], mb["state"])
+        vloss = 0.5 * jnp.square(v - mb["ret"]).mean()
+        total = pg + cfg["vf_coef"] * vloss - cfg["ent_coef"] * ent
+        return total, dict(pg=pg, vloss=vloss, ent=ent)
+
+    def update(params, opt_state, env_c, ep_ret, key):
+        key, kr, ks = jax.random.split(key, 3)
+        env_c, ep_ret, traj, stats = rollout(params, env_c, ep_ret, kr)
+        adv, ret = gae(traj)
+        flat = {k: traj[k].reshape((T * nenv,) + traj[k].shape[2:])
+                for k in ("obs", "avail", "state", "a", "logp")}
+        flat["adv"], flat["ret"] = adv.reshape(-1), ret.reshape(-1)
+        nmb = cfg["minibatches"]
+        size = T * nenv // nmb
+
+        def epoch(c, k):
+            params, opt_state = c
+            perm = jax.random.permutation(k, T * nenv)
+
+            def mb_step(c, idx):
+                params, opt_state = c
+                mb = {kk: v[idx] for kk, v in flat.items()}
+                (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+                upd, opt_state = optimizer.update(grads, opt_state, params)
+                import optax
+
+                return (optax.apply_updates(params, upd), opt_state), info
+
+            (params, opt_state), info = jax.lax.scan(mb_step, (params, opt_state),
+                                                      perm.reshape(nmb, size))
+            return (params, opt_state), info
+
+        (params, opt_state), info = jax.lax.scan(epoch, (params, opt_state),
+                                                  jax.random.split(ks, cfg["epochs"]))
+        metrics = {k: v.mean() for k, v in info.items()}
+        metrics.update(ended=stats["ended"].sum(), won=stats["won"].sum(), ret_sum=stats["ret"].sum())
+        return params, opt_state, env_c, ep_ret, key, metrics
+
+    return jax.jit(update)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _flatten(actor) -> dict[str, np.ndarray]:
+    return {f"l{i}_{k}": np.asarray(v) for i, layer in enumerate(actor) for k, v in layer.items()}
+
+
+def _unflatten(z) -> list[dict[str, Any]]:
+    import jax.numpy as jnp
+
+    n = len({k.split("_")[0] for k in z.files})
+    return [{"w": jnp.asarray(z[f"l{i}_w"]), "b": jnp.asarray(z[f"l{i}_b"])} for i in range(n)]
+
+
+def save_actor(path: Path, actor) -> None:
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **_flatten(actor))
+    os.replace(tmp, path)
+
+
+def load_actor(path: str | Path):
+    with np.load(path) as z:
+        return _unflatten(z)
+
+
+def evaluate(task_id: str, actor, episodes: int = CKPT_EVAL_EPISODES, greedy: bool = True):
+    from plcql_bench.datasets.smax_collect import collect_smax
+
+    seeds = CKPT_EVAL_SEED_BASE + np.arange(episodes)
+    _, meta = collect_smax(task_id, greedy_policy if greedy else sample_policy, seeds,
+                           params=actor, batch=min(episodes, 128))
+    return {"win_rate": meta["win_rate"], "return_mean": float(meta["returns"].mean()),
+            "len_mean": float(meta["lengths"].mean())}
+
+
+def select_tiers(log: list[dict]) -> dict[str, Any]:
+    """expert = best greedy win rate (latest on ties); medium = earlier checkpoint closest to
+    half of expert's win rate (ties -> earlier); medium-replay = checkpoints up to medium."""
+    if not log:
+        raise ValueError("no checkpoints")
+    best = max(range(len(log)), key=lambda i: (log[i]["win_rate"], i))
+    target = log[best]["win_rate"] / 2
+    before = list(range(best)) or [best]
+    med = min(before, key=lambda i: (abs(log[i]["win_rate"] - target), i))
+    return {"expert": log[best]["ckpt"], "medium": log[med]["ckpt"],
+            "medium-replay": [e["ckpt"] for e in log[: med + 1]]}
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
+          log: Callable[[str], None] = print, config: dict | None = None) -> dict:
+    """Train MAPPO on a SMAX task for `budget` env steps; resumable. Returns the card."""
+    import jax
+    import optax
+
+    map_name = smax_env.map_of(task_id)
+    cfg = default_config() | (config or {})
+    total = parse_budget(budget)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    core = smax_env._core(map_name)
+    optimizer = optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), optax.adam(cfg["lr"]))
+    update = make_update(core, cfg, optimizer)
+    per_update = cfg["num_envs"] * cfg["rollout"]
+
+    resume = out_dir / "resume.pkl"
+    if resume.exists():
+        with open(resume, "rb") as f:
+            st = pickle.load(f)
+        params, opt_state, steps, key = st["params"], st["opt_state"], st["steps"], st["key"]
+        ckpts, wall0 = st["ckpts"], st["wall"]
+        log(f"{task_id}: resuming at {steps} env steps")
+    else:
+        key = jax.random.PRNGKey(seed)
+        key, kp = jax.random.split(key)
+        params = init_params(kp, core, cfg["hidden"])
+        opt_state = optimizer.init(params)
+        steps, ckpts, wall0 = 0, [], 0.0
+    key, ke = jax.random.split(key)
+    env_c = jax.vmap(core.reset)(jax.random.split(ke, cfg["num_envs"]))
+    ep_ret = jax.numpy.zeros(cfg["num_envs"])
+    t_start = time.time()
+    next_ckpt = (steps // cfg["ckpt_every"] + 1) * cfg["ckpt_every"]
+    acc = dict(ended=0, won=0, ret_sum=0.0)
+
+    def checkpoint():
+        name = f"ckpt_{steps:09d}"
+        save_actor(out_dir / f"{name}.npz", params["actor"])
+        ev = evaluate(task_id, params["actor"], cfg["eval_episodes"])
+        train_wr = acc["won"] / max(acc["ended"], 1)
+        entry = dict(ckpt=name, env_steps=steps, wall_s=round(wall0 + time.time() - t_start, 1),
+                     train_win_rate=round(train_wr, 4),
+                     train_return=round(acc["ret_sum"] / max(acc["ended"], 1), 4), **ev)
+        ckpts.append(entry)
+        with open(out_dir / "log.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        with open(resume.with_suffix(".tmp"), "wb") as f:
+            pickle.dump(dict(params=jax.device_get(params), opt_state=jax.device_get(opt_state),
+                             steps=steps, key=jax.device_get(key), ckpts=ckpts,
+                             wall=wall0 + time.time() - t_start), f)
+        os.replace(resume.with_suffix(".tmp"), resume)
+        log(f"{task_id}: {steps} steps, greedy win {ev['win_rate']:.3f} return "
+            f"{ev['return_mean']:.3f}; train win {train_wr:.3f} ({acc['ended']} episodes), "
+            f"{entry['wall_s']:.0f}s")
+        acc.update(ended=0, won=0, ret_sum=0.0)
+
+    while steps < total:
+        params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key)
+        steps += per_update
+        acc["ended"] += int(m["ended"])
+        acc["won"] += int(m["won"])
+        acc["ret_sum"] += float(m["ret_sum"])
+        out_of_time = cfg["max_wall_s"] is not None and time.time() - t_start > cfg["max_wall_s"]
+        if steps >= next_ckpt or steps >= total or out_of_time:
+            checkpoint()
+            next_ckpt = (steps // cfg["ckpt_every"] + 1) * cfg["ckpt_every"]
+        if out_of_time:
+            log(f"{task_id}: stopping at the wall-clock cap ({cfg['max_wall_s']}s)")
+            break
+
+    tiers = select_tiers(ckpts)
+    by = {e["ckpt"]: e for e in ckpts}
+    card = {
+        "task_id": task_id, "algorithm": "MAPPO (shared actor + agent id, centralised V(s))",
+        "algo_version": ALGO_VERSION, "config": cfg, "seed": seed, "budget_env_steps": total,
+        "env_steps": steps, "wall_clock_s": ckpts[-1]["wall_s"],
+        "env_versions": smax_env.env_versions(map_name),
+        "eval": {"episodes": cfg["eval_episodes"], "seeds": f"{CKPT_EVAL_SEED_BASE} + i",
+                 "policy": "greedy"},
+        "tiers": tiers,
+        "expert": by[tiers["expert"]], "medium": by[tiers["medium"]],
+        "medium_replay_checkpoints": len(tiers["medium-replay"]),
+        "note": "SMAX (JaxMARL) numbers; not comparable with StarCraft II / SMAC.",
+    }
+    _write_json(out_dir / "card.json", card)
+    log(f"{task_id}: expert {tiers['expert']} win {card['expert']['win_rate']:.3f}, "
+        f"medium {tiers['medium']} win {card['medium']['win_rate']:.3f}")
+    return card
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def behaviour_dir(task_id: str) -> Path:
+    smax_env.map_of(task_id)
+    return ASSETS / task_id
+
+
+def read_card(task_id: str) -> dict:
+    path = behaviour_dir(task_id) / "card.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no SMAX behaviour card at {path}; train it with "
+                                f"`python -m plcql_bench.datasets.smax_behaviour {task_id}`")
+    return json.loads(path.read_text())
+
+
+def load_policy(task_id: str, tier: str):
+    """(jittable policy, params) for tier "expert" or "medium" (greedy, as CFCQL collected)."""
+    if tier not in ("expert", "medium"):
+        raise ValueError(f"load_policy serves 'expert' and 'medium'; for 'medium-replay' use "
+                         f"replay_sources(), for 'mixed' combine medium and expert (got {tier!r})")
+    card = read_card(task_id)
+    return greedy_policy, load_actor(behaviour_dir(task_id) / f"{card['tiers'][tier]}.npz")
+
+
+def replay_sources(task_id: str) -> list[tuple[str, Callable, Any]]:
+    """medium-replay: [(checkpoint id, sampling policy, params)] for every checkpoint up to medium."""
+    card = read_card(task_id)
+    d = behaviour_dir(task_id)
+    return [(c, sample_policy, load_actor(d / f"{c}.npz")) for c in card["tiers"]["medium-replay"]]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Train a SMAX MAPPO behaviour policy")
+    p.add_argument("task_id")
+    p.add_argument("--budget", default="3M")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--config", default="{}", help="JSON overrides of default_config()")
+    a = p.parse_args(argv)
+    out = Path(a.out) if a.out else behaviour_dir(a.task_id)
+    train(a.task_id, out, a.budget, a.seed, log=partial(print, flush=True),
+          config=json.loads(a.config))
+
+
+if __name__ == "__main__":
+    main()
