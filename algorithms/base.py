@@ -98,7 +98,9 @@ def get_algorithm(name: str) -> type:
 
 def load_all() -> dict[str, type]:
     """Import every algorithm module so their @register decorators run."""
-    from plcql_bench.algorithms import awac, bc, cfcql, dof, iql, macql, matd3bc, omar, plcql, spacql  # noqa: F401
+    from plcql_bench.algorithms import (  # noqa: F401
+        awac, bc, cfcql, dof, iql, macql, maicq, matd3bc, omar, plcql, spacql,
+    )
 
     return REGISTRY
 

@@ -23,7 +23,7 @@ HC = TaskSpec("mamujoco-halfcheetah-2x3", "mamujoco", n_agents=2, obs_dim=6, sta
               discrete=False, episode_limit=1000, tiers=("expert", "medium", "medium-replay", "random"))
 TINY = {"batch_size": 32, "hidden": 16}
 ALL = sorted(n for n, c in load_all().items() if c.discrete is False)
-EXPECTED = {"bc", "cfcql", "plcql", "spacql", "macql", "omar", "matd3bc", "iql", "awac", "dof", "dof-qgrad"}
+EXPECTED = {"bc", "cfcql", "plcql", "spacql", "macql", "omar", "matd3bc", "iql", "awac", "dof", "dof-qgrad", "maicq"}
 
 
 def build(name, spec=CN, seed=0, tier="medium", **over):
