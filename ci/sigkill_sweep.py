@@ -130,7 +130,7 @@ def main() -> int:
         started = time.time()
         while proc.poll() is None and not any(p.stat().st_mtime > started for p in root.rglob("run.log")):
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 2.0))
+        time.sleep(rng.uniform(0.0, 6.0))
         if proc.poll() is not None:
             continue
         live = workers(proc.pid)
@@ -170,8 +170,10 @@ def main() -> int:
             if metrics != want_metrics:
                 problems.append(f"{folder.name} {key}: metrics.jsonl differs from the uninterrupted run")
         print(f"{folder.name}: {len(got)}/8 runs done after the final `all`")
+    resumes = sum(p.read_text().count("resuming ") for p in tmp.glob("results*/**/run.log"))
     print(f"summary: {sum(kills.values())} SIGKILLs ({kills['worker']} worker, {kills['node']} whole sweep), "
-          f"{lost} lost result files, {len(problems)} problems (corrupt or different files)")
+          f"{resumes} resumes from a checkpoint, {lost} lost result files, "
+          f"{len(problems)} problems (corrupt or different files)")
     for p in problems:
         print("  ", p)
     return 1 if problems or lost else 0
