@@ -127,7 +127,7 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
     seeds_pad[:n_ep] = seeds
     init, advance, first_obs = _runner(map_name, policy, chunk)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     c = init(params, seeds_pad, table)
     parts, t, max_t = [], 0, (k + 1) * smax_env.EPISODE_LIMITS[map_name]
     while t < max_t:
@@ -158,7 +158,7 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
         cur[starts] = init_rows
         return cur
 
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     arrays = {
         "obs": shifted(nobs, np.asarray(first.obs)).astype(np.float32),
         "state": shifted(nstate, np.asarray(first.state)).astype(np.float32),
@@ -179,10 +179,70 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
     won = won_step[ends].astype(bool)
     returns = np.bincount(arrays["episode_ids"], weights=rew.astype(np.float64), minlength=n_ep)
     meta = {"won": won, "returns": returns, "lengths": lengths, "win_rate": float(won.mean()),
-            "env_steps": n, "seconds": seconds}
+            "env_steps": n, "seconds": seconds, "cpu_seconds": cpu_seconds}
     if log is not None:
         log(f"{task_id}: {n_ep} episodes, {n} steps in {seconds:.1f}s, win rate {won.mean():.3f}")
     return arrays, meta
+
+
+def concat_collections(parts: list[tuple[dict[str, np.ndarray], dict[str, Any]]]):
+    """Concatenate (arrays, meta) pairs in order; episode ids are renumbered."""
+    arrays: dict[str, list[np.ndarray]] = {k: [] for k in parts[0][0]}
+    offset = 0
+    for arr, meta in parts:
+        for k, v in arr.items():
+            arrays[k].append(v + offset if k == "episode_ids" else v)
+        offset += len(meta["lengths"])
+    out = {k: np.concatenate(v) for k, v in arrays.items()}
+    won = np.concatenate([m["won"] for _, m in parts])
+    meta = {"won": won, "returns": np.concatenate([m["returns"] for _, m in parts]),
+            "lengths": np.concatenate([m["lengths"] for _, m in parts]),
+            "win_rate": float(won.mean()), "env_steps": int(sum(m["env_steps"] for _, m in parts)),
+            "seconds": float(sum(m["seconds"] for _, m in parts)),
+            "cpu_seconds": float(sum(m["cpu_seconds"] for _, m in parts))}
+    return out, meta
+
+
+def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
+                      log: Callable[[str], None] | None = None):
+    """One SMAX dataset tier from the committed behaviour checkpoints (smax_behaviour.py):
+
+    * expert / medium: that checkpoint, greedy, one episode per seed;
+    * medium-replay: the seeds split into equal consecutive parts, one per checkpoint up to
+      medium (in training order), each acting stochastically;
+    * mixed: the first half of the seeds with medium, the second half with expert;
+    * random: uniform over available actions.
+
+    Returns (arrays, meta, behaviour_policy_id)."""
+    from plcql_bench.datasets import smax_behaviour as sb
+
+    seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    if tier == "random":
+        arrays, meta = collect_smax(task_id, random_policy, seeds, batch=batch, log=log)
+        return arrays, meta, "random-uniform-avail"
+    card = sb.read_card(task_id)
+    tiers = card["tiers"]
+    tag = f"{task_id}:{card['algo_version']}"
+    if tier in ("expert", "medium"):
+        policy, params = sb.load_policy(task_id, tier)
+        arrays, meta = collect_smax(task_id, policy, seeds, params=params, batch=batch, log=log)
+        return arrays, meta, f"{tag}:{tiers[tier]}:greedy"
+    if tier == "mixed":
+        half = len(seeds) // 2
+        parts = []
+        for t, chunk in (("medium", seeds[:half]), ("expert", seeds[half:])):
+            policy, params = sb.load_policy(task_id, t)
+            parts.append(collect_smax(task_id, policy, chunk, params=params, batch=batch, log=log))
+        arrays, meta = concat_collections(parts)
+        return arrays, meta, f"{tag}:mixed({tiers['medium']}+{tiers['expert']}):greedy"
+    if tier == "medium-replay":
+        sources = sb.replay_sources(task_id)
+        chunks = np.array_split(seeds, len(sources))
+        parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
+                 for (_, pol, p), c in zip(sources, chunks) if len(c)]
+        arrays, meta = concat_collections(parts)
+        return arrays, meta, f"{tag}:replay({sources[0][0]}..{sources[-1][0]}):sampled"
+    raise ValueError(f"unknown SMAX tier {tier!r}")
 
 
 def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 16,
@@ -192,15 +252,19 @@ def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int 
     for m in maps:
         tid = smax_env.PREFIX + m
         t0 = time.perf_counter()
-        collect_smax(tid, random_policy, np.arange(batch), batch=batch, chunk=chunk)
+        # same shapes as the timed run, so the timed run does not compile
+        collect_smax(tid, random_policy, 10**6 + np.arange(episodes), batch=batch, chunk=chunk)
         warm = time.perf_counter() - t0
         _, meta = collect_smax(tid, random_policy, 1000 + np.arange(episodes), batch=batch,
                                chunk=chunk)
         rate = meta["env_steps"] / meta["seconds"]
-        results[tid] = {"env_steps_per_s": rate, "env_steps": meta["env_steps"],
+        cpu_rate = meta["env_steps"] / max(meta["cpu_seconds"], 1e-9)
+        results[tid] = {"env_steps_per_s": rate, "env_steps_per_cpu_s": cpu_rate,
+                        "env_steps": meta["env_steps"],
                         "seconds": meta["seconds"], "warmup_s": warm,
                         "mean_len": float(meta["lengths"].mean())}
-        log(f"{tid:16s} {rate:9.0f} env-steps/s  ({meta['env_steps']} steps in "
+        log(f"{tid:16s} {rate:9.0f} env-steps/s wall, {cpu_rate:9.0f} per CPU-second "
+            f"({meta['env_steps']} steps in "
             f"{meta['seconds']:.2f}s, mean episode {meta['lengths'].mean():.1f}, "
             f"first batch incl. compile {warm:.1f}s)")
     return results

@@ -10,7 +10,8 @@ pytest.importorskip("jaxmarl")
 
 
 from plcql_bench.datasets import format as fmt  # noqa: E402
-from plcql_bench.datasets.smax_collect import collect_smax, random_policy  # noqa: E402
+from plcql_bench.datasets.smax_collect import (  # noqa: E402
+    collect_smax, concat_collections, random_policy)
 from plcql_bench.suite.envs import smax  # noqa: E402
 from plcql_bench.suite.tasks import get_task, task_ids  # noqa: E402
 
@@ -100,3 +101,6 @@ def test_collect_validates_and_is_deterministic(tmp_path):
     again, meta2 = collect_smax(TASK, random_policy, seeds, batch=4)
     for k in arrays:
         np.testing.assert_array_equal(arrays[k], again[k], err_msg=k)
+    both, meta_both = concat_collections([(arrays, meta), (again, meta2)])
+    assert meta_both["lengths"].tolist() == meta["lengths"].tolist() * 2
+    fmt.write_dataset(tmp_path / "both.h5", both, _attrs(spec, meta_both), spec=spec)

@@ -278,10 +278,47 @@ def make_spec(map_name: str) -> TaskSpec:
     )
 
 
+def _behaviour(task_id: str, tier: str):
+    """datasets/build.py hook: the Behaviour generating (task, tier) from the committed MAPPO
+    checkpoints (datasets/smax_behaviour.py), or None when there is no card yet."""
+    from plcql_bench.datasets import smax_behaviour as sb
+    from plcql_bench.datasets.behaviour import Behaviour
+
+    if tier not in TIERS:
+        return None
+    try:
+        card = sb.read_card(task_id)
+    except FileNotFoundError:
+        return None
+    t = card["tiers"]
+    desc = {
+        "expert": f"{t['expert']}:greedy", "medium": f"{t['medium']}:greedy",
+        "mixed": f"mixed({t['medium']}+{t['expert']}):greedy",
+        "medium-replay": f"replay({t['medium-replay'][0]}..{t['medium-replay'][-1]}):sampled",
+    }[tier]
+    return Behaviour(f"{task_id}:{card['algo_version']}:{desc}", lambda rng: tier,
+                     f"MAPPO checkpoints, {tier} (see docs/smax.md)")
+
+
+def _collect(task: Task, behaviour, seeds: np.ndarray, rng) -> dict[str, np.ndarray]:
+    """datasets/build.py hook: vmap + scan collection; adds episode_won [E]."""
+    from plcql_bench.datasets.smax_collect import collect_smax_tier
+
+    arrays, meta, _ = collect_smax_tier(task.spec.task_id, behaviour.make(rng), seeds)
+    arrays["episode_won"] = meta["won"]
+    return arrays
+
+
+def _references() -> dict[str, float]:
+    return {"random": float("nan"), "expert": float("nan")}  # win-rate task: no normalisation
+
+
 def make_task(map_name: str) -> Task:
     spec = make_spec(map_name)
     return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name),
-                extras={"map_name": map_name})
+                extras={"map_name": map_name,
+                        "behaviours": partial(_behaviour, spec.task_id),
+                        "collect": _collect, "references": _references})
 
 
 def smax_2s3z_task() -> Task:
