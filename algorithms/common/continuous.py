@@ -144,8 +144,9 @@ class EnsembleCritic(nn.Module):
             h = torch.baddbmm(self.l2.bias[sl], h, self.l2.weight[sl]).relu_()
             q = torch.baddbmm(self.l3.bias[sl], h, self.l3.weight[sl])
             return q.view(E, B, R)
-        q = _FusedTrunk.apply(h_s, a, w1_a, self.l2.weight[sl], self.l2.bias[sl], self.l3.weight[sl],
-                              self.l3.bias[sl])
+        args = (h_s, a, w1_a, self.l2.weight[sl], self.l2.bias[sl], self.l3.weight[sl], self.l3.bias[sl])
+        keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+        q = _FusedTrunk.apply(*args, keep)
         return q.view(E, B, R)
 
     fused_r1 = True  # R = 1 calls (TD, targets) too: autograd's dW3 = h^T g is a slow layout on CPU
@@ -173,22 +174,29 @@ class _FusedTrunk(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h_s, a, w1a, w2, b2, w3, b3):
+    def forward(ctx, h_s, a, w1a, w2, b2, w3, b3, keep):
         E, B, H = h_s.shape
         BR = a.shape[0]
-        h1 = torch.matmul(a, w1a)  # [E, BR, H]
+        h1 = _WORKSPACE.take((E, BR, H), h_s)
+        torch.matmul(a, w1a, out=h1)  # [E, BR, H]
         h1.view(E, B, BR // B, H).add_(h_s.unsqueeze(2))
         h1.relu_()
-        h2 = torch.baddbmm(b2, h1, w2).relu_()
+        h2 = torch.baddbmm(b2, h1, w2, out=_WORKSPACE.take((E, BR, H), h_s)).relu_()
         # [E, 1, H] @ [E, H, BR]: a batched GEMV laid out so that MKL streams h2 row-major
         # (h2 @ w3 as [E, BR, H] @ [E, H, 1] is ~4x slower on CPU)
         q = torch.baddbmm(b3, w3.transpose(1, 2), h2.transpose(1, 2))  # [E, 1, BR]
-        ctx.save_for_backward(a, w1a, w2, w3, h1, h2)
-        ctx.B = B
+        if keep:  # a backward will come (decided by the caller: inside forward grad mode is off)
+            ctx.save_for_backward(a, w1a, w2, w3, h1, h2)
+            ctx.B = B
+        else:  # no backward will come: the activations go straight back to the pool
+            _WORKSPACE.give(h1, h2)
         return q.view(E, BR)
 
     @staticmethod
     def backward(ctx, gq):
+        if getattr(ctx, "done", False):
+            raise RuntimeError("the fused critic trunk frees its activations in backward: no retain_graph")
+        ctx.done = True
         a, w1a, w2, w3, h1, h2 = ctx.saved_tensors
         E, BR, H = h1.shape
         need = ctx.needs_input_grad
@@ -202,12 +210,46 @@ class _FusedTrunk(torch.autograd.Function):
         db2 = torch.bmm(g3.transpose(1, 2), m2).mul_(w3t) if need[4] else None
         d2 = m2.mul_(g3)  # m2 * g ; the true dh2 is d2 * w3^T
         dw2 = torch.bmm(h1.transpose(1, 2), d2).mul_(w3t) if need[3] else None
-        dh1 = torch.bmm(d2, (w2 * w3t).transpose(1, 2))  # [E, BR, H]
+        dh1 = torch.bmm(d2, (w2 * w3t).transpose(1, 2), out=_WORKSPACE.take((E, BR, H), h1))  # [E, BR, H]
         dh1.mul_(h1.sign_())
         dw1a = torch.matmul(a.t(), dh1) if need[2] else None
         dh_s = dh1.view(E, ctx.B, BR // ctx.B, H).sum(2) if need[0] else None
         da = torch.matmul(dh1, w1a.transpose(1, 2)).sum(0) if need[1] else None
-        return dh_s, da, dw1a, dw2, db2, dw3, db3
+        _WORKSPACE.give(h1, h2, dh1)
+        return dh_s, da, dw1a, dw2, db2, dw3, db3, None
+
+
+class _Workspace:
+    """A small pool of large activation buffers for `_FusedTrunk`, reused across updates.
+
+    Tensors above glibc's mmap threshold (32 MiB at most: the [10, 30720, 64] CF-CQL activations of a
+    10-member ensemble are 79 MB) are mmapped on every allocation and unmapped on free, so each update
+    re-faults them page by page (~58k page faults per PLCQL critic update). Buffers are taken when a
+    forward/backward needs one and given back when that backward has finished (or right after a forward
+    that will not be backpropagated); a buffer still in use is never handed out again, so nested or
+    overlapping graphs just allocate fresh ones. Only buffers of at least `min_bytes` are pooled."""
+
+    def __init__(self, min_bytes: int = 8 << 20, per_key: int = 4) -> None:
+        self.free: dict[tuple, list[torch.Tensor]] = {}
+        self.min_bytes, self.per_key = min_bytes, per_key
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        key = (shape, like.dtype, like.device)
+        lst = self.free.get(key)
+        if lst:
+            return lst.pop()
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def give(self, *ts: torch.Tensor) -> None:
+        for t in ts:
+            if t.numel() * t.element_size() < self.min_bytes or not t.is_contiguous():
+                continue
+            lst = self.free.setdefault((tuple(t.shape), t.dtype, t.device), [])
+            if len(lst) < self.per_key and all(t.data_ptr() != x.data_ptr() for x in lst):
+                lst.append(t)
+
+
+_WORKSPACE = _Workspace()
 
 
 def keep_freed_memory() -> None:
