@@ -63,7 +63,10 @@ class CFCQL(CentralCriticAlgorithm):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return {**backbone_overrides(spec), **cql_alpha_override(spec, tier)}
+        from plcql_bench.algorithms.common.configs import tier_table
+
+        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)  # configs/<algo>.yaml, if any
+        return {**backbone_overrides(spec), **cql_alpha_override(spec, tier), **own}
 
     # -- losses ------------------------------------------------------------------------------------
     @torch.no_grad()

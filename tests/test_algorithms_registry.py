@@ -94,3 +94,31 @@ def test_macql_joint_penalty_by_hand():
         qs = algo.critic(b.state, joint) - 6 * math.log(0.5)
         pen = (torch.logsumexp(qs, -1) - q).mean(-1).sum()
     assert torch.allclose(st["cql/penalty"], pen, atol=1e-4)
+
+
+def test_dof_guidance_gradient_only_in_qgrad():
+    buf = SyntheticBuffer(CN, 200, seed=0)
+    a, b = build("dof", eta=50.0), build("dof-qgrad", eta=50.0)
+    a.update(buf), b.update(SyntheticBuffer(CN, 200, seed=0))
+    pa = torch.cat([p.flatten() for p in a.actors.parameters()])
+    pb = torch.cat([p.flatten() for p in b.actors.parameters()])
+    assert not torch.equal(pa, pb)  # same seed and batch: only the guidance gradient differs
+
+
+def test_fused_trunk_matches_autograd_and_refuses_second_backward():
+    from plcql_bench.algorithms.common.continuous import EnsembleCritic
+
+    crit = EnsembleCritic(3, 4, 6, 8, False, torch.Generator().manual_seed(0))
+    s, a = torch.randn(5, 4), torch.randn(5, 7, 6, requires_grad=True)
+    q = crit(s, a)
+    q.pow(2).sum().backward(retain_graph=True)
+    g_fused = [p.grad.clone() for p in crit.parameters()] + [a.grad.clone()]
+    with pytest.raises(RuntimeError):
+        q.pow(2).sum().backward()
+    crit.zero_grad(), a.grad.zero_()
+    X = torch.cat([s.unsqueeze(1).expand(5, 7, 4), a], -1).reshape(35, 10)
+    h = torch.relu(torch.baddbmm(crit.l1.bias, X.expand(3, -1, -1), crit.l1.weight))
+    h = torch.relu(torch.baddbmm(crit.l2.bias, h, crit.l2.weight))
+    torch.baddbmm(crit.l3.bias, h, crit.l3.weight).pow(2).sum().backward()
+    for x, p in zip(g_fused, list(crit.parameters()) + [a]):
+        assert torch.allclose(x, p.grad, atol=1e-4, rtol=1e-4)
