@@ -23,8 +23,8 @@ Tiers (``card.json`` -> "tiers"), following the references (CFCQL, §2.2 of the 
 * expert: the checkpoint with the best greedy win rate (latest on ties): the converged policy;
 * medium: the checkpoint before expert whose win rate is closest to half of expert's (a clearly
   intermediate win rate), acting greedily like CFCQL's medium/expert collection;
-* medium-replay: the training policies up to medium: every checkpoint up to and including
-  medium, acting stochastically (an on-policy learner has no replay buffer; its rollouts are
+* medium-replay: the training policies up to medium: the initial (uniform) policy and every
+  checkpoint up to and including medium, acting stochastically (an on-policy learner has no replay buffer; its rollouts are
   exactly these sampled policies) -- ``replay_sources``;
 * mixed: equal halves of medium and expert episodes (done by the dataset builder).
 """
@@ -400,10 +400,16 @@ def load_policy(task_id: str, tier: str):
 
 
 def replay_sources(task_id: str) -> list[tuple[str, Callable, Any]]:
-    """medium-replay: [(checkpoint id, sampling policy, params)] for every checkpoint up to medium."""
+    """medium-replay: [(checkpoint id, sampling policy, params)]: the initial policy, then every
+    checkpoint up to medium (the seeds are split equally among them)."""
+    from plcql_bench.datasets.smax_collect import random_policy
+
     card = read_card(task_id)
     d = behaviour_dir(task_id)
-    return [(c, sample_policy, load_actor(d / f"{c}.npz")) for c in card["tiers"]["medium-replay"]]
+    # The untrained actor (last layer scaled 0.01) is uniform over the available actions up to
+    # ~1%, so the start of training is represented by the uniform policy.
+    init = [("init-uniform", random_policy, None)]
+    return init + [(c, sample_policy, load_actor(d / f"{c}.npz")) for c in card["tiers"]["medium-replay"]]
 
 
 def main(argv=None) -> None:

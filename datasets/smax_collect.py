@@ -208,8 +208,9 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
     """One SMAX dataset tier from the committed behaviour checkpoints (smax_behaviour.py):
 
     * expert / medium: that checkpoint, greedy, one episode per seed;
-    * medium-replay: the seeds split into equal consecutive parts, one per checkpoint up to
-      medium (in training order), each acting stochastically;
+    * medium-replay: the seeds split into equal consecutive parts, one per source of
+      ``smax_behaviour.replay_sources`` (the initial uniform policy, then every checkpoint up to
+      medium, in training order), each acting stochastically;
     * mixed: the first half of the seeds with medium, the second half with expert;
     * random: uniform over available actions.
 
