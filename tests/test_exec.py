@@ -82,7 +82,7 @@ def test_jobs_isolate_failures_and_log_per_run(sweep):
         status = json.loads((run_dir / "status.json").read_text())
         if "/cfcql/" in str(run_dir):
             assert status["status"] == "failed" and "TypeError" in status["error"]
-            assert "Traceback" in status["traceback"] and "cfcql.py" in status["traceback"]
+            assert "Traceback" in status["traceback"] and "_train_and_evaluate" in status["traceback"]
             assert "failed: TypeError" in log
         else:
             assert status["status"] == "done" and "done bc" in log
