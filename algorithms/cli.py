@@ -12,7 +12,9 @@ import click
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--threads", default=2, show_default=True, help="torch.set_num_threads")
 @click.option("--device", default="cpu", show_default=True)
-def bench_speed(algos, tasks, tier, rounds, threads, device) -> None:
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="cpu = this process's CPU time (stable on a shared machine; use with --threads 1).")
+def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone. Prints the load average:
     on a shared machine compare numbers taken in the same minute only."""
@@ -28,14 +30,14 @@ def bench_speed(algos, tasks, tier, rounds, threads, device) -> None:
     import os
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    click.echo(f"# torch threads {threads}, device {device}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    click.echo(f"# torch threads {threads}, device {device}, clock {clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     click.echo(f"{'algo':<12} {'task':<12} {'batch':>6} {'ms/round':>9} {'rounds/s':>9} {'target ms':>9}")
     for task_id in tasks:
         spec = get_task(task_id).spec
         for name in names:
             cls = get_algorithm(name)
             overrides = cls.task_overrides(spec, tier)
-            t = time_update_rounds(name, spec, overrides, rounds=rounds, device=device)
+            t = time_update_rounds(name, spec, overrides, rounds=rounds, device=device, clock=clock)
             batch = overrides.get("batch_size", cls.Config().batch_size)
             tgt = f"{t['target_median_ms']:>9.2f}" if "target_median_ms" in t else f"{'-':>9}"
             click.echo(f"{name:<12} {task_id:<12} {batch:>6} {t['median_ms']:>9.1f} "
@@ -46,7 +48,7 @@ def bench_speed(algos, tasks, tier, rounds, threads, device) -> None:
 
             pair = ["plcql", "spacql"]
             inter = time_interleaved(pair, spec, {a: get_algorithm(a).task_overrides(spec, tier) for a in pair},
-                                     rounds=rounds, device=device)
+                                     rounds=rounds, device=device, clock=clock)
             p, s = results[("plcql", task_id)], results[("spacql", task_id)]
             click.echo(f"# {task_id} (n={spec.n_agents}), interleaved rounds: PLCQL {inter['plcql']:.1f} ms, "
                        f"SPaCQL {inter['spacql']:.1f} ms, ratio {inter['plcql'] / inter['spacql']:.3f}")

@@ -83,8 +83,8 @@ class PLCQL(CFCQL):
             raise ValueError(f"fixed_k must be None, 'n' or an int in 1..{n}; got {fk!r}")
 
     def _build_extra_optimisers(self) -> None:
-        self.par_opt = torch.optim.Adam(self.par_policy.parameters(), lr=self.cfg.par_lr)
-        self.value_opt = torch.optim.Adam(self.par_value.parameters(), lr=self.cfg.value_lr)
+        self.par_opt = torch.optim.Adam(self.par_policy.parameters(), lr=self.cfg.par_lr, foreach=True)
+        self.value_opt = torch.optim.Adam(self.par_value.parameters(), lr=self.cfg.value_lr, foreach=True)
 
     def modules(self) -> dict[str, nn.Module]:
         return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
@@ -157,7 +157,7 @@ class PLCQL(CFCQL):
             self.value_opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.par_value.parameters(), self.cfg.par_grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.par_value.parameters(), self.cfg.par_grad_clip, foreach=True)
             self.value_opt.step()
         return float(loss.detach())
 
@@ -181,7 +181,7 @@ class PLCQL(CFCQL):
             self.par_opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.par_policy.parameters(), self.cfg.par_grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.par_policy.parameters(), self.cfg.par_grad_clip, foreach=True)
             self.par_opt.step()
             with torch.no_grad():
                 stats = {"ppo/loss": float(loss), "ppo/entropy": float((entropy * m).sum() / denom),

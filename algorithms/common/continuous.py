@@ -368,8 +368,8 @@ class CentralCriticAlgorithm:
             m.to(self.device)
         hard_update_(self.target_actors, self.actors)
         hard_update_(self.target_critic, self.critic)
-        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
+        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr, foreach=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr, foreach=True)
         self._build_extra_optimisers()
         # Sampling RNG for everything random inside update() (noise, CQL samples, PAR draws).
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)

@@ -47,9 +47,13 @@ class SyntheticBuffer:
 
 def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any] | None = None,
                        rounds: int = 20, batch_size: int | None = None, warmup: int = 3,
-                       device: str = "cpu", seed: int = 0, buffer_size: int = 100_000) -> dict[str, float]:
+                       device: str = "cpu", seed: int = 0, buffer_size: int = 100_000,
+                       clock: str = "wall") -> dict[str, float]:
     """Build `algo_name` on `spec` with `overrides` (batch_size overrides the config's), run `warmup`
-    untimed rounds and then `rounds` timed rounds; returns median/mean/min/max ms per round."""
+    untimed rounds and then `rounds` timed rounds; returns median/mean/min/max ms per round.
+    clock="cpu" measures this process's CPU time instead of wall time: on a shared, oversubscribed
+    machine it is the stable number, and with 1 torch thread it equals the quiet-machine wall time."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
     cls = get_algorithm(algo_name)
     ov = dict(overrides or {})
     if batch_size is not None:
@@ -64,10 +68,10 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     sync()
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = timer()
         algo.update(buf)
         sync()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((timer() - t0) * 1e3)
     out = {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
            "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
     if hasattr(algo, "compute_target"):  # target construction alone (the PAR part that PLCQL cuts from n to 1)
@@ -75,16 +79,16 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
         tt = []
         for _ in range(max(rounds, 10)):
             batch = buf(bs)
-            t0 = time.perf_counter()
+            t0 = timer()
             algo.compute_target(batch)
             sync()
-            tt.append((time.perf_counter() - t0) * 1e3)
+            tt.append((timer() - t0) * 1e3)
         out["target_median_ms"] = statistics.median(tt)
     return out
 
 
 def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]], rounds: int = 20,
-                     warmup: int = 2, device: str = "cpu", seed: int = 0) -> dict[str, float]:
+                     warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall") -> dict[str, float]:
     """Median ms per round of several algorithms timed in alternation (round i of each, then round
     i + 1 ...), so that a shared machine's changing load hits all of them alike. Use it to compare."""
     algos, buf = {}, SyntheticBuffer(spec, 100_000, device, seed)
@@ -94,11 +98,12 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
         algos[name] = cls(spec, make_config(cls, dict(overrides.get(name, {}))), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {n: [] for n in names}
+    timer = time.process_time if clock == "cpu" else time.perf_counter
     for i in range(warmup + rounds):
         for name, algo in algos.items():
-            t0 = time.perf_counter()
+            t0 = timer()
             algo.update(buf)
             sync()
             if i >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1e3)
+                times[name].append((timer() - t0) * 1e3)
     return {n: statistics.median(v) for n, v in times.items()}
