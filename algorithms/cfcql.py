@@ -29,6 +29,7 @@ from plcql_bench.algorithms.common.continuous import (
     backbone_overrides,
     cf_cql_penalty,
     cql_alpha_override,
+    noisy_policy_samples,
     mean_metrics,
 )
 from plcql_bench.suite.spec import TaskSpec
@@ -53,6 +54,11 @@ class Config:
     n_sampled_actions: int = 10  # --num_sampled_actions 10 (uniform samples per agent)
     soft_q: bool = True  # subtract the uniform proposal's log-density (default, no --no_soft_q)
     lse_temp: float = 1.0  # --lse_temp 1.0
+    # HalfCheetah branch (task_overrides sets it there): which candidate sets agent i's CQL samples use:
+    # "random-current policy-next policy" flags, reference --sample_action_class (MPE branch = uniform only)
+    sample_action_class: str = "1-0-0"
+    cql_sample_noise: float = 0.2  # --cql_sample_noise_level 0.2 (policy-sample noise)
+    other_action_jitter: float = 0.0  # --beta_action_noise 1e-5 on the other agents' actions (HalfCheetah)
 
 
 @register
@@ -82,6 +88,24 @@ class CFCQL(CentralCriticAlgorithm):
         bench-speed to time target construction alone)."""
         return self.td_target(batch), {}
 
+    def policy_cql_samples(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Noisy current-policy (at o) and next-policy (at o') candidates for agent i's CQL samples,
+        per `sample_action_class` (flags: uniform-current-next); None when only uniform samples are used.
+        (The reference pairs the current-policy Q values with the next-policy samples' log-densities and
+        vice versa; both are densities of i.i.d. N(0, 0.2) draws, here each sample gets its own.)"""
+        flags = [c == "1" for c in self.cfg.sample_action_class.split("-")]
+        if not flags[0]:
+            raise ValueError("sample_action_class: the uniform samples are always used (first flag must be 1)")
+        sets = []
+        M, sig = self.cfg.n_sampled_actions, self.cfg.cql_sample_noise
+        if flags[1]:
+            sets.append(noisy_policy_samples(self.actors, batch.obs, M, sig, self.gen))
+        if len(flags) > 2 and flags[2]:
+            sets.append(noisy_policy_samples(self.actors, batch.next_obs, M, sig, self.gen))
+        if not sets:
+            return None
+        return torch.cat([a for a, _ in sets], 2), torch.cat([lp for _, lp in sets], 2)
+
     def critic_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """sum_j MSE(Q_j(s,a), y) + cql_alpha * sum_j pen_j. Shared by PLCQL."""
         B = batch.size
@@ -92,7 +116,9 @@ class CFCQL(CentralCriticAlgorithm):
         loss = td
         if self.cfg.cql_alpha > 0:
             pen, cst = cf_cql_penalty(self.critic, batch.state, batch.actions, q, self.cfg.n_sampled_actions,
-                                      self.gen, soft_q=self.cfg.soft_q, lse_temp=self.cfg.lse_temp)
+                                      self.gen, soft_q=self.cfg.soft_q, lse_temp=self.cfg.lse_temp,
+                                      extra=self.policy_cql_samples(batch),
+                                      other_jitter=self.cfg.other_action_jitter)
             pen = pen.sum()
             loss = loss + self.cfg.cql_alpha * pen
             stats.update(cst)

@@ -6,6 +6,8 @@ Reference: `thu-rllab/CFCQL` `continuous/main.py --cql --central_critic` without
 
     pen_j = mean_b [ logsumexp_m (Q_j(s, a^m) - nA log 0.5) - Q_j(s, a) ]
 
+HalfCheetah branch (`sample_action_class="1-1-1"`, set by task_overrides): the joint samples are
+uniform plus noisy current-policy and next-policy joint actions, each with its joint log-density.
 Everything else (twin centralised critic, targets with N(0, 0.05) smoothing, cf_pol actor, --ca_ratio 5
 rounds, backbone) is CFCQL's. The code has no separate MACQL alpha table (§4.2: NOT FOUND), so the
 CFCQL `cql_alpha` table is used (configs/cfcql.yaml).
@@ -44,9 +46,15 @@ class MACQL(CFCQL):
         if self.cfg.cql_alpha > 0:
             M = self.cfg.n_sampled_actions
             joint = torch.rand(B, M, nA, generator=self.gen, device=self.device) * 2 - 1
-            q_s = self.critic(batch.state, joint)  # [E, B, M], one call
+            logp = torch.full((B, M), nA * math.log(0.5), device=self.device)
+            extra = self.policy_cql_samples(batch)  # HalfCheetah branch: noisy current/next joint policy actions
+            if extra is not None:
+                pa, plp = extra  # [B, n, M', A], [B, n, M']
+                joint = torch.cat([joint, pa.transpose(1, 2).reshape(B, pa.shape[2], nA)], 1)
+                logp = torch.cat([logp, plp.sum(1)], 1)  # joint density = product over agents
+            q_s = self.critic(batch.state, joint)  # [E, B, M_total], one call
             if self.cfg.soft_q:
-                q_s = q_s - nA * math.log(0.5)
+                q_s = q_s - logp
             lse = torch.logsumexp(q_s / self.cfg.lse_temp, dim=-1) * self.cfg.lse_temp
             pen = (lse - q).mean(-1).sum()
             loss = loss + self.cfg.cql_alpha * pen

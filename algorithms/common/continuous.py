@@ -54,7 +54,10 @@ def backbone_overrides(spec: TaskSpec) -> dict[str, Any]:
     gamma 0.99.
     """
     if spec.task_id.startswith("mamujoco"):
-        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99)
+        # HalfCheetah branch of maddpg_cc.py: uniform + noisy current- and next-policy samples
+        # (--sample_action_class 1-1-1, --cql_sample_noise_level 0.2, --beta_action_noise 1e-5)
+        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99, sample_action_class="1-1-1",
+                    other_action_jitter=1e-5)
     if spec.task_id.startswith("mpe"):
         return dict(hidden=64, batch_size=1024, lr=0.01 if spec.task_id == "mpe-cn" else 0.001,
                     tau=0.01, gamma=0.95)
@@ -304,25 +307,37 @@ def replace_agents(dataset: torch.Tensor, policy: torch.Tensor, mask: torch.Tens
 def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.Tensor,
                    q_data: torch.Tensor, n_samples: int, generator: torch.Generator,
                    weights: torch.Tensor | None = None, soft_q: bool = True,
-                   lse_temp: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Counterfactual CQL term of CFCQL (continuous, MPE branch of maddpg_cc.py):
+                   lse_temp: float = 1.0, extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   other_jitter: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Counterfactual CQL term of CFCQL (continuous, maddpg_cc.py):
 
-        pen_j = mean_b [ sum_i lambda_i * T * logsumexp_m( (Q_j(s, a_i^m, a_-i) - log p_unif) / T )
+        pen_j = mean_b [ sum_i lambda_i * T * logsumexp_m( (Q_j(s, a_i^m, a_-i) - log p(a_i^m)) / T )
                          - Q_j(s, a) ]
 
-    with a_i^m ~ U[-1, 1]^A (m = 1..n_samples), a_-i the dataset actions of the other agents,
-    log p_unif = A * log(1/2) subtracted when `soft_q` (reference default), lambda_i = 1/n unless
-    given. All n * n_samples counterfactual joint actions go through ONE critic call.
+    with a_i^m ~ U[-1, 1]^A (m = 1..n_samples; log p = A log 1/2, subtracted when `soft_q`, the reference
+    default), a_-i the dataset actions of the other agents, lambda_i = 1/n unless given (MPE branch).
+    HalfCheetah branch (`sample_action_class="1-1-1"`): `extra` = (candidates [B, n, M', A], their
+    log-densities [B, n, M']) are appended to agent i's uniform samples (noisy current- and next-policy
+    actions), and `other_jitter` > 0 adds U(-jitter, jitter) noise to the other agents' dataset actions.
+    All counterfactual joint actions go through ONE critic call.
 
     q_data [E, B]: the critic at the dataset joint action (from the TD loss). Returns the per-member
     penalty [E] and diagnostics.
     """
     B, n, A = actions.shape
-    samples = torch.rand(B, n, n_samples, A, generator=generator, device=actions.device) * 2 - 1
-    q_cf = critic(state, counterfactual_joint(actions, samples))  # [E, B, n * M]
-    q_cf = q_cf.view(q_cf.shape[0], B, n, n_samples)
+    own = torch.rand(B, n, n_samples, A, generator=generator, device=actions.device) * 2 - 1
+    logp = torch.full((B, n, n_samples), A * math.log(0.5), device=actions.device)
+    if extra is not None:
+        own = torch.cat([own, extra[0]], 2)
+        logp = torch.cat([logp, extra[1]], 2)
+    others = actions
+    if other_jitter > 0:
+        others = actions + (torch.rand(actions.shape, generator=generator, device=actions.device) * 2 - 1) * other_jitter
+    M = own.shape[2]
+    q_cf = critic(state, counterfactual_joint(others, own))  # [E, B, n * M]
+    q_cf = q_cf.view(q_cf.shape[0], B, n, M)
     if soft_q:
-        q_cf = q_cf + A * math.log(2.0)  # - log density of U[-1,1]^A
+        q_cf = q_cf - logp  # - log density of the proposal
     lse = torch.logsumexp(q_cf / lse_temp, dim=-1) * lse_temp  # [E, B, n]
     if weights is None:
         pol = lse.mean(-1)
@@ -330,6 +345,19 @@ def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.T
         pol = (lse * weights).sum(-1)
     pen = (pol - q_data).mean(-1)  # [E]
     return pen, {"cql/lse_q": pol.detach().mean(), "cql/raw_cf_q": q_cf.detach().mean()}
+
+
+def noisy_policy_samples(actors: "Actors", obs: torch.Tensor, n_samples: int, sigma: float,
+                         generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's `get_policy_actions`: pi_i(o_i) + N(0, sigma) per sample, clipped to [-1, 1];
+    log-density = sum over action dims of log N(noise; 0, sigma) (of the unclipped noise).
+    obs [B, n, o] -> actions [B, n, M, A], log-densities [B, n, M]. No gradient (the reference's policy
+    gradients from the critic loss are discarded)."""
+    with torch.no_grad():
+        a = actors(obs)  # [B, n, A]
+        noise = torch.randn(*a.shape[:2], n_samples, a.shape[-1], generator=generator, device=a.device) * sigma
+        logp = (-0.5 * (noise / sigma) ** 2 - math.log(sigma * math.sqrt(2 * math.pi))).sum(-1)
+        return (a.unsqueeze(2) + noise).clamp(-1.0, 1.0), logp
 
 
 # --------------------------------------------------------------------------------------------
