@@ -51,6 +51,12 @@ class Config:
     omar_num_elites: int = 5  # --omar_num_elites (CEM only)
     omar_mu: float = 0.0  # --omar_mu 0.
     omar_sigma: float = 2.0  # --omar_sigma 2.0
+    # HalfCheetah branch of the CQL term (task_overrides sets it): + 10 noisy current-policy and 10 noisy
+    # next-policy actions (N(0, 0.2)), each "corrected" by cql_policy_density
+    cql_policy_samples: bool = False
+    cql_sample_noise: float = 0.2  # --cql_sample_noise_level 0.2
+    cql_policy_density: str = "pdf"  # reference: subtracts the noise's density itself ("pdf", its
+    #                                  `random_noises_log_pi` is calc_gaussian_pdf, not its log); "log" = log-density
 
 
 @register
@@ -63,7 +69,8 @@ class OMAR(IndependentBase):
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
         out = omar_backbone(spec)
         if spec.task_id.startswith("mamujoco"):
-            out.update(omar_mode="cem", omar_iters=2, omar_num_samples=20, omar_num_elites=5)
+            out.update(omar_mode="cem", omar_iters=2, omar_num_samples=20, omar_num_elites=5,
+                       cql_policy_samples=True)
         out.update(tier_table("omar", spec, tier))
         return out
 
@@ -76,8 +83,20 @@ class OMAR(IndependentBase):
         td = (q - y).pow(2).mean(1).sum()  # sum over twins and agents of each agent's MSE
         B, n, M, A = b.size, self.n, c.n_sampled_actions, self.A
         samples = torch.rand(B, M, n, A, generator=self.gen, device=self.device) * 2 - 1
-        q_s = self.critic(b.obs.unsqueeze(1).expand(B, M, n, -1), samples)  # [T, B, M, n]
-        lse = torch.logsumexp((q_s - A * math.log(0.5)) / c.lse_temp, dim=2) * c.lse_temp  # [T, B, n]
+        corr = torch.full((B, M, n), A * math.log(0.5), device=self.device)
+        if c.cql_policy_samples:  # HalfCheetah branch: policy actions at o and at o', evaluated at o
+            with torch.no_grad():
+                pol = torch.stack([self.actors(b.obs), self.actors(b.next_obs)], 1)  # [B, 2, n, A]
+                noise = torch.randn(B, 2, M, n, A, generator=self.gen, device=self.device) * c.cql_sample_noise
+                logpdf = (-0.5 * (noise / c.cql_sample_noise) ** 2
+                          - math.log(c.cql_sample_noise * math.sqrt(2 * math.pi))).sum(-1)  # [B, 2, M, n]
+                dens = logpdf.exp() if c.cql_policy_density == "pdf" else logpdf
+                pol_s = (pol.unsqueeze(2) + noise).clamp(-1, 1).reshape(B, 2 * M, n, A)
+            samples = torch.cat([samples, pol_s], 1)
+            corr = torch.cat([corr, dens.reshape(B, 2 * M, n)], 1)
+        Mt = samples.shape[1]
+        q_s = self.critic(b.obs.unsqueeze(1).expand(B, Mt, n, -1), samples)  # [T, B, Mt, n]
+        lse = torch.logsumexp((q_s - corr) / c.lse_temp, dim=2) * c.lse_temp  # [T, B, n]
         pen = (lse - q).mean(1).sum()
         loss = td + c.cql_alpha * pen
         return loss, {"critic/td_loss": float(td.detach()), "cql/penalty": float(pen.detach()),
