@@ -26,6 +26,9 @@ timeit() {  # label, then the `all` arguments
 
 echo "8 smoke runs on $(nproc) cores, $(date -u +%FT%TZ)"
 timeit jobs1 --jobs 1
+# The same, with one torch thread (what each of the 2 parallel jobs gets): separates the gain of
+# running 2 at once from the cost of 2-thread intra-op parallelism on a busy machine.
+OMP_NUM_THREADS=1 timeit jobs1-1thr --jobs 1
 timeit jobs2 --jobs 2
 if "$BIN/python" -c "import ray" 2>/dev/null; then
   timeit ray2 --executor ray --jobs 2
