@@ -129,15 +129,18 @@ def _concat_episodes(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
 
 
 def _from_replay(behaviour: Behaviour, episodes: int) -> dict[str, np.ndarray]:
-    """The first `episodes` episodes of a MATD3 training replay (up to the medium checkpoint)."""
+    """`episodes` episodes of a MATD3 training replay up to the medium checkpoint: all of them
+    when the profile asks for at least that many (paper), else evenly spaced ones (smoke)."""
     from plcql_bench.datasets.importers import _episode_next_actions
 
     rep = behaviour.replay
-    n_eps = min(int(episodes), int(rep["episodes"]))
+    total = int(rep["episodes"])
+    chosen = np.unique(np.linspace(0, total - 1, min(int(episodes), total)).round().astype(np.int64))
     with np.load(rep["file"]) as z:
         ids = z["episode_ids"]
-        keep = ids < n_eps
+        keep = np.isin(ids, chosen)
         arrays = {k: z[k][keep] for k in z.files if k != "env_step"}
+    arrays["episode_ids"] = np.searchsorted(chosen, arrays["episode_ids"]).astype(np.int64)
     n = len(arrays["rewards"])
     last = np.zeros(n, bool)
     last[np.flatnonzero(np.diff(arrays["episode_ids"]))] = True
