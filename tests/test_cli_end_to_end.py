@@ -27,6 +27,7 @@ matrix:
   tasks: [mpe-cn]
   tiers: [expert, random]
   seeds: [0, 1]
+algo_overrides: {batch_size: 128}
 """
 
 
