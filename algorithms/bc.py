@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
 
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.continuous import Actors
+from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
 from plcql_bench.suite.spec import TaskSpec
 
@@ -30,7 +31,7 @@ class Config:
 
 
 @register
-class BC:
+class BC(Checkpointable, DeterministicActors):
     name = "bc"
     Config = Config
     discrete = False
@@ -53,6 +54,12 @@ class BC:
         self.opt = torch.optim.Adam(self.actors.parameters(), lr=config.lr)
         self.rounds = 0
 
+    def modules(self) -> dict[str, nn.Module]:
+        return {"actors": self.actors}
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"opt": self.opt}
+
     def update(self, sample: BatchSampler) -> dict[str, float]:
         """One round = one gradient step on a fresh batch."""
         batch = sample(self.cfg.batch_size)
@@ -66,20 +73,3 @@ class BC:
         self.opt.step()
         self.rounds += 1
         return {"bc/mse": float(per_agent.detach().mean())}
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
-        self.actors.eval()
-        try:
-            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
-        finally:
-            self.actors.train()
-        return a.cpu().numpy().astype(np.float32)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"actors": self.actors.state_dict(), "opt": self.opt.state_dict(), "rounds": self.rounds}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actors.load_state_dict(state["actors"])
-        self.opt.load_state_dict(state["opt"])
-        self.rounds = int(state["rounds"])

@@ -34,6 +34,7 @@ from torch import nn
 from plcql_bench.algorithms.base import BatchSampler, register, register_variant
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndepCritics, clip_grad_norm_agents_
+from plcql_bench.algorithms.common.protocol import Checkpointable
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
 from plcql_bench.suite.spec import TaskSpec
 
@@ -122,7 +123,7 @@ class DiffusionActors(nn.Module):
 
 
 @register
-class DoF:
+class DoF(Checkpointable):
     name = "dof"
     Config = Config
     discrete = False
@@ -157,6 +158,12 @@ class DoF:
 
     def modules(self) -> dict[str, nn.Module]:
         return {"actors": self.actors, "ema": self.ema, "critic": self.critic, "target_critic": self.target_critic}
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"gen": self.gen, "act_gen": self.act_gen}
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)
@@ -206,22 +213,6 @@ class DoF:
         (saved in state_dict) so evaluation never touches the training RNG."""
         o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
         return self.ema.sample(o, self.act_gen).cpu().numpy().astype(np.float32)
-
-    def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
-        sd.update(actor_opt=self.actor_opt.state_dict(), critic_opt=self.critic_opt.state_dict(),
-                  gen=self.gen.get_state(), act_gen=self.act_gen.get_state(), rounds=self.rounds)
-        return sd
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.gen.set_state(state["gen"])
-        self.act_gen.set_state(state["act_gen"])
-        self.rounds = int(state["rounds"])
-
 
 register_variant(DoF, "dof-qgrad", "DoF-Policy with gradient-carrying Q-guidance (Diffusion-QL objective).",
                  q_guidance_grad=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -31,6 +30,7 @@ from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.independent import IndepCritics, omar_backbone
+from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 from plcql_bench.suite.spec import TaskSpec
 
@@ -71,7 +71,7 @@ class QMixer(nn.Module):
 
 
 @register
-class MAICQ:
+class MAICQ(Checkpointable, DeterministicActors):
     name = "maicq"
     Config = Config
     discrete = False
@@ -109,6 +109,9 @@ class MAICQ:
         return {"actors": self.actors, "critic": self.critic, "target_critic": self.target_critic,
                 "mixer": self.mixer, "target_mixer": self.target_mixer}
 
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)
         B = b.size
@@ -141,24 +144,3 @@ class MAICQ:
         return {"critic/td_loss": float(td.detach()), "critic/q_tot": float(q_tot.detach().mean()),
                 "actor/loss": float(a_loss.detach()), "maicq/adv": float(adv.mean()),
                 "maicq/w_q_max": float(w.max()), "maicq/w_pi_max": float(wa.max())}
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
-        self.actors.eval()
-        try:
-            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
-        finally:
-            self.actors.train()
-        return a.clamp(-1, 1).cpu().numpy().astype(np.float32)
-
-    def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
-        sd.update(actor_opt=self.actor_opt.state_dict(), critic_opt=self.critic_opt.state_dict(), rounds=self.rounds)
-        return sd
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.rounds = int(state["rounds"])

@@ -310,7 +310,7 @@ class Trainer:
         """One episode in each of the B envs, appended episode-major to the replay."""
         from plcql_bench.suite import protocol
 
-        b, T = self.b.num_envs, self.spec.episode_limit
+        b = self.b.num_envs
         seeds = protocol.collection_seeds(self.seed, 9, self.episodes, b) + 50_000_000
         env = self._env
         step = env.reset(seeds)
@@ -424,7 +424,7 @@ class Trainer:
             f.write(json.dumps(meta) + "\n")
 
     def save_replay(self) -> None:
-        n, T = self.size, self.spec.episode_limit
+        n = self.size
         arrays = {k: v[:n] for k, v in self.replay.items()}
         ends = (arrays["terminals"] | arrays["timeouts"]).astype(bool)
         arrays["episode_ids"] = np.concatenate([[0], np.cumsum(ends)[:-1]]).astype(np.int64)

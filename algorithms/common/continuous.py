@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import Batch
+from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import (
     StackedInputNorm,
     StackedLinear,
@@ -365,7 +366,7 @@ def noisy_policy_samples(actors: "Actors", obs: torch.Tensor, n_samples: int, si
 # --------------------------------------------------------------------------------------------
 
 
-class CentralCriticAlgorithm:
+class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
     """Holds actors, target actors, critic ensemble, target critic, optimisers and an RNG.
 
     Subclasses implement `_critic_loss(batch, with_stats)` (target + penalty) and `update()`.
@@ -459,33 +460,6 @@ class CentralCriticAlgorithm:
         polyak_(self.target_actors, self.actors, self.cfg.tau)
 
     # protocol ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
-        was_training = self.actors.training
-        self.actors.eval()  # input BatchNorm uses running statistics, as the reference's prep_rollouts
-        try:
-            o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
-            a = self.actors(o)
-        finally:
-            self.actors.train(was_training)
-        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
-
-    def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
-        sd.update({k: o.state_dict() for k, o in self.optimisers().items()})
-        sd["gen"] = self.gen.get_state()
-        sd["rounds"] = self.rounds
-        return sd
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        for k, o in self.optimisers().items():
-            o.load_state_dict(state[k])
-        self.gen.set_state(state["gen"])
-        self.rounds = int(state["rounds"])
-
-
 def mean_metrics(ms: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for m in ms for k in m}
     return {k: float(np.mean([m[k] for m in ms if k in m])) for k in sorted(keys)}

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
+from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
 from plcql_bench.suite.spec import TaskSpec
 
@@ -52,7 +52,7 @@ class IndepCritics(nn.Module):
         return q.reshape(self.T, *lead, self.n)
 
 
-class IndependentBase:
+class IndependentBase(Checkpointable, DeterministicActors):
     """Actors (+ targets), stacked independent critics (+ targets), Adams, sampling RNG, protocol."""
 
     name = "independent"
@@ -120,31 +120,6 @@ class IndependentBase:
         polyak_(self.target_actors, self.actors, self.cfg.tau)
 
     # protocol -----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
-        self.actors.eval()
-        try:
-            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
-        finally:
-            self.actors.train()
-        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
-
-    def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
-        sd.update({k: o.state_dict() for k, o in self.optimisers().items()})
-        sd["gen"] = self.gen.get_state()
-        sd["rounds"] = self.rounds
-        return sd
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        for k, o in self.optimisers().items():
-            o.load_state_dict(state[k])
-        self.gen.set_state(state["gen"])
-        self.rounds = int(state["rounds"])
-
-
 def clip_grad_norm_agents_(params: list[nn.Parameter], max_norm: float, n_twins: int, n_agents: int) -> torch.Tensor:
     """Clip per agent over all its twins (member t * n + i belongs to agent i), as the reference's
     clip_grad_norm_(agent_i.critic.parameters()) on a twin critic."""

@@ -1,0 +1,59 @@
+"""Protocol pieces every algorithm shares: checkpoint state and deterministic actor actions.
+
+An algorithm lists its networks in `modules()`, its optimisers in `optimisers()` and its private
+random generators in `generators()`; `state_dict()` / `load_state_dict()` then cover all of them
+plus the round counter, which is what bitwise resume needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class Checkpointable:
+    rounds: int
+
+    def modules(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {}
+
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"gen": self.gen} if hasattr(self, "gen") else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        sd: dict[str, Any] = {k: m.state_dict() for k, m in self.modules().items()}
+        sd.update({k: o.state_dict() for k, o in self.optimisers().items()})
+        sd.update({k: g.get_state() for k, g in self.generators().items()})
+        sd["rounds"] = self.rounds
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, m in self.modules().items():
+            m.load_state_dict(state[k])
+        for k, o in self.optimisers().items():
+            o.load_state_dict(state[k])
+        for k, g in self.generators().items():
+            g.set_state(state[k])
+        self.rounds = int(state["rounds"])
+
+
+class DeterministicActors:
+    """`act()` for algorithms with stacked deterministic tanh actors in `self.actors`."""
+
+    actors: nn.Module
+    device: torch.device
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        was_training = self.actors.training
+        self.actors.eval()  # input BatchNorm uses running statistics, as the references' rollouts
+        try:
+            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
+        finally:
+            self.actors.train(was_training)
+        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
