@@ -13,15 +13,12 @@ backbone with the deterministic tanh actor (so the policy expectation is Q at pi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
-from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
+from plcql_bench.algorithms.common.independent import IndependentBase
 from plcql_bench.algorithms.iql import polyak_critic_only
-from plcql_bench.suite.spec import TaskSpec
 
 
 @dataclass
@@ -42,12 +39,6 @@ class AWAC(IndependentBase):
     name = "awac"
     Config = Config
     discrete = False
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        bb = omar_backbone(spec)
-        out = {k: bb[k] for k in ("hidden", "batch_size", "gamma") if k in bb}
-        return {**out, **tier_table("awac", spec, tier)}
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)

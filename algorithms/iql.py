@@ -15,14 +15,11 @@ log-likelihood becomes an advantage-weighted squared error (a Gaussian with fixe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
-from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.algorithms.common.independent import IndependentBase
 
 
 @dataclass
@@ -45,12 +42,6 @@ class IQL(IndependentBase):
     Config = Config
     discrete = False
     use_value = True
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        bb = omar_backbone(spec)
-        out = {k: bb[k] for k in ("hidden", "batch_size", "gamma") if k in bb}
-        return {**out, **tier_table("iql", spec, tier)}
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)

@@ -12,14 +12,11 @@ with the normaliser detached. Critic: OMAR's independent twin TD3 critic (no CQL
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
-from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.algorithms.common.independent import IndependentBase
 
 
 @dataclass
@@ -39,10 +36,7 @@ class MATD3BC(IndependentBase):
     name = "matd3bc"
     Config = Config
     discrete = False
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return {**omar_backbone(spec), **tier_table("matd3bc", spec, tier)}
+    backbone_keys = None  # hidden, batch, gamma and the backbone learning rates
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)

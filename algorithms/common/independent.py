@@ -11,11 +11,12 @@ The reference updates each agent on its own fresh batch; here all agents share t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
@@ -60,6 +61,16 @@ class IndependentBase(Checkpointable, DeterministicActors):
     n_twins = 2
     use_value = False  # IQL: an extra V_i(o_i)
     use_target_actors = True
+
+    # Keys taken from OMAR's per-domain backbone settings (None = all of them); the rest of an
+    # algorithm's config comes from its own table in algorithms/configs/<name>.yaml.
+    backbone_keys: ClassVar[tuple[str, ...] | None] = ("hidden", "batch_size", "gamma")
+
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        bb = omar_backbone(spec)
+        keys = bb if cls.backbone_keys is None else cls.backbone_keys
+        return {**{k: bb[k] for k in keys if k in bb}, **tier_table(cls.name, spec, tier)}
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
         if spec.discrete:
