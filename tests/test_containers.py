@@ -65,7 +65,7 @@ def test_labels_are_copied_into_env(variant):
 
 def test_variant_specifics():
     cpu, cuda, sc2 = (_dockerfile(v) for v in VARIANTS)
-    assert '"torch==${TORCH_VERSION}"' in cpu and "whl/cpu" in cpu
+    assert '"torch==${TORCH_VERSION}"' in cpu and "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in cpu
     assert cpu.index("torch==") < cpu.index('pip install ".[mpe]"'), "torch must be installed first"
     assert "whl/cu" in cuda and "NVIDIA_VISIBLE_DEVICES=all" in cuda
     assert "SC2PATH=" in sc2 and "sha256sum -c" in sc2 and "SC2.4.10.zip" in sc2
