@@ -9,11 +9,16 @@
   ``PRNGKey(seeds[b])`` exactly as ``SmaxEnv.reset`` does, and its policy key is
   ``fold_in(PRNGKey(seeds[b]), POLICY_STREAM)``, so the output is a deterministic function of
   (task, policy, params, seeds) on a given jax version and device.
-* ``batch`` env slots run in jitted scans of ``chunk`` steps. Slot b plays the episodes of seeds
-  b, b+batch, b+2·batch, ...: when its episode ends it restarts at once on its next seed, so no
-  slot idles waiting for long episodes. A slot with no seed left is frozen (see
-  suite/envs/smax.py) and its rows are dropped with a mask; rows are then grouped by episode.
-  Results do not depend on ``batch`` or ``chunk``.
+* ``batch`` env slots run in jitted scans of ``chunk`` steps that only step (no reset inside
+  the scan). Between chunks the host looks at which slots are done and restarts them on the next
+  seeds of the queue (one batched reset per chunk, not one per slot and step), so a finished slot
+  idles at most ``chunk`` - 1 steps. Once no seed is left, the batch shrinks to the running slots
+  (powers of two, at least ``min_batch``), so the tail of long episodes does not pay for the
+  whole batch; each slot count compiles once per (map, policy). Frozen slots' rows are dropped
+  with a mask; rows are then grouped by episode. Which slot plays an episode does not change
+  its random streams; the floats can differ in the last bits between batch sizes (XLA
+  vectorises differently), which the chaotic battle may amplify, so a dataset is reproducible
+  for a given (seeds, batch, chunk).
 * ``next_actions`` is the policy's action at the next observation, including the final next obs
   of each episode, so ``next_actions_valid`` is 1 everywhere. ``terminals``/``timeouts`` are kept
   apart (terminal = battle over; timeout = the SMAC episode limit).
@@ -53,60 +58,67 @@ def random_policy(params, obs, avail, key):
 
 @cache
 def _runner(map_name: str, policy: PolicyFn, chunk: int):
-    """Jitted (init, advance, first_obs) for a batch of env slots.
+    """Jitted (start, refill, advance, take) over a batch of env slots (the batch size is taken
+    from the arguments, so each slot count compiles once).
 
-    Each of the B slots plays the episodes of one row of a seed-position table [B, K]
-    (position -1 = none); when an episode ends, the slot restarts at once on its next seed, so
-    no slot idles while others finish long episodes."""
+    * ``start(params, seeds[B])``: fresh slots, plus their first observations;
+    * ``refill(params, c, seeds[B], mask[B])``: slots with ``mask`` restart on their seed (the
+      reset is computed once per chunk, not at every step);
+    * ``advance(params, c)``: ``chunk`` steps of every slot; a finished slot stays frozen and its
+      rows come back with ``valid`` = 0;
+    * ``take(c, idx)``: keep the slots ``idx`` (to shrink the batch once no seed is left)."""
     import jax
     import jax.numpy as jnp
 
     core = smax_env._core(map_name)
 
-    def start(params, seed):
+    def start_one(params, seed):
         base = jax.random.PRNGKey(seed)
         carry = core.reset(base)
         pkey, k = jax.random.split(jax.random.fold_in(base, POLICY_STREAM))
         a0 = policy(params, carry.last.obs, carry.last.avail, k).astype(jnp.int32)
         return carry, a0, pkey
 
-    def init_one(params, seeds, row):
-        pos = row[0]
-        carry, a0, pkey = start(params, seeds[jnp.maximum(pos, 0)])
-        carry = carry._replace(done=pos < 0)
-        return (carry, a0, pkey, jnp.int32(0))
+    start_b = jax.vmap(start_one, in_axes=(None, 0))
+    step_b = jax.vmap(core.step)
+    policy_b = jax.vmap(policy, in_axes=(None, 0, 0, 0))
 
-    def advance_one(params, seeds, row, c):
+    def start(params, seeds):
+        c = start_b(params, seeds)
+        return c, c[0].last
+
+    def refill(params, c, seeds, mask):
+        fresh = start_b(params, seeds)
+        sel = lambda u, v: jnp.where(mask.reshape(mask.shape + (1,) * (u.ndim - 1)), u, v)  # noqa: E731
+        return jax.tree.map(sel, fresh, c), fresh[0].last
+
+    def advance(params, c):
         def body(c, _):
-            carry, a, pkey, k = c
-            carry2, out = core.step(carry, a)
-            pkey, kk = jax.random.split(pkey)
-            a_fin = policy(params, out.next.obs, out.next.avail, kk).astype(jnp.int32)
-            ended = carry2.done & out.valid
-            ys = (row[k], a, a_fin, out.next.obs, out.next.state, out.next.avail, out.reward,
+            carry, a, pkey = c
+            carry2, out = step_b(carry, a)
+            ks = jax.vmap(jax.random.split)(pkey)
+            pkey, kk = ks[:, 0], ks[:, 1]
+            a_fin = policy_b(params, out.next.obs, out.next.avail, kk).astype(jnp.int32)
+            ys = (a, a_fin, out.next.obs, out.next.state, out.next.avail, out.reward,
                   out.terminal & out.valid, out.timeout & out.valid, out.won & out.valid,
                   out.valid)
-            k2 = jnp.where(ended, k + 1, k)
-            nxt = row[jnp.minimum(k2, row.shape[0] - 1)]
-            do_reset = ended & (k2 < row.shape[0]) & (nxt >= 0)
-            fresh, a0, pkey0 = start(params, seeds[jnp.maximum(nxt, 0)])
-            sel = lambda x, y: jax.tree.map(lambda u, v: jnp.where(do_reset, u, v), x, y)  # noqa: E731
-            c = (sel(fresh, carry2), jnp.where(do_reset, a0, a_fin), sel(pkey0, pkey), k2)
-            return c, ys
+            return (carry2, a_fin, pkey), ys
 
         return jax.lax.scan(body, c, None, length=chunk)
 
-    def first_obs(seed):
-        return core.reset(jax.random.PRNGKey(seed)).last
+    def take(c, idx):
+        return jax.tree.map(lambda x: x[idx], c)
 
-    init = jax.jit(jax.vmap(init_one, in_axes=(None, None, 0)))
-    advance = jax.jit(jax.vmap(advance_one, in_axes=(None, None, 0, 0)))
-    return init, advance, jax.jit(jax.vmap(first_obs))
+    return jax.jit(start), jax.jit(refill), jax.jit(advance), jax.jit(take)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int = 256,
-                 chunk: int = 16, log: Callable[[str], None] | None = None
-                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                 chunk: int = 4, log: Callable[[str], None] | None = None,
+                 min_batch: int = 16) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Collect one episode per seed; returns (format-v1 arrays, meta). See the module docstring."""
     import jax
 
@@ -117,31 +129,56 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
         raise ValueError("no seeds")
     if (seeds < 0).any() or (seeds >= 2**32).any():
         raise ValueError("SMAX seeds must be in [0, 2**32)")
+    seeds32 = seeds.astype(np.uint32)
     b = int(min(batch, n_ep))
-    k = -(-n_ep // b)
-    k_pad = 1 << (k - 1).bit_length()  # power of two: few distinct compiled shapes
-    table = np.arange(k_pad)[None, :] * b + np.arange(b)[:, None]
-    table = np.where(table < n_ep, table, -1).astype(np.int32)
-    # seeds padded to the table size so their shape is a function of (b, k_pad) only
-    seeds_pad = np.zeros(b * k_pad, np.uint32)
-    seeds_pad[:n_ep] = seeds
-    init, advance, first_obs = _runner(map_name, policy, chunk)
+    start, refill, advance, take = _runner(map_name, policy, int(chunk))
+    limit = smax_env.EPISODE_LIMITS[map_name]
 
     t0, c0 = time.perf_counter(), time.process_time()
-    c = init(params, seeds_pad, table)
-    parts, t, max_t = [], 0, (k + 1) * smax_env.EPISODE_LIMITS[map_name]
-    while t < max_t:
-        c, ys = advance(params, seeds_pad, table, c)
-        parts.append(jax.device_get(ys))
-        t += chunk
-        if bool(np.asarray(c[0].done).all()):
-            break
-        if log is not None and len(parts) % 50 == 0:
-            log(f"{task_id}: {t} slot steps")
-    ys = [np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0]))]
-    valid = ys[-1].astype(bool)
-    pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step = (y[valid] for y in ys[:-1])
-    order = np.argsort(pos, kind="stable")  # rows of one slot are in time order
+    c, first = start(params, seeds32[:b])
+    slot_ep = np.arange(b, dtype=np.int64)  # episode played by each slot (-1: none)
+    first_parts = [(slot_ep.copy(), jax.device_get(first))]
+    nxt = b  # next episode to start
+    active = np.ones(b, bool)  # slot's episode still running
+    parts, n_chunks = [], 0
+    max_chunks = (-(-n_ep // b) + 2) * (limit // chunk + 2)
+    while active.any():
+        c, ys = advance(params, c)
+        ys = jax.device_get(ys)
+        valid = ys[-1]  # [chunk, B]
+        tt, bb = np.nonzero(valid)  # time-major: rows of a slot in time order
+        parts.append((slot_ep[bb],) + tuple(y[tt, bb] for y in ys[:-1]))
+        n_chunks += 1
+        if n_chunks > max_chunks:
+            raise RuntimeError("collection ended before every episode finished")
+        active = ~np.asarray(c[0].done)
+        free = np.flatnonzero(~active)
+        if nxt < n_ep and len(free):
+            use = free[: n_ep - nxt]
+            eps = np.arange(nxt, nxt + len(use))
+            nxt += len(use)
+            mask = np.zeros(len(slot_ep), bool)
+            mask[use] = True
+            new_seeds = np.zeros(len(slot_ep), np.uint32)
+            new_seeds[use] = seeds32[eps]
+            c, first = refill(params, c, new_seeds, mask)
+            slot_ep[use] = eps
+            first = jax.device_get(first)
+            first_parts.append((eps, jax.tree.map(lambda x: x[use], first)))
+            active[use] = True
+        elif nxt >= n_ep:
+            # no seed left: shrink the batch to the running slots (powers of two)
+            size = max(min_batch, _pow2_at_least(active.sum()))
+            if size < len(slot_ep) and active.any():
+                keep = np.flatnonzero(active)
+                idx = np.concatenate([keep, np.flatnonzero(~active)[: size - len(keep)]])
+                c = take(c, idx)
+                slot_ep, active = slot_ep[idx], active[idx]
+        if log is not None and n_chunks % 50 == 0:
+            log(f"{task_id}: {nxt}/{n_ep} episodes started, {n_chunks} chunks")
+    pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step = (
+        np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
+    order = np.argsort(pos, kind="stable")  # rows of one episode are in time order
     pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step = (
         x[order] for x in (pos, a, a_fin, nobs, nstate, navail, rew, term, tout, won_step))
     lengths = np.bincount(pos, minlength=n_ep).astype(np.int64)
@@ -150,7 +187,10 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
     n = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
     steps = np.arange(n) - np.repeat(starts, lengths)
-    first = jax.device_get(first_obs(seeds.astype(np.uint32)))
+    ep_first = np.concatenate([e for e, _ in first_parts])
+    f_order = np.argsort(ep_first, kind="stable")
+    first = smax_env.Obs(*(np.concatenate([np.asarray(f[i]) for _, f in first_parts])[f_order]
+                           for i in range(3)))
 
     def shifted(nxt: np.ndarray, init_rows: np.ndarray) -> np.ndarray:
         cur = np.empty_like(nxt)
@@ -158,12 +198,11 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
         cur[starts] = init_rows
         return cur
 
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     arrays = {
-        "obs": shifted(nobs, np.asarray(first.obs)).astype(np.float32),
-        "state": shifted(nstate, np.asarray(first.state)).astype(np.float32),
+        "obs": shifted(nobs, first.obs).astype(np.float32),
+        "state": shifted(nstate, first.state).astype(np.float32),
         "actions": a.astype(np.int64),
-        "avail_actions": shifted(navail, np.asarray(first.avail)).astype(np.uint8),
+        "avail_actions": shifted(navail, first.avail).astype(np.uint8),
         "rewards": rew.astype(np.float32),
         "next_obs": nobs.astype(np.float32),
         "next_state": nstate.astype(np.float32),
@@ -175,6 +214,7 @@ def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int 
         "episode_ids": np.repeat(np.arange(n_ep, dtype=np.int64), lengths),
         "steps": steps.astype(np.int32),
     }
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     ends = starts + lengths - 1
     won = won_step[ends].astype(bool)
     returns = np.bincount(arrays["episode_ids"], weights=rew.astype(np.float64), minlength=n_ep)
@@ -246,7 +286,7 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
     raise ValueError(f"unknown SMAX tier {tier!r}")
 
 
-def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 16,
+def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 4,
           log=print) -> dict[str, dict[str, float]]:
     """Env-steps/s of random-policy collection per map (compile excluded: one warm-up batch)."""
     results = {}
@@ -277,7 +317,7 @@ def main(argv=None) -> None:
     p.add_argument("--maps", nargs="*", default=list(smax_env.MAPS))
     p.add_argument("--episodes", type=int, default=512)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--chunk", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=4)
     a = p.parse_args(argv)
     if not a.bench:
         p.error("nothing to do (use --bench)")
