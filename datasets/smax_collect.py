@@ -117,7 +117,7 @@ def _pow2_at_least(n: int) -> int:
 
 
 def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int = 256,
-                 chunk: int = 4, log: Callable[[str], None] | None = None,
+                 chunk: int = 2, log: Callable[[str], None] | None = None,
                  min_batch: int = 16) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Collect one episode per seed; returns (format-v1 arrays, meta). See the module docstring."""
     import jax
@@ -286,7 +286,7 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
     raise ValueError(f"unknown SMAX tier {tier!r}")
 
 
-def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 4,
+def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 2,
           log=print) -> dict[str, dict[str, float]]:
     """Env-steps/s of random-policy collection per map (compile excluded: one warm-up batch)."""
     results = {}
@@ -317,7 +317,7 @@ def main(argv=None) -> None:
     p.add_argument("--maps", nargs="*", default=list(smax_env.MAPS))
     p.add_argument("--episodes", type=int, default=512)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--chunk", type=int, default=4)
+    p.add_argument("--chunk", type=int, default=2)
     a = p.parse_args(argv)
     if not a.bench:
         p.error("nothing to do (use --bench)")
