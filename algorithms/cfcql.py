@@ -131,9 +131,10 @@ class CFCQL(CentralCriticAlgorithm):
         critic_ms, out = [], {}
         for u in range(self.cfg.ca_ratio):
             batch = sample(self.cfg.batch_size)
-            loss, stats = self.critic_loss(batch, self.td_target(batch))
+            target, tstats = self.compute_target(batch)
+            loss, stats = self.critic_loss(batch, target)
             gn = self.critic_step(loss)
-            m = {k: float(v) for k, v in stats.items()}
+            m = {k: float(v) for k, v in {**stats, **tstats}.items()}
             m["critic/grad_norm"] = gn
             critic_ms.append(m)
             if u == 0:

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from plcql_bench.algorithms.base import Batch, BatchSampler, register
+from plcql_bench.algorithms.base import Batch, register
 from plcql_bench.algorithms.cfcql import CFCQL
 from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
-from plcql_bench.algorithms.common.continuous import mean_metrics
 
 
 @dataclass
@@ -103,20 +102,3 @@ class SPaCQL(CFCQL):
             stats[f"spacql/w_k{i + 1}"] = w.detach()[:, i].mean()
             stats[f"spacql/u_k{i + 1}"] = u.detach()[:, i].mean()
         return y, stats
-
-    def update(self, sample: BatchSampler) -> dict[str, float]:
-        critic_ms, out = [], {}
-        for u in range(self.cfg.ca_ratio):
-            batch = sample(self.cfg.batch_size)
-            target, tstats = self.compute_target(batch)
-            loss, stats = self.critic_loss(batch, target)
-            gn = self.critic_step(loss)
-            m = {k: float(v) for k, v in {**stats, **tstats}.items()}
-            m["critic/grad_norm"] = gn
-            critic_ms.append(m)
-            if u == 0:
-                out.update(self.actor_step(batch))
-        self.update_targets()
-        self.rounds += 1
-        out.update(mean_metrics(critic_ms))
-        return out
