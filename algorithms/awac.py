@@ -18,7 +18,6 @@ import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.independent import IndependentBase
-from plcql_bench.algorithms.iql import polyak_critic_only
 
 
 @dataclass
@@ -48,13 +47,6 @@ class AWAC(IndependentBase):
             y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
             adv = self.target_critic(b.obs, b.actions).min(0).values - self.target_critic(b.obs, pi_now).min(0).values
             weight = torch.exp(c.beta * adv).clamp(max=c.max_weight)
-        q = self.critic(b.obs, b.actions)
-        td = (q - y).pow(2).mean(1).sum()
-        self.step_critic(td)
-        pi = self.actors(b.obs)
-        a_loss = (weight * (pi - b.actions).pow(2).sum(-1)).mean(0).sum()
-        self.step_actor(a_loss)
-        polyak_critic_only(self)
-        self.rounds += 1
+        td, a_loss = self.advantage_weighted_round(b, y, weight)
         return {"critic/td_loss": float(td.detach()), "actor/loss": float(a_loss.detach()),
                 "awac/adv": float(adv.mean()), "awac/weight": float(weight.mean())}

@@ -58,19 +58,6 @@ class IQL(IndependentBase):
             y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * self.value(b.next_obs)[0]
             adv = q_t - self.value(b.obs)[0]
             weight = torch.exp(c.beta * adv).clamp(max=c.max_weight)
-        q = self.critic(b.obs, b.actions)
-        td = (q - y).pow(2).mean(1).sum()
-        self.step_critic(td)
-        pi = self.actors(b.obs)
-        a_loss = (weight * (pi - b.actions).pow(2).sum(-1)).mean(0).sum()
-        self.step_actor(a_loss)
-        polyak_critic_only(self)
-        self.rounds += 1
+        td, a_loss = self.advantage_weighted_round(b, y, weight)
         return {"critic/td_loss": float(td.detach()), "value/loss": float(v_loss.detach()),
                 "actor/loss": float(a_loss.detach()), "iql/adv": float(adv.mean()), "iql/weight": float(weight.mean())}
-
-
-def polyak_critic_only(algo: IndependentBase) -> None:
-    from plcql_bench.algorithms.common.nets import polyak_
-
-    polyak_(algo.target_critic, algo.critic, algo.cfg.tau)

@@ -126,6 +126,18 @@ class IndependentBase(Checkpointable, DeterministicActors):
             clip_grad_norm_stacked_(list(self.actors.parameters()), self.cfg.grad_clip, self.n)
         self.actor_opt.step()
 
+    def advantage_weighted_round(self, b, y: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """IQL/AWAC round after the targets: TD step of the critics to y [B, n], then the
+        deterministic actors regress onto the dataset actions weighted by `weight` [B, n], then
+        only the critic targets move (these methods have no target actors in use)."""
+        td = (self.critic(b.obs, b.actions) - y).pow(2).mean(1).sum()
+        self.step_critic(td)
+        a_loss = (weight * (self.actors(b.obs) - b.actions).pow(2).sum(-1)).mean(0).sum()
+        self.step_actor(a_loss)
+        polyak_(self.target_critic, self.critic, self.cfg.tau)
+        self.rounds += 1
+        return td.detach(), a_loss.detach()
+
     def update_targets(self) -> None:
         polyak_(self.target_critic, self.critic, self.cfg.tau)
         polyak_(self.target_actors, self.actors, self.cfg.tau)
