@@ -9,15 +9,15 @@ from functools import cache
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.spec import Task
 
-# task id -> (module, factory function returning a Task)
-_FACTORIES: dict[str, tuple[str, str]] = {
+# task id -> (module, factory function returning a Task, positional arguments for it)
+_FACTORIES: dict[str, tuple] = {
     "mpe-cn": ("plcql_bench.suite.envs.mpe", "cn_task"),
     "mpe-pp": ("plcql_bench.suite.envs.mpe", "pp_task"),
     "mpe-world": ("plcql_bench.suite.envs.mpe", "world_task"),
-    "smax-2s3z": ("plcql_bench.suite.envs.smax", "smax_2s3z_task"),
-    "smax-3s_vs_5z": ("plcql_bench.suite.envs.smax", "smax_3s_vs_5z_task"),
-    "smax-5m_vs_6m": ("plcql_bench.suite.envs.smax", "smax_5m_vs_6m_task"),
-    "smax-6h_vs_8z": ("plcql_bench.suite.envs.smax", "smax_6h_vs_8z_task"),
+    "smax-2s3z": ("plcql_bench.suite.envs.smax", "make_task", "2s3z"),
+    "smax-3s_vs_5z": ("plcql_bench.suite.envs.smax", "make_task", "3s_vs_5z"),
+    "smax-5m_vs_6m": ("plcql_bench.suite.envs.smax", "make_task", "5m_vs_6m"),
+    "smax-6h_vs_8z": ("plcql_bench.suite.envs.smax", "make_task", "6h_vs_8z"),
     "mamujoco-halfcheetah-2x3": ("plcql_bench.suite.envs.mamujoco", "halfcheetah_task"),
 }
 
@@ -40,5 +40,5 @@ def task_ids() -> list[str]:
 def get_task(task_id: str) -> Task:
     if task_id not in _FACTORIES:
         raise UnknownTaskError(f"unknown task {task_id!r} (known: {', '.join(_FACTORIES)})")
-    module, factory = _FACTORIES[task_id]
-    return getattr(importlib.import_module(module), factory)()
+    module, factory, *args = _FACTORIES[task_id]
+    return getattr(importlib.import_module(module), factory)(*args)

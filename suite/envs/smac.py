@@ -171,19 +171,3 @@ def make_task(map_name: str, env_factory: Callable[[str, int], Any] | None = Non
     spec = make_spec(map_name)
     return Task(spec=spec, make_env=partial(SmacEnv, spec, map_name, env_factory=env_factory),
                 extras={"map_name": map_name, "tested_against_sc2": False})
-
-
-def smac_2s3z_task() -> Task:
-    return make_task("2s3z")
-
-
-def smac_3s_vs_5z_task() -> Task:
-    return make_task("3s_vs_5z")
-
-
-def smac_5m_vs_6m_task() -> Task:
-    return make_task("5m_vs_6m")
-
-
-def smac_6h_vs_8z_task() -> Task:
-    return make_task("6h_vs_8z")

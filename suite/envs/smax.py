@@ -319,19 +319,3 @@ def make_task(map_name: str) -> Task:
                 extras={"map_name": map_name,
                         "behaviours": partial(_behaviour, spec.task_id),
                         "collect": _collect, "references": _references})
-
-
-def smax_2s3z_task() -> Task:
-    return make_task("2s3z")
-
-
-def smax_3s_vs_5z_task() -> Task:
-    return make_task("3s_vs_5z")
-
-
-def smax_5m_vs_6m_task() -> Task:
-    return make_task("5m_vs_6m")
-
-
-def smax_6h_vs_8z_task() -> Task:
-    return make_task("6h_vs_8z")
