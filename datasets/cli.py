@@ -17,11 +17,11 @@ def datasets_list(obj: dict, profile: str) -> None:
     from plcql_bench.datasets import manifest
     from plcql_bench.datasets.behaviour import available
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import profile_dir
+    from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
-    root = profile_dir(obj["data_dir"], prof)
+    root = data_profile_dir(obj["data_dir"], prof)
     entries = manifest.read_manifest(root)
     click.echo(f"{'task':<26} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
     for task_id in task_ids():
@@ -53,7 +53,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.errors import BenchError
-    from plcql_bench.suite.runner import profile_dir
+    from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
@@ -65,7 +65,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         todo = [(task, tier)]
     else:
         raise click.UsageError("give TASK TIER, or --all, or --matrix")
-    root = profile_dir(obj["data_dir"], prof)
+    root = data_profile_dir(obj["data_dir"], prof)
     for task_id, q in todo:
         spec = get_task(task_id).spec  # unknown task or tier -> clear error before any work
         if q not in spec.tiers:
@@ -74,7 +74,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
             click.echo(f"{task_id}/{q}: already built (use --force to rebuild)")
             continue
         entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
-                              profile=prof.name, generator_seed=generator_seed)
+                              profile=prof.data_profile, generator_seed=generator_seed)
         click.echo(f"{task_id}/{q}: {entry['n_transitions']} transitions, return "
                    f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
                    f"(refs: random {entry['ref_return_random']:.1f}, expert "
@@ -100,7 +100,7 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
     from plcql_bench.datasets.importers import import_dataset, normalise_tier
     from plcql_bench.suite.errors import BenchError
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import profile_dir
+    from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task).spec
@@ -108,8 +108,8 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
     if tier not in spec.tiers:
         raise BenchError(f"unknown tier {tier!r} for {task} (tiers: {', '.join(spec.tiers)})")
     prof = load_profile(profile)
-    root = profile_dir(obj["data_dir"], prof)
-    entry = import_dataset(fmt_name, source, spec, tier, root, profile=prof.name, seed=omar_seed,
+    root = data_profile_dir(obj["data_dir"], prof)
+    entry = import_dataset(fmt_name, source, spec, tier, root, profile=prof.data_profile, seed=omar_seed,
                            prey_file=prey_file)
     click.echo(f"{task}/{tier}: imported {entry['n_transitions']} transitions "
                f"({entry['n_episodes']} episodes), return {entry['return_mean']:.2f} ± "

@@ -171,7 +171,7 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.executors import Job, cpu_count, resolve_device, run_jobs
     from plcql_bench.suite.matrix import cell_state
-    from plcql_bench.suite.runner import plan_run, profile_dir
+    from plcql_bench.suite.runner import data_profile_dir, plan_run
 
     prof, cells = _select(obj, profile, only, shard)
     dev, n_gpus = resolve_device(device)
@@ -179,12 +179,12 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
         jobs = (n_gpus * per_gpu) if dev == "cuda" else (cpu_count() if executor == "ray" and not ray_address else 1)
         if executor == "ray" and ray_address:
             jobs = 0  # as many as the cluster schedules
-    root = profile_dir(obj["data_dir"], prof)
+    root = data_profile_dir(obj["data_dir"], prof)
     if build_missing:
         for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
             if not manifest.lookup(root, task_id, tier):
                 click.echo(f"building dataset {task_id}/{tier}")
-                build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.name)
+                build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.data_profile)
     counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0}
     todo = []
     for cell in cells:

@@ -102,10 +102,10 @@ class Resolved:
 def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[Resolved]:
     from plcql_bench.datasets import manifest
     from plcql_bench.datasets.format import DatasetError
-    from plcql_bench.suite.runner import plan_run, profile_dir, resolve_config
+    from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
     out = []
-    root = profile_dir(data_dir, profile)
+    root = data_profile_dir(data_dir, profile)
     for cell in cells:
         try:
             resolve_config(cell, profile)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import Batch, get_algorithm, make_config
+from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
@@ -72,14 +72,21 @@ class RunPlan:
 
 
 def profile_dir(root: Path, profile: Profile) -> Path:
+    """Where a profile's results live: <root>/<profile name>."""
     return Path(root) / profile.name
+
+
+def data_profile_dir(root: Path, profile: Profile) -> Path:
+    """Where a profile's datasets live: <root>/<data profile> (a profile may reuse another's
+    datasets, e.g. paper-cpu trains on the paper datasets)."""
+    return Path(root) / profile.data_profile
 
 
 def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
              overrides: dict[str, Any] | None = None) -> RunPlan:
     """Resolve a cell to its config, dataset and content-addressed run directory."""
     config = resolve_config(cell, profile, overrides)
-    data_root = profile_dir(data_dir, profile)
+    data_root = data_profile_dir(data_dir, profile)
     entry = manifest.lookup(data_root, cell.task, cell.tier)
     if entry is None:
         raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
@@ -104,7 +111,7 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
         raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
                          f"(tiers: {', '.join(task.spec.tiers)})")
     try:
-        cls = get_algorithm(cell.algo)
+        cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     except KeyError as exc:
         raise BenchError(exc.args[0]) from None
     try:
@@ -142,6 +149,16 @@ class Sampler:
     def __call__(self, batch_size: int) -> Batch:
         idx = torch.randint(self.size, (batch_size,), generator=self.generator).to(self.device)
         return Batch(**{k: v[idx] for k, v in self.tensors.items()})
+
+
+def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, device: str):
+    """The sampler the algorithm class asks for (`batch_kind`): uniform transitions (Sampler) or
+    whole padded episodes (suite/episodes.py: EpisodeSampler). Both expose `.generator`."""
+    if batch_kind(cls) == "episodes":
+        from plcql_bench.suite.episodes import EpisodeSampler
+
+        return EpisodeSampler(arrays, seed, device)
+    return Sampler(arrays, discrete, seed, device)
 
 
 def load_run_dataset(plan: RunPlan):
@@ -227,9 +244,9 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
     budget = profile.train_budget(cell.task, cell.tier)
     torch.manual_seed(cell.seed)
     np.random.seed(cell.seed)
-    cls = get_algorithm(cell.algo)
+    cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     algo = cls(task.spec, plan.config, cell.seed, device)
-    sampler = Sampler(dataset.arrays, task.spec.discrete, cell.seed, device)
+    sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
     state = _resume(plan, algo, sampler) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
@@ -258,7 +275,8 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
 
 
 def _evaluate(task, algo, dataset, episodes: int) -> dict:
-    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes))
+    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
+                                   begin=getattr(algo, "begin_episodes", None))
     returns = out["returns"]
     return {
         "episodes": int(len(returns)),
@@ -295,7 +313,7 @@ def _score(task, ev: dict) -> float:
     return ev["win_rate"] if task.spec.score == "win_rate" else ev["normalised_score"]
 
 
-def _checkpoint(plan: RunPlan, algo, sampler: Sampler, state: dict) -> None:
+def _checkpoint(plan: RunPlan, algo, sampler, state: dict) -> None:
     payload = {
         "run_key": plan.run_key, "state": state, "algo": algo.state_dict(),
         "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
@@ -306,7 +324,7 @@ def _checkpoint(plan: RunPlan, algo, sampler: Sampler, state: dict) -> None:
     atomic_write_bytes(plan.run_dir / "ckpt.pt", buf.getvalue())
 
 
-def _resume(plan: RunPlan, algo, sampler: Sampler) -> dict | None:
+def _resume(plan: RunPlan, algo, sampler) -> dict | None:
     path = plan.run_dir / "ckpt.pt"
     if not path.exists():
         return None

@@ -103,3 +103,25 @@ def test_plan_rejects_configs_that_do_not_resolve(tmp_path):
     (tmp_path / "p.yaml").write_text(PROFILE.replace("algos: [bc, cfcql, plcql]", "algos: [bc, nope]"))
     with pytest.raises(BenchError, match="do not resolve.*unknown algorithm 'nope'"):
         _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"))
+
+
+def test_paper_cpu_profile_trains_on_the_paper_datasets(tmp_path):
+    """paper-cpu reuses data/paper/ (same sizes); only Half-Cheetah's budget differs from paper."""
+    paper, cpu = load_profile("paper"), load_profile("paper-cpu")
+    assert cpu.data_profile == "paper" and paper.data_profile == "paper"
+    assert cpu.dataset_episodes == paper.dataset_episodes
+    for task, tier in (("mpe-cn", "random"), ("mpe-cn", "expert"), ("mpe-world", "medium")):
+        assert cpu.updates_for(task, tier) == paper.updates_for(task, tier)
+    hc = "mamujoco-halfcheetah-2x3"
+    assert (cpu.updates_for(hc, "expert") - 1) * 10 == paper.updates_for(hc, "expert") - 1
+    build_dataset("mpe-cn", "expert", 2, tmp_path / "data" / "paper", profile="paper")  # tiny stand-in
+    plan = plan_run(Cell("bc", "mpe-cn", "expert", 0), cpu, tmp_path / "data", tmp_path / "results")
+    assert plan.dataset_path.is_relative_to(tmp_path / "data" / "paper")
+    assert plan.run_dir.is_relative_to(tmp_path / "results" / "paper-cpu")
+
+
+def test_profile_reusing_unknown_datasets_is_one_line_error(tmp_path):
+    (tmp_path / "bad.yaml").write_text(PROFILE.replace("datasets: {episodes: {default: 6}}",
+                                                       "datasets: {from: nosuchprofile}"))
+    with pytest.raises(BenchError, match="datasets.from: unknown built-in profile 'nosuchprofile'"):
+        load_profile(str(tmp_path / "bad.yaml"))

@@ -28,6 +28,12 @@ class Profile:
     source: str
     # Config overrides for every algorithm that has the field (e.g. a smaller batch for smoke).
     algo_overrides: dict[str, Any] = field(default_factory=dict)
+    # The profile whose datasets this one trains on (its own name unless `datasets: {from: X}`).
+    data_profile: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.data_profile:
+            object.__setattr__(self, "data_profile", self.name)
 
     def episodes_for(self, task_id: str, tier: str) -> int:
         return _lookup(self.dataset_episodes, task_id, tier)
@@ -79,10 +85,19 @@ def _parse(raw: dict[str, Any], source: str) -> Profile:
     train = raw["train"]
     if int(train["checkpoint_every"]) % int(train["eval_every"]):
         raise ValueError("train.checkpoint_every must be a multiple of train.eval_every")
+    datasets, data_profile = raw["datasets"], str(raw["name"])
+    if "from" in datasets:  # reuse another built-in profile's datasets (same files, same sizes)
+        if set(datasets) != {"from"}:
+            raise ValueError("datasets: give either 'from: <profile>' or 'episodes', not both")
+        data_profile = str(datasets["from"])
+        if data_profile not in builtin_profiles():
+            raise ValueError(f"datasets.from: unknown built-in profile {data_profile!r}")
+        datasets = yaml.safe_load(resources.files(__name__).joinpath(f"{data_profile}.yaml").read_text())["datasets"]
     return Profile(
         name=str(raw["name"]),
         description=str(raw.get("description", "")),
-        dataset_episodes={k: int(v) for k, v in raw["datasets"]["episodes"].items()},
+        data_profile=data_profile,
+        dataset_episodes={k: int(v) for k, v in datasets["episodes"].items()},
         updates={k: int(v) for k, v in train["updates"].items()},
         eval_every=int(train["eval_every"]),
         eval_episodes=int(train["eval_episodes"]),
