@@ -48,7 +48,10 @@ def cpu_count() -> int:
 
 
 def threads_per_job(workers: int) -> int:
-    return max(1, cpu_count() // max(1, workers))
+    """cores // workers, capped by OMP_NUM_THREADS when the user set it (shared machines)."""
+    threads = max(1, cpu_count() // max(1, workers))
+    cap = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return min(threads, int(cap)) if cap.isdigit() and int(cap) > 0 else threads
 
 
 def gpu_count() -> int:

@@ -218,3 +218,13 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
     bar.step()
     bar.close()
     assert "1/3" in tty.getvalue() and "<" in tty.getvalue()  # count and ETA
+
+
+def test_omp_num_threads_caps_torch_threads_per_job(monkeypatch):
+    monkeypatch.setattr("plcql_bench.suite.executors.cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads_per_job(2) == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads_per_job(2) == 1 and threads_per_job(1) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "16")
+    assert threads_per_job(2) == 4  # a cap, never more than cores // jobs
