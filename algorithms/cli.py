@@ -21,7 +21,8 @@ def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
     import torch
 
     from plcql_bench.algorithms.base import get_algorithm, load_all
-    from plcql_bench.algorithms.common.speed import time_update_rounds
+    from plcql_bench.algorithms.base import implementations
+    from plcql_bench.algorithms.common.speed import batch_size_of, time_update_rounds
     from plcql_bench.suite.tasks import get_task
 
     torch.set_num_threads(threads)
@@ -34,11 +35,16 @@ def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
     click.echo(f"{'algo':<12} {'task':<12} {'batch':>6} {'ms/round':>9} {'rounds/s':>9} {'target ms':>9}")
     for task_id in tasks:
         spec = get_task(task_id).spec
+        kind = "discrete" if spec.discrete else "continuous"
         for name in names:
-            cls = get_algorithm(name)
+            if kind not in implementations(name):
+                if algos:  # asked for by name: say why it is skipped
+                    click.echo(f"# {name}: no {kind}-action implementation, skipped on {task_id}")
+                continue
+            cls = get_algorithm(name, discrete=spec.discrete)
             overrides = cls.task_overrides(spec, tier)
             t = time_update_rounds(name, spec, overrides, rounds=rounds, device=device, clock=clock)
-            batch = overrides.get("batch_size", cls.Config().batch_size)
+            batch = batch_size_of(cls, overrides)
             tgt = f"{t['target_median_ms']:>9.2f}" if "target_median_ms" in t else f"{'-':>9}"
             click.echo(f"{name:<12} {task_id:<12} {batch:>6} {t['median_ms']:>9.1f} "
                        f"{1000 / t['median_ms']:>9.2f} {tgt}")
@@ -47,7 +53,8 @@ def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
             from plcql_bench.algorithms.common.speed import time_interleaved
 
             pair = ["plcql", "spacql"]
-            inter = time_interleaved(pair, spec, {a: get_algorithm(a).task_overrides(spec, tier) for a in pair},
+            inter = time_interleaved(pair, spec, {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier)
+                                                         for a in pair},
                                      rounds=rounds, device=device, clock=clock)
             p, s = results[("plcql", task_id)], results[("spacql", task_id)]
             click.echo(f"# {task_id} (n={spec.n_agents}), interleaved rounds: PLCQL {inter['plcql']:.1f} ms, "

@@ -521,25 +521,25 @@ def is_discrete_task(domain: str, score_name: str) -> bool:
     return domain in SMAC_DOMAINS or score_name == "win_rate"
 
 
-def _registry_class(algo: str):
-    """The registered algorithm class, or None when the suite does not implement ``algo``."""
+def _implementations(algo: str) -> dict[str, type] | None:
+    """{"continuous"|"discrete": class} of a registered algorithm, or None when the suite does not
+    implement ``algo`` (or the algorithms cannot be imported here)."""
     try:
-        from plcql_bench.algorithms.base import get_algorithm
+        from plcql_bench.algorithms.base import implementations
 
-        return get_algorithm(algo)
-    except Exception:  # unknown algorithm, or the algorithms cannot be imported here
+        return implementations(algo) or None
+    except Exception:
         return None
 
 
 def support(algo: str, discrete_task: bool) -> str:
-    """"yes", "no" (the algorithm does not handle the task's action type) or "unknown"
-    (the suite does not implement the algorithm). ``cls.discrete``: False = continuous only,
-    True = discrete only, None = both."""
-    cls = _registry_class(algo)
-    if cls is None:
+    """"yes", "no" (the algorithm has no implementation for the task's action type) or "unknown"
+    (the suite does not implement the algorithm). One name may have a continuous and a discrete
+    implementation (algorithms/base.py: IMPLEMENTATIONS); a class with ``discrete=None`` is both."""
+    impls = _implementations(algo)
+    if impls is None:
         return "unknown"
-    d = getattr(cls, "discrete", None)
-    return "yes" if d is None or bool(d) == discrete_task else "no"
+    return "yes" if ("discrete" if discrete_task else "continuous") in impls else "no"
 
 
 def n_agents(task: str) -> int | None:

@@ -30,8 +30,16 @@ def collection_seeds(generator_seed: int, tier_index: int, start: int, count: in
     return base + np.arange(start, start + count, dtype=np.int64)
 
 
-def rollout_returns(task: Task, policy: Callable[[Step], np.ndarray], seeds: np.ndarray) -> dict:
+def rollout_returns(task: Task, policy: Callable[[Step], np.ndarray], seeds: np.ndarray,
+                    begin: Callable[[int], None] | None = None) -> dict:
     """Run one episode per seed with `policy` (batched) and return per-episode results.
+
+    `begin(num_envs)`, when given (a recurrent algorithm's `begin_episodes`), is called before the
+    first step of every batch of episodes, so the policy can reset its per-env state (GRU hidden
+    state, last actions). The policy is called for every env of the batch at every step until all
+    are done: an env that already finished is frozen (BatchedEnv contract), its actions are
+    ignored and its reward and win flag are masked here, so whatever a recurrent policy carries
+    for it cannot change the results.
 
     Returns {"returns": float64 [E], "won": bool [E]}. The return is the sum of the task's
     reported team reward over the episode."""
@@ -40,6 +48,8 @@ def rollout_returns(task: Task, policy: Callable[[Step], np.ndarray], seeds: np.
         chunk = seeds[start : start + MAX_EVAL_BATCH]
         env = task.make_env(len(chunk))
         step = env.reset(chunk)
+        if begin is not None:
+            begin(len(chunk))
         total = np.zeros(len(chunk))
         alive = np.ones(len(chunk), dtype=bool)
         chunk_won = np.zeros(len(chunk), dtype=bool)

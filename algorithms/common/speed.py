@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import Batch, get_algorithm, make_config
+from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
 from plcql_bench.suite.spec import TaskSpec
 
 
@@ -45,6 +45,29 @@ class SyntheticBuffer:
         return Batch(**{k: v[idx] for k, v in self.data.items()})
 
 
+def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, device: str = "cpu"):
+    """An EpisodeSampler over random SMAX-shaped episodes of the task's episode limit (for timing
+    episode-batch algorithms: every batch is padded to the full limit, the worst case)."""
+    from plcql_bench.datasets.format import synthetic_dataset
+    from plcql_bench.suite.episodes import EpisodeSampler
+
+    arrays, _ = synthetic_dataset(spec, n_episodes=n_episodes, episode_len=spec.episode_limit, seed=seed)
+    return EpisodeSampler(arrays, seed, device)
+
+
+def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
+    """SyntheticBuffer (transitions) or synthetic episodes, as the algorithm's batch_kind asks."""
+    if batch_kind(cls) == "episodes":
+        return synthetic_episodes(spec, max(8, min(128, size // max(spec.episode_limit, 1))), seed, device)
+    return SyntheticBuffer(spec, size, device, seed)
+
+
+def batch_size_of(cls: type, overrides: dict[str, Any]) -> int:
+    """The configured batch: transitions, or episodes for episode-batch algorithms."""
+    field = "batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"
+    return int(overrides.get(field, getattr(cls.Config(), field)))
+
+
 def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any] | None = None,
                        rounds: int = 20, batch_size: int | None = None, warmup: int = 3,
                        device: str = "cpu", seed: int = 0, buffer_size: int = 100_000,
@@ -54,14 +77,14 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     clock="cpu" measures this process's CPU time instead of wall time: on a shared, oversubscribed
     machine it is the stable number, and with 1 torch thread it equals the quiet-machine wall time."""
     timer = time.process_time if clock == "cpu" else time.perf_counter
-    cls = get_algorithm(algo_name)
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
     ov = dict(overrides or {})
     if batch_size is not None:
-        ov["batch_size"] = batch_size
+        ov["batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"] = batch_size
     torch.manual_seed(seed)
     np.random.seed(seed)
     algo = cls(spec, make_config(cls, ov), seed, device)
-    buf = SyntheticBuffer(spec, buffer_size, device, seed)
+    buf = make_buffer(cls, spec, buffer_size, device, seed)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(warmup):
         algo.update(buf)
@@ -75,7 +98,7 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     out = {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
            "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
     if hasattr(algo, "compute_target"):  # target construction alone (the PAR part that PLCQL cuts from n to 1)
-        bs = ov.get("batch_size", getattr(algo.cfg, "batch_size", 1024))
+        bs = batch_size_of(cls, ov)
         tt = []
         for _ in range(max(rounds, 10)):
             batch = buf(bs)
@@ -91,9 +114,10 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
                      warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall") -> dict[str, float]:
     """Median ms per round of several algorithms timed in alternation (round i of each, then round
     i + 1 ...), so that a shared machine's changing load hits all of them alike. Use it to compare."""
-    algos, buf = {}, SyntheticBuffer(spec, 100_000, device, seed)
+    algos = {}
+    buf = make_buffer(get_algorithm(names[0], discrete=spec.discrete), spec, 100_000, device, seed)
     for name in names:
-        cls = get_algorithm(name)
+        cls = get_algorithm(name, discrete=spec.discrete)
         torch.manual_seed(seed)
         algos[name] = cls(spec, make_config(cls, dict(overrides.get(name, {}))), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)

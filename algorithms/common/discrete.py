@@ -1,0 +1,341 @@
+"""Shared machinery of the discrete-action (SMAX/SMAC) algorithms, written once.
+
+Everything is vectorised over agents (agents are folded into the batch axis); the only Python
+loops are over time, in `td_lambda_targets`' backward recursion (the GRU runs over the whole
+sequence in one `nn.GRU` call). See docs/algorithms/discrete-machinery.md.
+
+Shapes: B episodes, T steps (T+1 observations, the last being the final next observation),
+n agents, A actions, S state size. `EpisodeBatch` is in algorithms/base.py.
+
+Public API
+  masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
+            masked_mean, NEG
+  networks: RNNAgent (shared-parameter GRU agent), QMixer (QMIX hypernetwork mixer),
+            last_action_onehot, hard_update, seeded
+  targets:  td_lambda_targets
+  losses:   bc_cross_entropy
+  acting:   RecurrentActing (begin_episodes()/act() for a greedy GRU policy)
+  base:     DiscreteAlgorithm (Checkpointable + RecurrentActing, batch_kind "episodes")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plcql_bench.algorithms.base import EpisodeBatch
+from plcql_bench.algorithms.common.protocol import Checkpointable
+from plcql_bench.suite.spec import TaskSpec
+
+# Finite stand-in for log(0) in returned log-probabilities (exp() of it is exactly 0 in float32,
+# and 0 * NEG is 0, where 0 * -inf would be NaN).
+NEG = -1e10
+
+# --------------------------------------------------------------------------------------------
+# Masked operations. `avail` is any tensor broadcastable to x with 1/True = available. Rows (the
+# last axis) with NO available action occur only on padding; every function returns a finite,
+# documented value there and never NaN, in the value or the gradient.
+
+
+def _prep(x: torch.Tensor, avail: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x with unavailable entries = fill, availability as bool, rows that have any available).
+    In rows with nothing available every entry counts as available, so that reductions over them
+    stay finite; callers then overwrite those rows."""
+    ok = (avail > 0).expand_as(x)
+    any_ok = ok.any(-1, keepdim=True)
+    ok_eff = ok | ~any_ok
+    return x.masked_fill(~ok_eff, fill), ok, any_ok
+
+
+def masked_argmax(x: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """argmax over the last axis among available entries (int64, last axis dropped). A row with no
+    available action returns 0."""
+    filled, _, any_ok = _prep(x, avail, float("-inf"))
+    return torch.where(any_ok[..., 0], filled.argmax(-1), torch.zeros((), dtype=torch.long, device=x.device))
+
+
+def masked_logsumexp(x: torch.Tensor, avail: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """log sum_{available j} exp(x_j) over the last axis. Unavailable entries contribute nothing
+    (value and gradient exactly 0). A row with no available action returns 0."""
+    filled, _, any_ok = _prep(x, avail, float("-inf"))
+    lse = torch.logsumexp(filled, -1, keepdim=True)
+    out = torch.where(any_ok, lse, torch.zeros_like(lse))
+    return out if keepdim else out[..., 0]
+
+
+def masked_log_softmax(x: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """log softmax over the available entries of the last axis; unavailable entries hold NEG
+    (probability exactly 0). A row with no available action is all 0 (callers mask it)."""
+    filled, ok, any_ok = _prep(x, avail, float("-inf"))
+    logp = filled - torch.logsumexp(filled, -1, keepdim=True)
+    logp = torch.where(ok, logp, torch.full_like(logp, NEG))
+    return torch.where(any_ok, logp, torch.zeros_like(logp))
+
+
+def masked_softmax(x: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """softmax over the available entries (unavailable: exactly 0). A row with nothing available
+    is all 0."""
+    filled, ok, any_ok = _prep(x, avail, float("-inf"))
+    p = torch.softmax(filled, -1)
+    return torch.where(ok & any_ok, p, torch.zeros_like(p))
+
+
+def masked_sample(logits: torch.Tensor, avail: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One sample per row from softmax(logits) restricted to the available entries (Gumbel-max
+    with `generator`); uniform logits (zeros) sample uniformly among the available actions. A row
+    with no available action returns 0."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+    gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+    return masked_argmax(logits + gumbel, avail)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(x * mask) / sum(mask) (mask broadcast to x), 0 when the mask is empty."""
+    mask = mask.expand_as(x)
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Networks
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Build networks from torch's default initialisers with a private seed: the global RNG is
+    forked and restored, so construction is reproducible and leaves the caller's stream alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def last_action_onehot(actions: torch.Tensor, n_actions: int) -> torch.Tensor:
+    """actions int64 [B, T, n] -> float [B, T+1, n, A]: index t holds one-hot(a_{t-1}), index 0
+    zeros (PyMARL's `actions_onehot` shifted by one, as `_build_inputs` uses it)."""
+    oh = F.one_hot(actions, n_actions).float()
+    return torch.cat([torch.zeros_like(oh[:, :1]), oh], dim=1)
+
+
+class RNNAgent(nn.Module):
+    """Shared-parameter GRU agent of PyMARL/CFCQL (`n_rnn`: fc -> ReLU -> GRU(hidden) -> fc).
+
+    Input per agent: obs ⊕ one-hot(last action) ⊕ one-hot(agent id) (PyMARL `_build_inputs` order,
+    `obs_last_action` and `obs_agent_id` on). Agents share the parameters and are folded into the
+    batch axis. The recurrence is `nn.GRU`, whose equations and parameters are those of the
+    references' `nn.GRUCell`, run over the whole sequence in one call. Output: Q-values or logits
+    per action.
+    """
+
+    def __init__(self, n_agents: int, obs_dim: int, n_actions: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.n_agents, self.n_actions, self.hidden = n_agents, n_actions, hidden
+        self.fc1 = nn.Linear(obs_dim + n_actions + n_agents, hidden)
+        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
+        self.fc2 = nn.Linear(hidden, n_actions)
+
+    def init_hidden(self, batch: int) -> torch.Tensor:
+        return self.fc1.weight.new_zeros(batch, self.n_agents, self.hidden)
+
+    def _inputs(self, obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
+        eye = torch.eye(self.n_agents, device=obs.device, dtype=obs.dtype)
+        ids = eye.expand(obs.shape[:-2] + eye.shape)
+        return torch.cat([obs, last_onehot, ids], -1)
+
+    def forward(self, obs: torch.Tensor, last_onehot: torch.Tensor,
+                h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [B, L, n, o], last_onehot [B, L, n, A], h0 [B, n, H] (zeros if None)
+        -> (outputs [B, L, n, A], last hidden state [B, n, H])."""
+        B, L, n, _ = obs.shape
+        x = F.relu(self.fc1(self._inputs(obs, last_onehot)))  # [B, L, n, H]
+        x = x.permute(0, 2, 1, 3).reshape(B * n, L, self.hidden)
+        h = self.init_hidden(B) if h0 is None else h0
+        y, hT = self.rnn(x, h.reshape(1, B * n, self.hidden))
+        out = self.fc2(y).reshape(B, n, L, self.n_actions).permute(0, 2, 1, 3)
+        return out, hT.reshape(B, n, self.hidden)
+
+    def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
+        """Outputs at every observation of the episodes, from a zero hidden state: [B, T+1, n, A]."""
+        return self(batch.obs, last_action_onehot(batch.actions, self.n_actions))[0]
+
+    def step(self, obs: torch.Tensor, last_onehot: torch.Tensor,
+             h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step: obs [B, n, o], last_onehot [B, n, A], h [B, n, H] -> ([B, n, A], h')."""
+        out, h2 = self(obs[:, None], last_onehot[:, None], h)
+        return out[:, 0], h2
+
+
+class QMixer(nn.Module):
+    """QMIX mixer (PyMARL2/CFCQL `nmix.Mixer`, abs weights): Q_tot = elu(q·|W1(s)| + b1(s))·|W2(s)| + b2(s).
+
+    W1: Linear(S, hypernet) -> ReLU -> Linear(hypernet, n·embed); b1: Linear(S, embed);
+    W2: Linear(S, hypernet) -> ReLU -> Linear(hypernet, embed); b2: Linear(S, embed) -> ReLU ->
+    Linear(embed, 1). Absolute-value weights make Q_tot monotone in every agent's Q.
+    """
+
+    def __init__(self, n_agents: int, state_dim: int, embed: int = 32, hypernet: int = 64) -> None:
+        super().__init__()
+        self.n_agents, self.embed = n_agents, embed
+        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, hypernet), nn.ReLU(),
+                                      nn.Linear(hypernet, n_agents * embed))
+        self.hyper_b1 = nn.Linear(state_dim, embed)
+        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet), nn.ReLU(), nn.Linear(hypernet, embed))
+        self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+
+    def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """state [M, S] -> |W1| [M, n, E], b1 [M, 1, E], |W2| [M, E, 1], b2 [M, 1, 1]."""
+        M = state.shape[0]
+        w1 = self.hyper_w1(state).abs().view(M, self.n_agents, self.embed)
+        b1 = self.hyper_b1(state).view(M, 1, self.embed)
+        w2 = self.hyper_w2(state).abs().view(M, self.embed, 1)
+        b2 = self.hyper_b2(state).view(M, 1, 1)
+        return w1, b1, w2, b2
+
+    def mix_many(self, qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """K joint Q-vectors per state, one hypernetwork pass per state:
+        qs [*L, K, n], state [*L, S] -> Q_tot [*L, K]."""
+        lead = state.shape[:-1]
+        K = qs.shape[-2]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        h = F.elu(torch.bmm(qs.reshape(-1, K, self.n_agents), w1) + b1)  # [M, K, E]
+        return (torch.bmm(h, w2) + b2).reshape(*lead, K)
+
+    def forward(self, qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """qs [*L, n], state [*L, S] -> Q_tot [*L]."""
+        return self.mix_many(qs.unsqueeze(-2), state)[..., 0]
+
+    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Q_tot(s, a_i = j, a_-i) for every agent i and action j, the other agents at `actions`:
+        q_all [*L, n, A], actions [*L, n], state [*L, S] -> [*L, n, A] (row i, column actions[i]
+        is Q_tot at the data joint action). The first layer is linear in q, so changing agent i's
+        Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents."""
+        lead, (n, A) = state.shape[:-1], q_all.shape[-2:]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        q_all = q_all.reshape(-1, n, A)
+        q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
+        pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
+        delta = q_all - q_taken  # [M, n, A]
+        pre_cf = pre[:, :, None, :] + delta[..., None] * w1[:, :, None, :]  # [M, n, A, E]
+        out = (F.elu(pre_cf) * w2[:, None, :, 0][:, :, None, :]).sum(-1) + b2[:, :, :1]  # [M, n, A]
+        return out.reshape(*lead, n, A)
+
+
+def hard_update(target: nn.Module, source: nn.Module) -> None:
+    target.load_state_dict(source.state_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# Targets and losses
+
+
+def td_lambda_targets(rewards: torch.Tensor, terminals: torch.Tensor, mask: torch.Tensor,
+                      target_qs: torch.Tensor, gamma: float, td_lambda: float) -> torch.Tensor:
+    """TD(λ) returns, the backward recursion of PyMARL's `build_td_lambda_targets`:
+
+        G_t = r_t + γ (1 - d_t) [ (1 - λ) Q_{t+1} + λ G_{t+1} ]      for real steps (mask_t = 1)
+        G_t = Q_t                                                      for the first padded index
+
+    rewards/terminals/mask [B, T], target_qs [B, T+1] (the target Q_tot at every observation) ->
+    [B, T]. An episode of length L bootstraps from Q_L (its final next observation) unless it
+    ended in a true terminal; this equals PyMARL's recursion whenever episodes end in a terminal
+    or fill the batch (T = L), and also bootstraps correctly from timeouts shorter than T, where
+    PyMARL's would decay a padded value. λ = 0 gives one-step targets, λ = 1 Monte Carlo returns
+    with the final bootstrap. Values on padded steps are meaningless (mask them)."""
+    T = rewards.shape[1]
+    ret = target_qs[:, T]
+    out = []
+    for t in range(T - 1, -1, -1):
+        g = rewards[:, t] + gamma * (1.0 - terminals[:, t]) * ((1.0 - td_lambda) * target_qs[:, t + 1]
+                                                               + td_lambda * ret)
+        ret = mask[:, t] * g + (1.0 - mask[:, t]) * target_qs[:, t]
+        out.append(ret)
+    return torch.stack(out[::-1], dim=1)
+
+
+def bc_cross_entropy(logits: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
+    """Per-agent masked cross-entropy of the dataset actions under softmax(logits) restricted to
+    the available actions (CFCQL `bc_learner`: `mask_before_softmax`), averaged over real
+    (step, agent) pairs. logits [B, T(+1), n, A]."""
+    T = batch.max_t
+    logp = masked_log_softmax(logits[:, :T], batch.avail[:, :T])
+    taken = logp.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
+    return -masked_mean(taken, batch.mask.unsqueeze(-1))
+
+
+# --------------------------------------------------------------------------------------------
+# Acting and the algorithm base
+
+
+class RecurrentActing:
+    """`begin_episodes()` / `act()` for a greedy GRU policy held in `self.policy_agent()`.
+
+    The evaluation protocol calls `begin_episodes(num_envs)` before each batch of episodes; `act()`
+    then carries every env's hidden state and last action from step to step. Envs that already
+    finished keep being stepped by the protocol (frozen, actions ignored, results masked), so their
+    state simply runs on without effect. `act()` without `begin_episodes()`, or with another
+    number of envs, starts fresh episodes."""
+
+    device: torch.device
+    spec: TaskSpec
+    _h: torch.Tensor | None = None
+    _last: torch.Tensor | None = None
+
+    def policy_agent(self) -> RNNAgent:
+        raise NotImplementedError
+
+    def begin_episodes(self, num_envs: int) -> None:
+        agent = self.policy_agent()
+        self._h = agent.init_hidden(num_envs)
+        self._last = self._h.new_zeros(num_envs, self.spec.n_agents, self.spec.act_dim)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+        B = obs_t.shape[0]
+        if self._h is None or self._h.shape[0] != B:
+            self.begin_episodes(B)
+        out, self._h = self.policy_agent().step(obs_t, self._last, self._h)
+        if avail is None:
+            av = torch.ones_like(out)
+        else:
+            av = torch.as_tensor(np.asarray(avail, dtype=np.float32), device=self.device)
+        a = masked_argmax(out, av)
+        self._last = F.one_hot(a, self.spec.act_dim).float()
+        return a.cpu().numpy().astype(np.int64)
+
+
+class DiscreteAlgorithm(Checkpointable, RecurrentActing):
+    """Base of the discrete-action algorithms: episode batches, checkpointing of `modules()`,
+    `optimisers()` and `self.gen`, greedy recurrent acting through `policy_agent()`."""
+
+    discrete = True
+    batch_kind = "episodes"
+
+    def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
+        if not spec.discrete:
+            raise ValueError(f"{self.name} (discrete) needs a discrete-action task, got {spec.task_id}")
+        self.spec, self.cfg, self.device, self.seed = spec, config, torch.device(device), int(seed)
+        self.n, self.A = spec.n_agents, spec.act_dim
+        self.gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        self.rounds = 0
+
+    def build(self, offset: int, fn: Callable[[], nn.Module]) -> nn.Module:
+        """fn() under `seeded(seed * 1000 + offset)`, moved to the device."""
+        with seeded(self.seed * 1000 + offset):
+            return fn().to(self.device)
+
+    @staticmethod
+    def target_of(net: nn.Module) -> nn.Module:
+        t = copy.deepcopy(net)
+        t.requires_grad_(False)
+        return t
+
+    def agent(self, hidden: int) -> RNNAgent:
+        return RNNAgent(self.n, self.spec.obs_dim, self.A, hidden)
+
+    def mixer(self, embed: int, hypernet: int) -> QMixer:
+        return QMixer(self.n, self.spec.state_dim, embed, hypernet)
