@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.behaviour import (
@@ -201,4 +202,5 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads
     entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile)
     manifest.record(data_dir, entry)
+    write_card(data_dir, entry)
     return entry

@@ -81,6 +81,23 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
                    f"{entry['ref_return_expert']:.1f}) -> {root / entry['file']}")
 
 
+@datasets.command("cards")
+@click.option("--profile", default="paper", show_default=True)
+@click.option("--out", default=None, type=click.Path(path_type=str),
+              help="Default: datasets/cards/<profile>/ (committed with the code).")
+@click.pass_obj
+def datasets_cards(obj, profile, out) -> None:
+    """Export the cards of every built dataset of a profile (plus an index) for committing."""
+    from plcql_bench.datasets.cards import CARDS_DIR, export_cards
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import data_profile_dir
+
+    prof = load_profile(profile)
+    dest = out or str(CARDS_DIR / prof.data_profile)
+    files = export_cards(data_profile_dir(obj["data_dir"], prof), dest, prof.data_profile)
+    click.echo(f"{len(files)} files written to {dest} (index: {dest}/README.md)")
+
+
 @datasets.command("import")
 @click.argument("task")
 @click.argument("tier")

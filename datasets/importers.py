@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
@@ -114,6 +115,7 @@ def _write(arrays: dict[str, np.ndarray], attrs: dict[str, Any], spec: TaskSpec,
     entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile, source=source,
                                 **{k: str(v) for k, v in (extra_files or {}).items()})
     manifest.record(data_dir, entry)
+    write_card(data_dir, entry)
     return entry
 
 

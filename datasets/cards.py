@@ -1,0 +1,128 @@
+"""Dataset cards: a short, human-readable record of what a built dataset contains.
+
+A card is written next to every dataset (`<data>/<profile>/<task>/<tier>.card.md`) when it is built
+or imported, from its manifest entry alone, so it states exactly what the manifest records: size,
+episodes, return mean ± std / min / max, the normalised mean return, win rate (SMAX/SMAC), the
+behaviour policy, the reference returns, environment versions and the file's sha256.
+
+`plcql-bench datasets cards --profile P` copies the cards of every dataset in data/P/ to
+`datasets/cards/P/` (committed: the datasets themselves are too large) with an index README that
+checks the tier ordering expert > medium > random per task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.format import normalised_score
+from plcql_bench.suite.store import atomic_write_bytes
+
+CARDS_DIR = Path(__file__).resolve().parent / "cards"
+TIER_ORDER = ("expert", "mixed", "medium", "medium-replay", "random")
+
+
+def _num(x: Any, digits: int = 1) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{float(x):.{digits}f}"
+
+
+def normalised_mean(entry: dict[str, Any]) -> float | None:
+    """The dataset's mean return on the normalised scale, or None without reference returns."""
+    try:
+        return float(normalised_score(entry["return_mean"], entry))
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def card_markdown(entry: dict[str, Any]) -> str:
+    """The card of one manifest entry, as Markdown."""
+    env = entry.get("env_versions", {})
+    if isinstance(env, str):
+        env = json.loads(env)
+    rows = [
+        ("task", entry["task_id"]), ("tier", entry["quality"]), ("profile", entry.get("profile", "—")),
+        ("transitions", f"{entry['n_transitions']:,}"), ("episodes", f"{entry['n_episodes']:,}"),
+        ("return mean ± std", f"{_num(entry['return_mean'], 2)} ± {_num(entry['return_std'], 2)}"),
+        ("return min / max", f"{_num(entry['return_min'], 2)} / {_num(entry['return_max'], 2)}"),
+        ("normalised mean return", _num(normalised_mean(entry))),
+    ]
+    if entry.get("win_rate") is not None:
+        rows.append(("win rate", f"{float(entry['win_rate']):.3f}"))
+    rows += [
+        ("reference returns (random / expert)",
+         f"{_num(entry.get('ref_return_random'), 2)} / {_num(entry.get('ref_return_expert'), 2)}"),
+        ("behaviour policy", f"`{entry.get('behaviour_policy_id', '—')}`"),
+        ("source", entry.get("source", "built by `plcql-bench datasets build`")),
+        ("generator", f"{entry.get('generator_version', '—')}, seed {entry.get('generator_seed', '—')}"),
+        ("environment", ", ".join(f"{k} {v}" for k, v in sorted(env.items())) or "—"),
+        ("file", f"`{entry['file']}` ({entry.get('size_bytes', 0) / 2**20:.1f} MiB)"),
+        ("sha256", f"`{entry['sha256']}`"),
+    ]
+    lines = [f"# Dataset card: {entry['task_id']} / {entry['quality']}", "", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_card(data_dir: str | Path, entry: dict[str, Any]) -> Path:
+    """Write `<tier>.card.md` next to the dataset file; returns its path."""
+    path = (Path(data_dir) / entry["file"]).with_suffix(".card.md")
+    atomic_write_bytes(path, card_markdown(entry).encode())
+    return path
+
+
+def tier_order_ok(entries: dict[str, dict[str, Any]]) -> bool | None:
+    """expert > medium > random by mean return (tiers present among the three); None if < 2."""
+    means = [entries[t]["return_mean"] for t in ("expert", "medium", "random") if t in entries]
+    if len(means) < 2:
+        return None
+    return all(a > b for a, b in zip(means, means[1:]))
+
+
+def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
+    """Write every manifest entry's card (`<task>/<tier>.md`) and entry (`<task>/<tier>.json`)
+    to out_dir, plus an index README. Returns the files written."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    entries = manifest.read_manifest(data_dir)
+    if not entries:
+        from plcql_bench.suite.errors import BenchError
+
+        raise BenchError(f"{manifest.manifest_path(data_dir)}: no datasets built for profile {profile!r}")
+    written: list[Path] = []
+    by_task: dict[str, dict[str, dict[str, Any]]] = {}
+    for entry in entries.values():
+        by_task.setdefault(entry["task_id"], {})[entry["quality"]] = entry
+        base = out_dir / entry["task_id"] / entry["quality"]
+        base.parent.mkdir(parents=True, exist_ok=True)
+        record = {k: v for k, v in entry.items() if k != "created"}  # stable across rebuilds
+        atomic_write_bytes(base.with_suffix(".md"), card_markdown(entry).encode())
+        atomic_write_bytes(base.with_suffix(".json"), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+        written += [base.with_suffix(".md"), base.with_suffix(".json")]
+    index = out_dir / "README.md"
+    atomic_write_bytes(index, _index(by_task, profile).encode())
+    return written + [index]
+
+
+def _index(by_task: dict[str, dict[str, dict[str, Any]]], profile: str) -> str:
+    lines = [f"# Dataset cards: profile `{profile}`", "",
+             "Written by `plcql-bench datasets cards --profile " + profile + "` from `data/" + profile +
+             "/manifest.json`. The datasets are not committed (rebuild them with `plcql-bench datasets "
+             "build --all --profile " + profile + "`; the sha256 in each card identifies the file).", "",
+             "| task | tier | transitions | episodes | return mean ± std | min / max | normalised | win rate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    order_lines = []
+    for task in sorted(by_task):
+        tiers = by_task[task]
+        for tier in sorted(tiers, key=lambda t: TIER_ORDER.index(t) if t in TIER_ORDER else 99):
+            e = tiers[tier]
+            wr = "—" if e.get("win_rate") is None else f"{float(e['win_rate']):.3f}"
+            lines.append(f"| {task} | [{tier}]({task}/{tier}.md) | {e['n_transitions']:,} | {e['n_episodes']:,} | "
+                         f"{_num(e['return_mean'], 2)} ± {_num(e['return_std'], 2)} | "
+                         f"{_num(e['return_min'], 1)} / {_num(e['return_max'], 1)} | "
+                         f"{_num(normalised_mean(e))} | {wr} |")
+        ok = tier_order_ok(tiers)
+        if ok is not None:
+            order_lines.append(f"- {task}: expert > medium > random by mean return: **{'yes' if ok else 'NO'}**")
+    return "\n".join(lines + [""] + order_lines) + "\n"

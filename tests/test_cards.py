@@ -1,0 +1,52 @@
+"""Dataset cards: written next to each built dataset, exported with an ordering check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from plcql_bench.datasets.build import build_dataset
+from plcql_bench.datasets.cards import export_cards, tier_order_ok
+from plcql_bench.suite.errors import BenchError
+
+
+def test_build_writes_a_card_with_the_manifest_numbers(tmp_path):
+    entry = build_dataset("mpe-cn", "expert", 4, tmp_path, profile="cardtest")
+    card = (tmp_path / "mpe-cn" / "expert.card.md").read_text()
+    assert "| transitions | 100 |" in card and "| episodes | 4 |" in card
+    assert f"{entry['return_mean']:.2f} ± {entry['return_std']:.2f}" in card
+    assert f"{entry['return_min']:.2f} / {entry['return_max']:.2f}" in card
+    assert entry["sha256"] in card
+
+
+def test_export_writes_cards_entries_and_an_index_with_the_tier_order(tmp_path):
+    data = tmp_path / "data"
+    for tier in ("expert", "random"):
+        build_dataset("mpe-cn", tier, 4, data, profile="cardtest")
+    files = export_cards(data, tmp_path / "cards", "cardtest")
+    assert {f.name for f in files} == {"expert.md", "expert.json", "random.md", "random.json", "README.md"}
+    rec = json.loads((tmp_path / "cards" / "mpe-cn" / "expert.json").read_text())
+    assert "created" not in rec and rec["n_transitions"] == 100
+    index = (tmp_path / "cards" / "README.md").read_text()
+    expected = "yes" if rec["return_mean"] > json.loads((tmp_path / "cards" / "mpe-cn" / "random.json").read_text())["return_mean"] else "NO"
+    assert f"mpe-cn: expert > medium > random by mean return: **{expected}**" in index
+
+
+def test_tier_order_check():
+    e = lambda r: {"return_mean": r}  # noqa: E731
+    assert tier_order_ok({"expert": e(3), "medium": e(2), "random": e(1)}) is True
+    assert tier_order_ok({"expert": e(3), "medium": e(4), "random": e(1)}) is False
+    assert tier_order_ok({"expert": e(3)}) is None
+
+
+def test_cards_without_datasets_is_a_one_line_error(tmp_path):
+    with pytest.raises(BenchError, match="no datasets built"):
+        export_cards(tmp_path, tmp_path / "out", "nothing")
+    proc = subprocess.run([sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path), "datasets",
+                           "cards", "--profile", "smoke", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "manifest.json: no datasets built" in proc.stderr
