@@ -1,0 +1,273 @@
+"""The fast critic paths (cache-blocked CF-CQL penalty `_BlockedLSE`, folded input normalisation,
+two-pass statistics, `_FusedTrunk`) against a plain-autograd reference written from the formulas:
+
+    concatenated input rows [s, a_joint] -> BatchNorm1d (training-mode statistics of the call's rows)
+    -> per-member Linear/ReLU/Linear/ReLU/Linear, one member at a time;
+    pen_j = mean_b [ sum_i lambda_i T logsumexp_m((Q_j(s, a_i^m, a_-i) - log p) / T) - Q_j(s, a) ].
+
+Compared: the loss/penalty values and the gradients of EVERY critic parameter (float32: rtol 1e-4,
+atol 1e-6 x the gradient's scale; float64: rtol 1e-9), with several state blocks (BLOCK_BYTES made
+tiny so that the block loop, including a ragged last block, is exercised), for the MPE branch, the
+HalfCheetah branch (extra policy candidates with their log-densities, jittered other actions,
+soft_q off, lse_temp != 1), `members=` slices, weighted agents, no-grad calls, and the whole critic
+loss of CFCQL (2 members), PLCQL and SPaCQL (10 members) with the algorithms' own random draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import plcql_bench.algorithms.common.continuous as C
+from plcql_bench.algorithms.base import load_all, make_config
+from plcql_bench.algorithms.common.continuous import EnsembleCritic, cf_cql_penalty, counterfactual_joint
+from plcql_bench.algorithms.common.speed import SyntheticBuffer
+from plcql_bench.suite.spec import TaskSpec
+
+torch.set_num_threads(1)
+
+CN = TaskSpec("mpe-cn", "mpe", n_agents=3, obs_dim=6, state_dim=10, act_dim=2, discrete=False,
+              episode_limit=25, tiers=("expert", "medium", "medium-replay", "random"))
+HC = TaskSpec("mamujoco-halfcheetah-2x3", "mamujoco", n_agents=2, obs_dim=6, state_dim=17, act_dim=3,
+              discrete=False, episode_limit=1000, tiers=("expert", "medium", "medium-replay", "random"))
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """A few states per block, so every test runs several blocks and a ragged last one."""
+    monkeypatch.setattr(C, "BLOCK_BYTES", 4096)
+
+
+# -- plain reference ----------------------------------------------------------------------------------
+
+
+def ref_q(critic: EnsembleCritic, X: torch.Tensor, members: range | None = None) -> torch.Tensor:
+    """X [N, S + nA] concatenated rows -> Q [E', N], member by member, BatchNorm over the N rows."""
+    out = []
+    for e in members if members is not None else range(critic.n_members):
+        x = X
+        if critic.input_norm:
+            var, mean = torch.var_mean(X, dim=0, keepdim=True, correction=0)
+            x = (X - mean) / torch.sqrt(var + 1e-5) * critic.norm.weight[e] + critic.norm.bias[e]
+        h = torch.relu(x @ critic.l1.weight[e] + critic.l1.bias[e])
+        h = torch.relu(h @ critic.l2.weight[e] + critic.l2.bias[e])
+        out.append((h @ critic.l3.weight[e] + critic.l3.bias[e])[:, 0])
+    return torch.stack(out)
+
+
+def ref_lse(critic, state, joint, n, offset, weights, temp, members=None):
+    """mean_b sum_i w_i T lse_m((Q - offset) / T) from concatenated rows: [E']."""
+    B, R, _ = joint.shape
+    X = torch.cat([state.unsqueeze(1).expand(B, R, state.shape[1]), joint], -1).reshape(B * R, -1)
+    q = ref_q(critic, X, members).view(-1, B, n, R // n)
+    z = q - offset if offset is not None else q
+    lse = torch.logsumexp(z / temp, -1) * temp
+    return (lse * weights).sum(-1).mean(-1), z.detach().sum((1, 2, 3))
+
+
+def make_critic(E, S, nA, H, input_norm, dtype, seed=0):
+    critic = EnsembleCritic(E, S, nA, H, input_norm, torch.Generator().manual_seed(seed)).to(dtype)
+    with torch.no_grad():  # non-trivial normaliser affine parameters and larger output weights
+        if input_norm:
+            critic.norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(seed + 1))
+            critic.norm.bias.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(seed + 2))
+        critic.l3.weight.mul_(4.0)
+    return critic
+
+
+def grads(loss, params):
+    return torch.autograd.grad(loss, params)
+
+
+def assert_close_grads(got, exp, dtype, names=None):
+    rtol = 1e-4 if dtype == torch.float32 else 1e-9
+    for i, (g, e) in enumerate(zip(got, exp)):
+        atol = (1e-6 if dtype == torch.float32 else 1e-12) * max(1.0, float(e.abs().max()))
+        assert torch.allclose(g, e, rtol=rtol, atol=atol), (names[i] if names else i, (g - e).abs().max())
+
+
+# -- the blocked penalty alone ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("input_norm", [True, False], ids=["bn", "nobn"])
+@pytest.mark.parametrize("case", ["mpe", "hc", "temp", "weights_n", "weights_bn", "members", "ten"])
+def test_lse_penalty_matches_reference(case, input_norm, dtype):
+    g = torch.Generator().manual_seed(7)
+    E, B, S, n, A, M, H = 2, 13, 5, 3, 2, 4, 8
+    offset_kind, temp, weights, members = "uniform", 1.0, None, None
+    if case == "hc":
+        n, A, M, H = 2, 3, 12, 16
+        offset_kind = "random"
+    if case == "temp":
+        temp, offset_kind = 0.3, None
+    if case == "weights_n":
+        weights = torch.rand(n, generator=g)
+    if case == "weights_bn":
+        weights = torch.rand(B, n, generator=g)
+    if case == "members":
+        E, members = 5, slice(1, 4)
+    if case == "ten":
+        E = 10
+    critic = make_critic(E, S, n * A, H, input_norm, dtype)
+    state = (torch.randn(B, S, generator=g) * 2 + 1).to(dtype)
+    data = (torch.rand(B, n, A, generator=g) * 2 - 1).to(dtype)
+    own = (torch.rand(B, n, M, A, generator=g) * 2 - 1).to(dtype)
+    joint = counterfactual_joint(data, own)
+    offset = {"uniform": torch.full((B, n, M), A * math.log(0.5)), None: None,
+              "random": torch.randn(B, n, M, generator=g) * 3}[offset_kind]
+    offset = offset.to(dtype) if offset is not None else None
+    w = weights.to(dtype) if weights is not None else torch.full((n,), 1.0 / n, dtype=dtype)
+    params = list(critic.parameters())
+
+    pol, zsum = critic.lse_penalty(state, joint, n, offset, w, temp, members=members)
+    rng = range(*members.indices(E)) if members is not None else None
+    pol_r, zsum_r = ref_lse(critic, state, joint, n, offset, w, temp, rng)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-10
+    assert pol.shape == pol_r.shape and torch.allclose(pol, pol_r, rtol=rtol, atol=rtol)
+    assert torch.allclose(zsum, zsum_r, rtol=rtol, atol=rtol * B * n * M)
+    # a non-uniform upstream gradient per member (the backward scales each member's gradients)
+    up = torch.arange(1, pol.shape[0] + 1, dtype=dtype)
+    used = [p for p in params]
+    got = torch.autograd.grad((pol * up).sum(), used, allow_unused=True)
+    exp = torch.autograd.grad((pol_r * up).sum(), used, allow_unused=True)
+    got = [torch.zeros_like(p) if x is None else x for p, x in zip(used, got)]
+    exp = [torch.zeros_like(p) if x is None else x for p, x in zip(used, exp)]
+    names = [n_ for n_, _ in critic.named_parameters()]
+    assert_close_grads(got, exp, dtype, names)
+    with torch.no_grad():  # the forward-only path gives the same values
+        pol_ng, zsum_ng = critic.lse_penalty(state, joint, n, offset, w, temp, members=members)
+    assert torch.allclose(pol_ng, pol.detach(), rtol=1e-6, atol=1e-6) and torch.allclose(zsum_ng, zsum)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 4096, 1 << 30], ids=["one-state", "several", "single-block"])
+def test_block_size_does_not_change_the_result(block_bytes, monkeypatch):
+    """One state per block, several, and one block for everything: same penalty and gradients."""
+    monkeypatch.setattr(C, "BLOCK_BYTES", block_bytes)
+    g = torch.Generator().manual_seed(3)
+    critic = make_critic(2, 6, 6, 8, True, torch.float64)
+    state, data = torch.randn(9, 6, generator=g, dtype=torch.float64), torch.rand(9, 3, 2, generator=g, dtype=torch.float64)
+    joint = counterfactual_joint(data, torch.rand(9, 3, 5, 2, generator=g, dtype=torch.float64))
+    w = torch.full((3,), 1 / 3, dtype=torch.float64)
+    pol, _ = critic.lse_penalty(state, joint, 3, None, w)
+    pol_r, _ = ref_lse(critic, state, joint, 3, None, w, 1.0)
+    assert torch.allclose(pol, pol_r, rtol=1e-12)
+    assert_close_grads(grads(pol.sum(), list(critic.parameters())), grads(pol_r.sum(), list(critic.parameters())),
+                       torch.float64)
+
+
+def test_lse_penalty_action_gradients_fall_back():
+    """Actions that carry gradient take the plain (autograd) path, with the same values."""
+    g = torch.Generator().manual_seed(1)
+    critic = make_critic(2, 4, 4, 8, True, torch.float64)
+    state = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    joint = (torch.rand(5, 6, 4, generator=g, dtype=torch.float64) * 2 - 1).requires_grad_()
+    w = torch.full((2,), 0.5, dtype=torch.float64)
+    pol, _ = critic.lse_penalty(state, joint, 2, None, w)
+    pol_r, _ = ref_lse(critic, state, joint, 2, None, w, 1.0)
+    assert torch.allclose(pol, pol_r, rtol=1e-10)
+    ga, = torch.autograd.grad(pol.sum(), [joint])
+    gr, = torch.autograd.grad(pol_r.sum(), [joint])
+    assert torch.allclose(ga, gr, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_trunk_and_forward_match_reference():
+    """The plain critic call (R = 1 TD path and R > 1, with and without members=) against the reference,
+    including the gradient with respect to actions (the actor's path)."""
+    g = torch.Generator().manual_seed(2)
+    critic = make_critic(4, 7, 6, 8, True, torch.float64)
+    state = torch.randn(11, 7, generator=g, dtype=torch.float64)
+    for R, members in [(1, None), (3, slice(0, 1)), (3, slice(1, 4))]:
+        acts = (torch.rand(11, R, 6, generator=g, dtype=torch.float64) * 2 - 1).requires_grad_()
+        q = critic(state, acts, members=members)
+        X = torch.cat([state.unsqueeze(1).expand(11, R, 7), acts], -1).reshape(11 * R, -1)
+        rng = range(*(members or slice(None)).indices(4))
+        qr = ref_q(critic, X, rng).view(-1, 11, R)
+        assert torch.allclose(q, qr, rtol=1e-10)
+        up = torch.randn(q.shape, generator=g, dtype=torch.float64)
+        params = list(critic.parameters()) + [acts]
+        got = torch.autograd.grad((q * up).sum(), params, allow_unused=True)
+        exp = torch.autograd.grad((qr * up).sum(), params, allow_unused=True)
+        got = [torch.zeros_like(p) if x is None else x for p, x in zip(params, got)]
+        exp = [torch.zeros_like(p) if x is None else x for p, x in zip(params, exp)]
+        assert_close_grads(got, exp, torch.float64)
+
+
+# -- whole critic losses of the algorithms ------------------------------------------------------------
+
+
+def _build(name, spec, **over):
+    cls = load_all()[name]
+    ov = {**cls.task_overrides(spec, "medium"), "batch_size": 24, "hidden": 16, **over}
+    return cls(spec, make_config(cls, ov), 0)
+
+
+def _ref_critic_loss(algo, batch, target, own, extra, jitter):
+    """TD + cql_alpha * CF-CQL from concatenated rows, with the random draws given."""
+    B, n, A = batch.actions.shape
+    X = torch.cat([batch.state, batch.actions.reshape(B, -1)], 1)
+    q = ref_q(algo.critic, X)  # [E, B]
+    td = (q - target.unsqueeze(0)).pow(2).mean(1).sum()
+    M = own.shape[2]
+    logp = torch.full((B, n, M), A * math.log(0.5))
+    if extra is not None:
+        own = torch.cat([own, extra[0]], 2)
+        logp = torch.cat([logp, extra[1]], 2)
+    others = batch.actions if jitter is None else batch.actions + jitter
+    cfg = algo.cfg
+    pol, _ = ref_lse(algo.critic, batch.state, counterfactual_joint(others, own), n,
+                     logp if cfg.soft_q else None, torch.full((n,), 1.0 / n), cfg.lse_temp)
+    return td + cfg.cql_alpha * (pol - q.mean(-1)).sum()
+
+
+@pytest.mark.parametrize("name,spec,over", [
+    ("cfcql", CN, {}),
+    ("cfcql", HC, {"n_critics": 2}),  # HalfCheetah branch: policy candidates + jittered others
+    ("cfcql", HC, {"n_critics": 2, "soft_q": False, "lse_temp": 0.5, "other_action_jitter": 0.1}),
+    ("plcql", CN, {}),  # 10 members
+    ("spacql", CN, {}),
+], ids=["cfcql-cn", "cfcql-hc", "cfcql-hc-nosoft-temp", "plcql-cn", "spacql-cn"])
+def test_algorithm_critic_loss_matches_reference(name, spec, over):
+    algo = _build(name, spec, **over)
+    buf = SyntheticBuffer(spec, 500, seed=1)
+    for _ in range(2):  # move away from the initial weights
+        algo.update(buf)
+    batch = buf(24)
+    target, _ = algo.compute_target(batch)
+    state = algo.gen.get_state()
+    loss, stats = algo.critic_loss(batch, target)
+    params = list(algo.critic.parameters())
+    got = grads(loss, params)
+
+    # the same random draws, in the order critic_loss makes them
+    algo.gen.set_state(state)
+    B, n, A = batch.actions.shape
+    extra = algo.policy_cql_samples(batch)
+    own = torch.rand(B, n, algo.cfg.n_sampled_actions, A, generator=algo.gen) * 2 - 1
+    jit = None
+    if algo.cfg.other_action_jitter > 0:
+        jit = (torch.rand(batch.actions.shape, generator=algo.gen) * 2 - 1) * algo.cfg.other_action_jitter
+    loss_r = _ref_critic_loss(algo, batch, target, own, extra, jit)
+    assert torch.allclose(loss.detach(), loss_r.detach(), rtol=1e-5)
+    assert_close_grads(got, grads(loss_r, params), torch.float32, [k for k, _ in algo.critic.named_parameters()])
+    assert math.isfinite(float(stats["cql/raw_cf_q"])) and math.isfinite(float(stats["cql/lse_q"]))
+
+
+def test_penalty_diagnostics_match_reference():
+    """cql/lse_q = mean over members and states of the agent-averaged logsumexp; cql/raw_cf_q = mean of
+    Q - log p over all counterfactual rows."""
+    g = torch.Generator().manual_seed(4)
+    critic = make_critic(2, 5, 6, 8, True, torch.float32)
+    state, actions = torch.randn(7, 5, generator=g), torch.rand(7, 3, 2, generator=g) * 2 - 1
+    q = critic(state, actions.reshape(7, 1, -1))[:, :, 0]
+    pen, st = cf_cql_penalty(critic, state, actions, q, 4, torch.Generator().manual_seed(9))
+    own = torch.rand(7, 3, 4, 2, generator=torch.Generator().manual_seed(9)) * 2 - 1
+    logp = torch.full((7, 3, 4), 2 * math.log(0.5))
+    X = torch.cat([state.unsqueeze(1).expand(7, 12, 5), counterfactual_joint(actions, own)], -1).reshape(84, -1)
+    qc = ref_q(critic, X).view(2, 7, 3, 4) - logp
+    pol = torch.logsumexp(qc, -1).mean(-1)
+    assert torch.allclose(pen, (pol - q).mean(-1), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(st["cql/lse_q"], pol.mean(), rtol=1e-5)
+    assert torch.allclose(st["cql/raw_cf_q"], qc.mean(), rtol=1e-5, atol=1e-6)
