@@ -184,7 +184,9 @@ def load_all() -> dict[str, type]:
     from plcql_bench.algorithms import (  # noqa: F401
         awac, bc, cfcql, dof, iql, macql, maicq, matd3bc, omar, plcql, spacql,
     )
-    from plcql_bench.algorithms import bc_discrete  # noqa: F401  (discrete-action implementations)
+    from plcql_bench.algorithms import (  # noqa: F401  (discrete-action implementations)
+        bc_discrete, cfcql_discrete, macql_discrete,
+    )
 
     return REGISTRY
 

@@ -178,7 +178,7 @@ def test_recurrent_agent_step_matches_unroll():
 
 def test_registry_two_implementations():
     load_all()
-    impl = implementations("bc")
+    impl = implementations("cfcql")
     assert impl["continuous"].discrete is False and impl["discrete"].discrete is True
     assert get_algorithm("bc", discrete=True).batch_kind == "episodes"
     assert get_algorithm("bc", discrete=False).discrete is False
@@ -187,7 +187,7 @@ def test_registry_two_implementations():
         get_algorithm("dof", discrete=True)
     from plcql_bench.leaderboard.build import support
 
-    assert support("bc", True) == "yes" and support("bc", False) == "yes"
+    assert support("cfcql", True) == "yes" and support("cfcql", False) == "yes"
     assert support("dof", True) == "no" and support("nonexistent-algo", True) == "unknown"
 
 

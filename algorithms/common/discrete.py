@@ -9,7 +9,7 @@ n agents, A actions, S state size. `EpisodeBatch` is in algorithms/base.py.
 
 Public API
   masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
-            masked_mean, NEG
+            masked_uniform_sample, masked_mean, NEG
   networks: RNNAgent (shared-parameter GRU agent), QMixer (QMIX hypernetwork mixer),
             last_action_onehot, hard_update, seeded
   targets:  td_lambda_targets
@@ -93,6 +93,18 @@ def masked_sample(logits: torch.Tensor, avail: torch.Tensor, generator: torch.Ge
     u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
     gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
     return masked_argmax(logits + gumbel, avail)
+
+
+def masked_uniform_sample(avail: torch.Tensor, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`num` independent draws per row, uniform over the row's available actions: avail [..., A] ->
+    int64 [..., num]. Memory O(rows × (A + num)), no [..., num, A] intermediate. A row with no
+    available action returns 0."""
+    ok = (avail > 0).to(torch.float32)
+    count = ok.sum(-1, keepdim=True)  # [..., 1]
+    u = torch.rand(avail.shape[:-1] + (num,), generator=generator, device=avail.device)
+    k = torch.minimum((u * count).floor(), (count - 1).clamp_min(0))  # the k-th available (0-based)
+    idx = torch.searchsorted(ok.cumsum(-1).contiguous(), k.contiguous(), right=True)
+    return torch.where(count > 0, idx, torch.zeros_like(idx))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -294,7 +306,7 @@ class RecurrentActing:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
-        obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+        obs_t = torch.tensor(np.asarray(obs, dtype=np.float32), device=self.device)
         B = obs_t.shape[0]
         if self._h is None or self._h.shape[0] != B:
             self.begin_episodes(B)
@@ -302,7 +314,7 @@ class RecurrentActing:
         if avail is None:
             av = torch.ones_like(out)
         else:
-            av = torch.as_tensor(np.asarray(avail, dtype=np.float32), device=self.device)
+            av = torch.tensor(np.asarray(avail, dtype=np.float32), device=self.device)
         a = masked_argmax(out, av)
         self._last = F.one_hot(a, self.spec.act_dim).float()
         return a.cpu().numpy().astype(np.int64)

@@ -1,0 +1,216 @@
+"""CFCQL, discrete actions (SMAX/SMAC): QMIX with TD(λ) targets + counterfactual CQL.
+
+Reference: `thu-rllab/CFCQL` `discrete/src/learners/cq_learner.py` with `config/algs/cql_qmix.yaml`
+(reference-implementations.md §4.3). One update round = one gradient step on 128 episodes:
+
+  Q-values    q = GRU agent(o_t ⊕ a_{t-1} ⊕ id)                          [B, T+1, n, A]
+  target      y = TD(λ) returns of Q'_tot(s_t, argmax_avail q(o_t)) (double Q: online argmax over the
+              available actions, target agent + target mixer), γ 0.99, λ 0.6 (0.3 on 6h_vs_8z)
+  TD loss     mean over real steps of ½ (Q_tot(s, a) − y)²
+  CF-CQL      for agent i and each of its actions j: Q_tot(s, a_i = j, a_-i from the data); unavailable
+              j never enter (masked logsumexp);
+              pen = mean over real steps of Σ_i λ_i logsumexp_{j avail} Q_tot(s, j, a_-i) − Q_tot(s, a)
+  loss        TD + cql_alpha · pen; Adam lr 1e-3, gradient-norm clip 10
+  targets     hard copy every 25 rounds (the reference's "every 200 episodes", its episode counter
+              growing by batch_size_run = 8 per iteration)
+
+λ (`moderate_lambda`): a behaviour model β (the same GRU agent, masked softmax policy, trained by
+masked cross-entropy, CFCQL `train_behaviour`) is trained first. Then per step
+    KL_i = Σ_{j avail} μ_i(j) (log μ_i(j) − log β_i(j)),   μ_i = softmax_j Q_tot(s, j, a_-i)
+(μ is the policy the counterfactual Q_tot implies for agent i: the reference's `kl_div(log β, μ)`),
+λ = softmax_i(softmax_temp · KL_i), detached; softmax_temp = 100 means a hard argmax over agents and
+0 uniform weights 1/n (then no behaviour model is trained). `cql_alpha` (the reference's
+`global_cql_alpha`) and `softmax_temp` come per map and dataset from configs/cfcql_discrete.yaml.
+
+Behaviour training budget: the reference's loop runs for `max_behaviour_train_steps` = 10M sampled
+timesteps and computes, but does not use, a "no improvement for 20 steps" flag; the notes describe the
+latter as the stopping rule. Here β trains before the first Q step for at most
+`behaviour_max_updates` steps and stops early once its batch loss has not improved for more than
+`behaviour_patience` steps (0 = never stop early). See docs/algorithms/cfcql.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from plcql_bench.algorithms.base import EpisodeBatch, register
+from plcql_bench.algorithms.bc_discrete import bc_step
+from plcql_bench.algorithms.common.configs import tier_table
+from plcql_bench.algorithms.common.discrete import (
+    DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
+    td_lambda_targets)
+from plcql_bench.suite.spec import TaskSpec
+
+
+@dataclass
+class Config:
+    # --- QMIX backbone (cql_qmix.yaml, default.yaml) ---
+    hidden: int = 64  # rnn_hidden_dim 64 (n_rnn agent)
+    mixing_embed: int = 32  # mixing_embed_dim 32
+    hypernet_embed: int = 64  # hypernet_embed 64
+    lr: float = 1e-3  # lr 0.001, optimizer adam
+    gamma: float = 0.99  # gamma 0.99
+    td_lambda: float = 0.6  # td_lambda 0.6 (0.3 on 6h_vs_8z via the table)
+    batch_episodes: int = 128  # batch_size 128 episodes
+    grad_clip: float = 10.0  # grad_norm_clip 10
+    target_update_interval: int = 25  # rounds: 200 "episodes" / batch_size_run 8
+    double_q: bool = True  # online argmax, target evaluation (cq_learner)
+    # --- counterfactual CQL ---
+    cql_alpha: float = 50.0  # global_cql_alpha 50.0 (cql_qmix.yaml); per map/dataset via the table
+    softmax_temp: float = 5.0  # softmax_temp 5 (cql_qmix.yaml); per map/dataset via the table; 0 = 1/n
+    # --- behaviour model for λ (moderate_lambda) ---
+    behaviour_lr: float = 1e-3  # the reference's behaviour optimiser uses args.lr
+    behaviour_max_updates: int = 2000  # chosen (reference: 10M sampled timesteps, ~ the Q budget)
+    behaviour_patience: int = 20  # stop once the loss has not improved for > 20 steps (0 = off)
+
+
+@register
+class CFCQLDiscrete(DiscreteAlgorithm):
+    name = "cfcql"
+    Config = Config
+    discrete = True
+    batch_kind = "episodes"
+    table = "cfcql_discrete"  # configs/<table>.yaml
+
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        return tier_table(cls.table, spec, tier)
+
+    def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
+        super().__init__(spec, config, seed, device)
+        c = config
+        self.q_agent = self.build(1, lambda: self.agent(c.hidden))
+        self.mix = self.build(2, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.target_agent = self.target_of(self.q_agent)
+        self.target_mix = self.target_of(self.mix)
+        self.opt = torch.optim.Adam([*self.q_agent.parameters(), *self.mix.parameters()], lr=c.lr)
+        self.behaviour: RNNAgent | None = None
+        if self.uses_behaviour():
+            self.behaviour = self.build(3, lambda: self.agent(c.hidden))
+            self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
+        self.behaviour_state = {"updates": 0, "best": float("inf"), "since_best": 0, "done": False, "loss": 0.0}
+
+    def uses_behaviour(self) -> bool:
+        return self.cfg.softmax_temp != 0 and self.cfg.cql_alpha > 0
+
+    # -- protocol -------------------------------------------------------------------------------
+    def modules(self) -> dict[str, nn.Module]:
+        m = {"q_agent": self.q_agent, "mixer": self.mix, "target_agent": self.target_agent,
+             "target_mixer": self.target_mix}
+        if self.behaviour is not None:
+            m["behaviour"] = self.behaviour
+        return m
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        o = {"opt": self.opt}
+        if self.behaviour is not None:
+            o["behaviour_opt"] = self.behaviour_opt
+        return o
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> RNNAgent:
+        return self.q_agent
+
+    # -- behaviour model ------------------------------------------------------------------------
+    def train_behaviour(self, sample) -> dict[str, float]:
+        """Train β until done (max updates or patience); a no-op once done. Called before every Q
+        step, so β is fully trained before the first one."""
+        st, c = self.behaviour_state, self.cfg
+        while not st["done"]:
+            loss = bc_step(self.behaviour, self.behaviour_opt, sample(c.batch_episodes), c.grad_clip)
+            st["updates"] += 1
+            st["loss"] = loss
+            if loss < st["best"]:
+                st["best"], st["since_best"] = loss, 0
+            else:
+                st["since_best"] += 1
+            if st["updates"] >= c.behaviour_max_updates or (0 < c.behaviour_patience < st["since_best"]):
+                st["done"] = True
+        return {"behaviour/updates": float(st["updates"]), "behaviour/loss": float(st["loss"])}
+
+    @torch.no_grad()
+    def cf_weights(self, cf: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
+        """λ [B, T, n] from the counterfactual Q_tot cf [B, T, n, A] (see the module docstring)."""
+        B, T, n, _ = cf.shape
+        temp = self.cfg.softmax_temp
+        if self.behaviour is None or temp == 0:
+            return cf.new_full((B, T, n), 1.0 / n)
+        avail = batch.avail[:, :T]
+        beta = masked_softmax(self.behaviour.unroll(batch)[:, :T], avail)
+        mu = masked_softmax(cf, avail)
+        eps = 1e-5  # as the reference's kl_div(log(β + 1e-5), μ + 1e-5)
+        kl = ((mu + eps) * ((mu + eps).log() - (beta + eps).log()) * avail).sum(-1)  # [B, T, n]
+        if temp >= 100:  # the reference's hard argmax
+            return torch.nn.functional.one_hot(kl.argmax(-1), n).float()
+        return torch.softmax(temp * kl, -1)
+
+    # -- losses ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
+        """TD(λ) targets [B, T] (double Q over the available actions; q_all = the online agent's
+        outputs [B, T+1, n, A], computed here when not given)."""
+        tq = self.target_agent.unroll(batch)  # [B, T+1, n, A]
+        if q_all is None and self.cfg.double_q:
+            q_all = self.q_agent.unroll(batch)
+        choose_from = q_all.detach() if self.cfg.double_q else tq
+        a_star = masked_argmax(choose_from, batch.avail)  # [B, T+1, n]
+        tq_tot = self.target_mix(tq.gather(-1, a_star.unsqueeze(-1))[..., 0], batch.state)  # [B, T+1]
+        return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, tq_tot, self.cfg.gamma,
+                                 self.cfg.td_lambda)
+
+    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics."""
+        T = batch.max_t
+        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :T])  # [B, T, n, A]
+        lse = masked_logsumexp(cf, batch.avail[:, :T])  # [B, T, n]
+        lam = self.cf_weights(cf.detach(), batch)
+        neg = (lam * lse).sum(-1)
+        m = batch.mask
+        stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
+                 "cql/negative": masked_mean(neg.detach(), m)}
+        return neg - q_tot, stats
+
+    def update(self, sample) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.behaviour is not None:  # every round reports the same keys (the runner averages them)
+            out.update(self.train_behaviour(sample))
+        batch = sample(self.cfg.batch_episodes)
+        T = batch.max_t
+        q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
+        q = q_all[:, :T]
+        q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
+        q_tot = self.mix(q_taken, batch.state[:, :T])  # [B, T]
+        y = self.compute_target(batch, q_all)
+        td = masked_mean(0.5 * (q_tot - y).pow(2), batch.mask)
+        loss = td
+        stats = {"critic/td_loss": td.detach(), "critic/q_taken": masked_mean(q_tot.detach(), batch.mask),
+                 "critic/target": masked_mean(y, batch.mask)}
+        if self.cfg.cql_alpha > 0:
+            pen_bt, cst = self.cql_penalty(batch, q, q_tot)
+            pen = masked_mean(pen_bt, batch.mask)
+            loss = loss + self.cfg.cql_alpha * pen
+            stats.update(cst)
+            stats["cql/penalty"] = pen.detach()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [*self.q_agent.parameters(), *self.mix.parameters()]
+        gn = nn.utils.clip_grad_norm_(params, self.cfg.grad_clip) if self.cfg.grad_clip > 0 else torch.zeros(())
+        self.opt.step()
+        self.rounds += 1
+        if self.rounds % self.cfg.target_update_interval == 0:
+            hard_update(self.target_agent, self.q_agent)
+            hard_update(self.target_mix, self.mix)
+        stats["critic/loss"] = loss.detach()
+        stats["critic/grad_norm"] = gn
+        out.update({k: float(v) for k, v in stats.items()})
+        return out

@@ -1,0 +1,213 @@
+"""Discrete-action algorithms (bc, cfcql, macql on SMAX/SMAC): training, masks, CF-CQL by hand,
+λ weights, seeding and resume, per-map tables, and an end-to-end run on a smoke SMAX dataset."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_uniform_sample
+from plcql_bench.suite.episodes import EpisodeSampler
+from plcql_bench.suite.spec import TaskSpec
+
+from test_discrete_machinery import SPEC, random_masks, ragged
+
+torch.set_num_threads(1)
+DISCRETE = ["bc", "cfcql", "macql"]
+TINY = {"batch_episodes": 4, "hidden": 8}
+EXTRA = {"cfcql": {"mixing_embed": 4, "hypernet_embed": 8, "behaviour_max_updates": 3, "softmax_temp": 1.0,
+                   "target_update_interval": 2},
+         "macql": {"mixing_embed": 4, "hypernet_embed": 8, "n_sampled_actions": 7, "target_update_interval": 2}}
+
+
+def build(name, seed=0, spec=SPEC, **over):
+    cls = get_algorithm(name, discrete=True)
+    return cls(spec, make_config(cls, {**TINY, **EXTRA.get(name, {}), **over}), seed)
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
+
+
+@pytest.mark.parametrize("name", DISCRETE)
+def test_trains_finite_and_acts_available(name, arrays):
+    algo = build(name)
+    assert algo.discrete is True and algo.batch_kind == "episodes"
+    s = EpisodeSampler(arrays, seed=0)
+    params0 = [p.detach().clone() for p in algo.policy_agent().parameters()]
+    for _ in range(3):
+        m = algo.update(s)
+        assert m and all(isinstance(v, float) and math.isfinite(v) for v in m.values()), m
+    assert any(not torch.equal(a, b) for a, b in zip(params0, algo.policy_agent().parameters()))
+    g = torch.Generator().manual_seed(1)
+    algo.begin_episodes(16)
+    for _ in range(4):
+        obs = np.random.default_rng(0).normal(size=(16, 3, 7)).astype(np.float32)
+        avail = random_masks(g, (16, 3, 6)).numpy().astype(np.uint8)
+        a = algo.act(obs, avail)
+        assert a.shape == (16, 3) and a.dtype == np.int64
+        assert (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+
+
+def test_bc_learns_the_data(arrays):
+    algo = build("bc", lr=1e-2, hidden=32, batch_episodes=8)
+    s = EpisodeSampler(arrays, seed=0)
+    first = algo.update(s)["bc/cross_entropy"]
+    for _ in range(60):
+        last = algo.update(s)["bc/cross_entropy"]
+    assert last < 0.6 * first
+
+
+def test_cfcql_penalty_by_hand(arrays):
+    algo = build("cfcql", softmax_temp=0.0)
+    assert algo.behaviour is None  # temp 0: uniform λ, no behaviour model
+    b = EpisodeSampler(arrays, seed=0)(4)
+    T = b.max_t
+    with torch.no_grad():
+        q = algo.q_agent.unroll(b)[:, :T]
+        q_taken = q.gather(-1, b.actions[..., None])[..., 0]
+        q_tot = algo.mix(q_taken, b.state[:, :T])
+        pen, _ = algo.cql_penalty(b, q, q_tot)
+        n, A = SPEC.n_agents, SPEC.act_dim
+        expect = torch.zeros_like(q_tot)
+        for i in range(n):
+            vals = []
+            for j in range(A):
+                qq = q_taken.clone()
+                qq[..., i] = q[..., i, j]
+                vals.append(algo.mix(qq, b.state[:, :T]))
+            vals = torch.stack(vals, -1)  # [B, T, A]
+            av = b.avail[:, :T, i]
+            lse = torch.where(av.sum(-1) > 0,
+                              torch.logsumexp(vals.masked_fill(av == 0, float("-inf")), -1), torch.zeros(()))
+            expect += lse / n
+        expect -= q_tot
+    m = b.mask > 0
+    assert torch.allclose(pen[m], expect[m], atol=1e-4)
+
+
+def test_cfcql_lambda_from_behaviour(arrays):
+    s = EpisodeSampler(arrays, seed=0)
+    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50, behaviour_patience=2)
+    m = algo.update(s)
+    assert 1 <= m["behaviour/updates"] <= 50 and algo.behaviour_state["done"]
+    steps = algo.behaviour_state["updates"]
+    algo.update(s)
+    assert algo.behaviour_state["updates"] == steps  # trained once, before the first Q step
+    b = s(4)
+    T = b.max_t
+    with torch.no_grad():
+        q = algo.q_agent.unroll(b)[:, :T]
+        cf = algo.mix.counterfactual(q, b.actions, b.state[:, :T])
+        lam = algo.cf_weights(cf, b)
+        assert torch.allclose(lam.sum(-1), torch.ones(lam.shape[:-1]))
+        algo.cfg.softmax_temp = 100.0
+        hard = algo.cf_weights(cf, b)
+        assert ((hard == 0) | (hard == 1)).all() and (hard.sum(-1) == 1).all()
+
+
+def test_macql_samples_only_available():
+    g = torch.Generator().manual_seed(0)
+    avail = random_masks(g, (40, 3, 9))
+    idx = masked_uniform_sample(avail, 500, g)  # [40, 3, 500]
+    assert (avail.gather(-1, idx) == 1).all()
+    counts = torch.nn.functional.one_hot(idx, 9).sum(-2).float()  # [40, 3, 9]
+    freq = counts / 500
+    expect = avail / avail.sum(-1, keepdim=True)
+    assert (freq - expect).abs().max() < 0.12
+    assert torch.isfinite(masked_logsumexp(torch.randn(40, 3, 9), avail)).all()
+
+
+@pytest.mark.parametrize("name", DISCRETE)
+def test_seeding_and_resume(name, arrays, tmp_path):
+    def first(seed):
+        torch.manual_seed(123)
+        algo = build(name, seed=seed)
+        return algo, algo.update(EpisodeSampler(arrays, seed=0))
+
+    a0, m0 = first(0)
+    a0b, m0b = first(0)
+    _, m1 = first(1)
+    assert m0 == m0b and m0 != m1
+    for p, q in zip(a0.state_dict().items(), a0b.state_dict().items()):
+        if isinstance(p[1], dict) and p[0] not in ("behaviour_state",) and "state" not in p[1]:
+            for k in p[1]:
+                assert torch.equal(p[1][k], q[1][k]), (p[0], k)
+    torch.save(a0.state_dict(), tmp_path / "c.pt")
+    fresh = build(name, seed=7)
+    fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
+    assert a0.update(EpisodeSampler(arrays, seed=3)) == fresh.update(EpisodeSampler(arrays, seed=3))
+
+
+def test_tables():
+    cf = get_algorithm("cfcql", discrete=True)
+    mk = lambda tid: TaskSpec(tid, tid.split("-")[0], 5, 7, 9, 11, True, 10, ("medium",))  # noqa: E731
+    assert cf.task_overrides(mk("smax-2s3z"), "medium") == {"cql_alpha": 0.1, "softmax_temp": 0.5}
+    assert cf.task_overrides(mk("smac-2s3z"), "mixed") == {"cql_alpha": 0.5, "softmax_temp": 0.0}
+    assert cf.task_overrides(mk("smax-5m_vs_6m"), "expert") == {"cql_alpha": 50.0, "softmax_temp": 100.0}
+    assert cf.task_overrides(mk("smax-6h_vs_8z"), "medium")["td_lambda"] == 0.3
+    mc = get_algorithm("macql", discrete=True)
+    assert mc.Config().cql_alpha == 5.0 and mc.task_overrides(mk("smax-2s3z"), "medium") == {}
+    assert mc.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"td_lambda": 0.3}
+    for name in DISCRETE:
+        cls = get_algorithm(name, discrete=True)
+        for tid in ("smax-2s3z", "smax-3s_vs_5z", "smax-5m_vs_6m", "smax-6h_vs_8z", "smac-6h_vs_8z"):
+            for tier in ("medium", "medium-replay", "expert", "mixed"):
+                make_config(cls, cls.task_overrides(mk(tid), tier))
+
+
+TINY_PROFILE = """
+name: tinysmax
+description: test profile
+datasets:
+  episodes: {default: 6}
+train:
+  updates: {default: 2}
+  eval_every: 2
+  eval_episodes: 2
+  final_eval_episodes: 3
+  checkpoint_every: 2
+matrix:
+  algos: [bc, cfcql]
+  tasks: [smax-2s3z]
+  tiers: [medium]
+  seeds: [0]
+algo_overrides: {batch_episodes: 4, hidden: 16, behaviour_max_updates: 2}
+"""
+
+
+def test_end_to_end_smax(tmp_path):
+    pytest.importorskip("jaxmarl")
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(TINY_PROFILE)
+    base = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data"),
+            "--results-dir", str(tmp_path / "results")]
+    for args in (["datasets", "build", "smax-2s3z", "medium", "--profile", str(profile)],
+                 ["all", "--profile", str(profile)]):
+        proc = subprocess.run(base + args, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    finals = {json.loads(p.read_text())["algo"]: json.loads(p.read_text())
+              for p in (tmp_path / "results").rglob("final.json")}
+    assert set(finals) == {"bc", "cfcql"}
+    for f in finals.values():
+        ev = f["final_eval"]
+        assert f["score_name"] == "win_rate" and ev["episodes"] == 3
+        assert ev["win_rate"] is not None and 0.0 <= ev["win_rate"] <= 1.0 and f["score"] == ev["win_rate"]
+        assert [p["update"] for p in f["curve"]] == [0, 2]
+    assert finals["cfcql"]["config"]["cql_alpha"] == 0.1 and finals["cfcql"]["config"]["softmax_temp"] == 0.5
+
+
+@pytest.mark.parametrize("name", DISCRETE)
+def test_every_round_reports_the_same_metrics(name, arrays):
+    algo = build(name)
+    s = EpisodeSampler(arrays, seed=0)
+    keys = [set(algo.update(s)) for _ in range(3)]
+    assert keys[0] == keys[1] == keys[2]
