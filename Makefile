@@ -4,6 +4,7 @@
 #   make bench  throughput (bench-speed) and the datasets benchmark
 #   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
 #   make leaderboard   site/ from results/
+#   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing
 #   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
 #   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman)
 #   make lint          hadolint on every Dockerfile, pyflakes on the sources (when installed)
@@ -13,7 +14,7 @@ PROFILE ?= smoke
 BIN    := $(VENV)/bin
 EXTRAS ?= mpe,dev
 
-.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint
+.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint publish-results
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
@@ -48,6 +49,11 @@ bench: setup
 NIGHTLY_DIR ?= build/nightly
 NIGHTLY_JOBS ?= 2
 NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
+# Finished runs only (final.json present); checkpoints and logs stay in results/.
+publish-results:
+	cd results && find $(PROFILE) -name final.json -printf '%h\n' | while read d; do \
+	  for f in final.json config.json metrics.jsonl; do install -D -m 644 "$$d/$$f" "../leaderboard/results/$$d/$$f"; done; done
+
 nightly: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
 	$(NIGHTLY_RUN) leaderboard --out $(NIGHTLY_DIR)/site
