@@ -30,7 +30,7 @@ from torch import nn
 from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_variant
 from plcql_bench.algorithms.cfcql import CFCQL
 from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
-from plcql_bench.algorithms.common.continuous import mean_metrics, replace_agents
+from plcql_bench.algorithms.common.continuous import make_adam, mean_metrics, replace_agents
 from plcql_bench.algorithms.common.nets import StackedMLP
 
 
@@ -83,8 +83,8 @@ class PLCQL(CFCQL):
             raise ValueError(f"fixed_k must be None, 'n' or an int in 1..{n}; got {fk!r}")
 
     def _build_extra_optimisers(self) -> None:
-        self.par_opt = torch.optim.Adam(self.par_policy.parameters(), lr=self.cfg.par_lr, foreach=True)
-        self.value_opt = torch.optim.Adam(self.par_value.parameters(), lr=self.cfg.value_lr, foreach=True)
+        self.par_opt = make_adam(self.par_policy.parameters(), self.cfg.par_lr)
+        self.value_opt = make_adam(self.par_value.parameters(), self.cfg.value_lr)
 
     def modules(self) -> dict[str, nn.Module]:
         return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
@@ -171,7 +171,7 @@ class PLCQL(CFCQL):
             adv = (adv - mean) / (std + 1e-8)
         idx = (k - 1).unsqueeze(1)
         stats: dict[str, float] = {}
-        for _ in range(self.cfg.ppo_epochs):
+        for epoch in range(self.cfg.ppo_epochs):
             logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
             logp = logp_all.gather(1, idx)[:, 0]
             ratio = (logp - logp_old).exp()
@@ -183,9 +183,10 @@ class PLCQL(CFCQL):
             if self.cfg.par_grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.par_policy.parameters(), self.cfg.par_grad_clip, foreach=True)
             self.par_opt.step()
-            with torch.no_grad():
-                stats = {"ppo/loss": float(loss), "ppo/entropy": float((entropy * m).sum() / denom),
-                         "ppo/clip_frac": float((((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom)}
+            if epoch == self.cfg.ppo_epochs - 1:  # the logged statistics are the last epoch's
+                with torch.no_grad():
+                    stats = {"ppo/loss": float(loss), "ppo/entropy": float((entropy * m).sum() / denom),
+                             "ppo/clip_frac": float((((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom)}
         return stats
 
     # -- one round -----------------------------------------------------------------------------------------

@@ -193,6 +193,12 @@ def test_fused_trunk_and_forward_match_reference():
         got = [torch.zeros_like(p) if x is None else x for p, x in zip(params, got)]
         exp = [torch.zeros_like(p) if x is None else x for p, x in zip(params, exp)]
         assert_close_grads(got, exp, torch.float64)
+        # frozen=True (the actors' loss): the same values and action gradients, no parameter gradients
+        qf = critic(state, acts, members=members, frozen=True)
+        assert torch.equal(qf, q.detach()) or torch.allclose(qf, q, rtol=1e-12)
+        ga, = torch.autograd.grad((qf * up).sum(), [acts])
+        assert torch.allclose(ga, exp[-1], rtol=1e-9, atol=1e-12)
+        assert all(p.grad is None for p in critic.parameters())
 
 
 # -- whole critic losses of the algorithms ------------------------------------------------------------

@@ -136,8 +136,8 @@ class EnsembleCritic(nn.Module):
         mean, rstd, xc = cls._stats(x, eps)
         return xc * rstd
 
-    def _first_layer(self, state: torch.Tensor, a: torch.Tensor, sl: slice, fold_actions: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _first_layer(self, state: torch.Tensor, a: torch.Tensor, sl: slice, fold_actions: bool = False,
+                     frozen: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first layer split into its state part and its action part, with the input normaliser
         folded in. state [B, S], a [B*R, nA] -> h_s [E, B, H] (bias included), a' [B*R, nA], w1_a
         [E, nA, H]; the first layer is h_s[state of the row] + a' @ w1_a.
@@ -148,12 +148,13 @@ class EnsembleCritic(nn.Module):
         columns contain uniform samples, so no column has a mean large against its spread, where the
         folded form would lose precision to cancellation.)"""
         S = self.state_dim
-        w1, b1 = self.l1.weight[sl], self.l1.bias[sl]
+        P = self._params(sl, frozen)
+        w1, b1 = P["l1.weight"], P["l1.bias"]
         E, B = w1.shape[0], state.shape[0]
         w1_s, w1_a = w1[:, :S], w1[:, S:]
         s = state
         if self.input_norm:
-            g, beta = self.norm.weight[sl], self.norm.bias[sl]  # [E, 1, S + nA]
+            g, beta = P["norm.weight"], P["norm.bias"]  # [E, 1, S + nA]
             s = self._standardise(s)
             # (x * g + beta) @ W + b = x @ (g^T * W) + (beta @ W + b)
             w1_s = w1_s * g[:, 0, :S].unsqueeze(-1)
@@ -169,18 +170,30 @@ class EnsembleCritic(nn.Module):
         h_s = torch.baddbmm(b1, s.unsqueeze(0).expand(E, B, S), w1_s)  # [E, B, H]
         return h_s, a, w1_a
 
-    def forward(self, state: torch.Tensor, actions: torch.Tensor, members: slice | None = None) -> torch.Tensor:
-        """state [B, S], actions [B, R, nA] -> Q [E', B, R] (E' = members selected, default all)."""
+    def _params(self, sl: slice, frozen: bool) -> dict[str, torch.Tensor]:
+        """The selected members' parameters, detached when `frozen` (no weight gradients wanted)."""
+        out = {}
+        for name, p in self.named_parameters():
+            p = p[sl]
+            out[name] = p.detach() if frozen else p
+        return out
+
+    def forward(self, state: torch.Tensor, actions: torch.Tensor, members: slice | None = None,
+                frozen: bool = False) -> torch.Tensor:
+        """state [B, S], actions [B, R, nA] -> Q [E', B, R] (E' = members selected, default all).
+        `frozen`: the parameters are treated as constants (gradients flow to the actions only, as the
+        actors' loss needs; saves the weight-gradient work in backward)."""
         B, R, nA = actions.shape
         sl = members if members is not None else slice(None)
-        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl)
+        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, frozen=frozen)
+        P = self._params(sl, frozen)
         E = h_s.shape[0]
         if R == 1 and not self.fused_r1:
             h = torch.baddbmm(h_s, a.unsqueeze(0).expand(E, B, nA), w1_a).relu_()
-            h = torch.baddbmm(self.l2.bias[sl], h, self.l2.weight[sl]).relu_()
-            q = torch.baddbmm(self.l3.bias[sl], h, self.l3.weight[sl])
+            h = torch.baddbmm(P["l2.bias"], h, P["l2.weight"]).relu_()
+            q = torch.baddbmm(P["l3.bias"], h, P["l3.weight"])
             return q.view(E, B, R)
-        args = (h_s, a, w1_a, self.l2.weight[sl], self.l2.bias[sl], self.l3.weight[sl], self.l3.bias[sl])
+        args = (h_s, a, w1_a, P["l2.weight"], P["l2.bias"], P["l3.weight"], P["l3.bias"])
         keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
         q = _FusedTrunk.apply(*args, keep)
         return q.view(E, B, R)
@@ -209,7 +222,8 @@ class EnsembleCritic(nn.Module):
             pol = (lse * weights).sum(-1)
             return pol.mean(-1), z.detach().sum((1, 2, 3))
         h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, fold_actions=True)
-        args = (h_s, w1_a, self.l2.weight[sl], self.l2.bias[sl], self.l3.weight[sl], self.l3.bias[sl])
+        P = self._params(sl, False)
+        args = (h_s, w1_a, P["l2.weight"], P["l2.bias"], P["l3.weight"], P["l3.bias"])
         keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
         w = weights.detach().to(h_s.dtype).expand(B, n_groups).contiguous()
         off = None if offset is None else offset.detach().to(h_s.dtype).reshape(B, n_groups, R // n_groups)
@@ -313,9 +327,16 @@ class _BlockedLSE(torch.autograd.Function):
         M = R // G
         bs = max(1, min(B, BLOCK_BYTES // max(1, E * R * H * h_s.element_size())))  # states per block
         rows_max = bs * R
-        buf1 = h_s.new_empty(E * rows_max * H)
-        buf2 = torch.empty_like(buf1)
-        buf3 = torch.empty_like(buf1) if keep else None
+        # h1 carries a constant-1 column (H + 1 columns): the second layer's bias rides in its GEMM
+        # (h1' @ [W2; b2]) instead of a pass that pre-fills h2 with b2, and in backward h1'^T d2 gives
+        # [dW2; db2] in one GEMM. The column comes from the first layer: a @ [W1a, 0] + [h_s, 1].
+        H1 = H + 1
+        w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)  # [E, nA, H + 1]
+        h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)  # [E, B, H + 1]
+        w2_ = torch.cat([w2, b2], 1)  # [E, H + 1, H]
+        buf1 = h_s.new_empty(E * rows_max * H1)
+        buf2 = h_s.new_empty(E * rows_max * H)
+        buf3 = torch.empty_like(buf2) if keep else None
         z_all = h_s.new_empty(E, B, G, M)  # z = Q - off, all states (small)
         lse_all = h_s.new_empty(E, B, G, 1)  # logsumexp_m(z / T)
         wB = (w * (1.0 / B)).unsqueeze(-1)  # [B, G, 1]: d pol / d (T lse)
@@ -323,23 +344,21 @@ class _BlockedLSE(torch.autograd.Function):
         if keep:
             dh_s = torch.empty_like(h_s)
             dw1a = torch.zeros_like(w1a)
-            gw2 = torch.zeros_like(w2)  # h1^T (m2 * g): dW2 = gw2 * w3^T
-            gb2 = torch.zeros_like(b2)  # 1^T (m2 * g): db2 = gb2 * w3^T
+            gw2 = h_s.new_zeros(E, H1, H)  # h1'^T (m2 * g) = [dW2; db2] / w3^T
             dw3t = h_s.new_zeros(E, 1, H)
             w23t = (w2 * w3t).transpose(1, 2)  # (W2 * w3^T)^T
-            ones = h_s.new_ones(E, 1, rows_max)
-        relu_bwd = torch.ops.aten.threshold_backward.grad_input  # out-of-place-free (x > 0) * g
+        relu_bwd = torch.ops.aten.threshold_backward.grad_input  # (x > 0) * g, written into grad_input
         for b0 in range(0, B, bs):
             b1_ = min(B, b0 + bs)
             nb = b1_ - b0
             rows = nb * R
             a_c = a[b0 * R:b1_ * R].expand(E, rows, nA)
-            h1 = buf1[:E * rows * H].view(E, rows, H)
+            h1 = buf1[:E * rows * H1].view(E, rows, H1)
             h2 = buf2[:E * rows * H].view(E, rows, H)
-            torch.bmm(a_c, w1a, out=h1)
-            h1.view(E, nb, R, H).add_(h_s[:, b0:b1_].unsqueeze(2))
+            torch.bmm(a_c, w1a_, out=h1)
+            h1.view(E, nb, R, H1).add_(h_s_[:, b0:b1_].unsqueeze(2))
             h1.relu_()
-            torch.baddbmm(b2, h1, w2, out=h2).relu_()
+            torch.bmm(h1, w2_, out=h2).relu_()
             z = z_all[:, b0:b1_]
             # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
             torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
@@ -355,21 +374,20 @@ class _BlockedLSE(torch.autograd.Function):
                 continue
             gq = e.mul_(wB[b0:b1_] / ssum)  # d pol / d z = w * softmax_m(z / T) / B
             g3 = gq.view(E, rows, 1)
-            g3t = gq.view(E, 1, rows)
-            dw3t.baddbmm_(g3t, h2)
+            dw3t.baddbmm_(gq.view(E, 1, rows), h2)
             d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
-            gb2.baddbmm_(ones[:, :, :rows], d2)
             gw2.baddbmm_(h1.transpose(1, 2), d2)
             dh1 = buf3[:E * rows * H].view(E, rows, H)
             torch.bmm(d2, w23t, out=dh1)
-            relu_bwd(dh1, h1, 0, grad_input=dh1)
+            relu_bwd(dh1, h1[:, :, :H], 0, grad_input=dh1)
             dw1a.baddbmm_(a_c.transpose(1, 2), dh1)
             torch.sum(dh1.view(E, nb, R, H), 2, out=dh_s[:, b0:b1_])
         pol = (lse_all[..., 0] * w).sum((1, 2)) * (T / B)
         zsum = z_all.sum((1, 2, 3))
         if keep:
             db3 = wB.sum().expand(E, 1, 1)  # sum of d pol / d z over rows = sum_b,g w / B (softmax sums to 1)
-            ctx.save_for_backward(dh_s, dw1a, gw2 * w3t, gb2 * w3t, dw3t.transpose(1, 2), db3)
+            gw2.mul_(w3t)
+            ctx.save_for_backward(dh_s, dw1a, gw2[:, :H], gw2[:, H:], dw3t.transpose(1, 2), db3)
         ctx.mark_non_differentiable(zsum)
         return pol, zsum
 
@@ -517,6 +535,18 @@ def noisy_policy_samples(actors: "Actors", obs: torch.Tensor, n_samples: int, si
         return (a.unsqueeze(2) + noise).clamp(-1.0, 1.0), logp
 
 
+def make_adam(params, lr: float) -> torch.optim.Optimizer:
+    """torch.optim.Adam with its fused (one kernel per parameter) implementation: the same update
+    rule as the default foreach one, ~3x cheaper per step for these small networks on CPU
+    (0.06-0.08 vs 0.15-0.24 ms; 11 optimiser steps per PLCQL round). Falls back to foreach where the
+    fused kernel is unavailable."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Base class for the centralised-critic TD3-style algorithms
 # --------------------------------------------------------------------------------------------
@@ -553,8 +583,8 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
             m.to(self.device)
         hard_update_(self.target_actors, self.actors)
         hard_update_(self.target_critic, self.critic)
-        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr, foreach=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr, foreach=True)
+        self.actor_opt = make_adam(self.actors.parameters(), c.lr)
+        self.critic_opt = make_adam(self.critic.parameters(), c.lr)
         self._build_extra_optimisers()
         # Sampling RNG for everything random inside update() (noise, CQL samples, PAR draws).
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
@@ -597,7 +627,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         dataset), averaged over agents and batch, + action_l2 * sum_i mean(pi_i^2)."""
         pi = self.actors(batch.obs)  # [B, n, A]
         joint = counterfactual_joint(batch.actions, pi.unsqueeze(2))  # [B, n, nA]
-        q = self.critic(batch.state, joint, members=slice(0, 1))  # [1, B, n]
+        q = self.critic(batch.state, joint, members=slice(0, 1), frozen=True)  # [1, B, n]
         pol_loss = -q.mean()
         reg = self.cfg.action_l2 * pi.pow(2).mean(dim=(0, 2)).sum()
         loss = pol_loss + reg
