@@ -277,3 +277,32 @@ def test_penalty_diagnostics_match_reference():
     assert torch.allclose(pen, (pol - q).mean(-1), rtol=1e-5, atol=1e-6)
     assert torch.allclose(st["cql/lse_q"], pol.mean(), rtol=1e-5)
     assert torch.allclose(st["cql/raw_cf_q"], qc.mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_stacked_input_norm_matches_batchnorm():
+    """StackedInputNorm's two-pass statistics = BatchNorm1d in training mode (output, running stats,
+    gradients with respect to the input and the affine parameters)."""
+    from plcql_bench.algorithms.common.nets import StackedInputNorm
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 64, 7, generator=g, dtype=torch.float64) * 4 + 2).requires_grad_()
+    norm = StackedInputNorm(3, 7).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5, generator=g)
+        norm.bias.uniform_(-1, 1, generator=g)
+    y = norm(x)
+    up = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    gx, gw, gb = torch.autograd.grad((y * up).sum(), [x, norm.weight, norm.bias])
+    for e in range(3):
+        bn = torch.nn.BatchNorm1d(7, momentum=0.1).double()
+        with torch.no_grad():
+            bn.weight.copy_(norm.weight[e, 0])
+            bn.bias.copy_(norm.bias[e, 0])
+        xe = x.detach()[e].clone().requires_grad_()
+        ye = bn(xe)
+        assert torch.allclose(y[e], ye, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(norm.running_mean[e, 0], bn.running_mean, rtol=1e-10)
+        assert torch.allclose(norm.running_var[e, 0], bn.running_var, rtol=1e-10)
+        gxe, gwe, gbe = torch.autograd.grad((ye * up[e]).sum(), [xe, bn.weight, bn.bias])
+        assert torch.allclose(gx[e], gxe, rtol=1e-9, atol=1e-12)
+        assert torch.allclose(gw[e, 0], gwe, rtol=1e-9) and torch.allclose(gb[e, 0], gbe, rtol=1e-9)

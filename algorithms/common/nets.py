@@ -75,9 +75,13 @@ class StackedInputNorm(nn.Module):
             self.register_buffer("running_var", torch.ones(n_members, 1, dim))
 
     def stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch mean and biased variance over axis -2 (any leading axes are kept)."""
-        var, mean = torch.var_mean(x, dim=-2, keepdim=True, correction=0)
-        return mean, var
+        """Batch mean and biased variance over axis -2 (any leading axes are kept). Two passes (sum,
+        then the centred sum of squares): torch.var_mean's math, ~2-3x faster on CPU for these narrow
+        [E, B, in] inputs (var_mean reduces one strided column at a time)."""
+        n = x.shape[-2]
+        mean = x.sum(-2, keepdim=True) / n
+        xc = x - mean
+        return mean, (xc * xc).sum(-2, keepdim=True) / n
 
     def update_running(self, mean: torch.Tensor, var: torch.Tensor, n: int) -> None:
         if not self.track:
