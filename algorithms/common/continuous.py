@@ -350,7 +350,6 @@ class _BlockedLSE(torch.autograd.Function):
         buf2 = h_s.new_empty(E * rows_max * H)
         buf3 = torch.empty_like(buf2) if keep else None
         z_all = h_s.new_empty(E, B, G, M)  # z = Q - off, all states (small)
-        lse_all = h_s.new_empty(E, B, G, 1)  # logsumexp_m(z / T)
         wB = (w * (1.0 / B)).unsqueeze(-1)  # [B, G, 1]: d pol / d (T lse)
         w3t = w3.transpose(1, 2)  # [E, 1, H]
         if keep:
@@ -375,15 +374,10 @@ class _BlockedLSE(torch.autograd.Function):
             torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
             if off is not None:
                 z.sub_(off[b0:b1_])
-            # logsumexp by hand (torch.logsumexp is ~8 small kernels): max-shifted, so stable
-            zt = z if T == 1.0 else z / T
-            mx = zt.amax(-1, keepdim=True)
-            e = torch.sub(zt, mx).exp_()
-            ssum = e.sum(-1, keepdim=True)
-            torch.add(ssum.log(), mx, out=lse_all[:, b0:b1_])
             if not keep:
                 continue
-            gq = e.mul_(wB[b0:b1_] / ssum)  # d pol / d z = w * softmax_m(z / T) / B
+            # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
+            gq = torch.softmax(z if T == 1.0 else z / T, dim=-1).mul_(wB[b0:b1_])
             g3 = gq.view(E, rows, 1)
             dw3t.baddbmm_(gq.view(E, 1, rows), h2)
             d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
@@ -393,7 +387,8 @@ class _BlockedLSE(torch.autograd.Function):
             relu_bwd(dh1, h1[:, :, :H], 0, grad_input=dh1)
             dw1a.baddbmm_(a_c.transpose(1, 2), dh1)
             torch.sum(dh1.view(E, nb, R, H), 2, out=dh_s[:, b0:b1_])
-        pol = (lse_all[..., 0] * w).sum((1, 2)) * (T / B)
+        lse = torch.logsumexp(z_all if T == 1.0 else z_all / T, dim=-1)  # [E, B, G]
+        pol = (lse * w).sum((1, 2)) * (T / B)
         zsum = z_all.sum((1, 2, 3))
         if keep:
             db3 = wB.sum().expand(E, 1, 1)  # sum of d pol / d z over rows = sum_b,g w / B (softmax sums to 1)
