@@ -6,7 +6,8 @@ backbone (reference-implementations.md §4.0, §4.3):
     (`EnsembleCritic`, E members in one batched call);
   * decentralised deterministic tanh actors, one independent MLP per agent (`Actors`, stacked);
   * target networks with Polyak averaging;
-  * the counterfactual CQL penalty (`cf_cql_penalty`);
+  * the counterfactual CQL penalty (`cf_cql_penalty`), cache-blocked over states (`_BlockedLSE`:
+    forward and backward per block of states; docs/algorithms/cfcql.md "Speed");
   * per-network gradient-norm clipping.
 
 Shapes: B = batch, n = agents, A = per-agent action dim, E = ensemble members, R = joint actions
@@ -327,7 +328,8 @@ class _BlockedLSE(torch.autograd.Function):
     the upstream gradient of each member: the same numbers as autograd through the full [E, B*R, H]
     graph up to float summation order, without ever holding (or re-reading from memory) the full
     activations. The per-block backward is `_FusedTrunk`'s (in-place ReLU masks, w3 folded into the
-    [H, H] matrices); d/dz of T*lse(z/T) is softmax_m(z/T).
+    [H, H] matrices); d/dz of T*lse(z/T) is softmax_m(z/T). Checked against a plain-autograd reference
+    in tests/test_speed_equivalence.py.
     """
 
     @staticmethod
