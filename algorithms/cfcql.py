@@ -109,7 +109,8 @@ class CFCQL(CentralCriticAlgorithm):
     def critic_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """sum_j MSE(Q_j(s,a), y) + cql_alpha * sum_j pen_j. Shared by PLCQL."""
         B = batch.size
-        q = self.critic(batch.state, batch.actions.reshape(B, 1, -1))[:, :, 0]  # [E, B]
+        hs = self.critic.state_part(batch.state)  # shared by the TD call and the CF-CQL call
+        q = self.critic(batch.state, batch.actions.reshape(B, 1, -1), state_part=hs)[:, :, 0]  # [E, B]
         td = (q - target.unsqueeze(0)).pow(2).mean(1).sum()
         stats = {"critic/td_loss": td.detach(), "critic/q_data": q.detach().mean(),
                  "critic/target": target.detach().mean()}
@@ -118,7 +119,7 @@ class CFCQL(CentralCriticAlgorithm):
             pen, cst = cf_cql_penalty(self.critic, batch.state, batch.actions, q, self.cfg.n_sampled_actions,
                                       self.gen, soft_q=self.cfg.soft_q, lse_temp=self.cfg.lse_temp,
                                       extra=self.policy_cql_samples(batch),
-                                      other_jitter=self.cfg.other_action_jitter)
+                                      other_jitter=self.cfg.other_action_jitter, state_part=hs)
             pen = pen.sum()
             loss = loss + self.cfg.cql_alpha * pen
             stats.update(cst)

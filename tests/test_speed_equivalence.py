@@ -199,6 +199,12 @@ def test_fused_trunk_and_forward_match_reference():
         ga, = torch.autograd.grad((qf * up).sum(), [acts])
         assert torch.allclose(ga, exp[-1], rtol=1e-9, atol=1e-12)
         assert all(p.grad is None for p in critic.parameters())
+        # state_part= (one state GEMM shared by several calls on the same states): same values and gradients
+        qs = critic(state, acts, members=members, state_part=critic.state_part(state, members))
+        assert torch.allclose(qs, q, rtol=1e-12)
+        gs = torch.autograd.grad((qs * up).sum(), params, allow_unused=True)
+        gs = [torch.zeros_like(p) if x is None else x for p, x in zip(params, gs)]
+        assert_close_grads(gs, exp, torch.float64)
 
 
 # -- whole critic losses of the algorithms ------------------------------------------------------------

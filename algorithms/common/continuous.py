@@ -137,8 +137,23 @@ class EnsembleCritic(nn.Module):
         mean, rstd, xc = cls._stats(x, eps)
         return xc * rstd
 
+    def state_part(self, state: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """The first layer's state part without bias, standardised state @ (g_s * W1_s): [E', B, H].
+        Calls on the same states (the TD loss and the CF-CQL term of one critic update) can share it
+        via `state_part=`: one GEMM and one backward GEMM instead of one per call (the state columns'
+        BatchNorm statistics are those of the B states in either call)."""
+        sl = members if members is not None else slice(None)
+        P = self._params(sl, False)
+        w1_s = P["l1.weight"][:, :self.state_dim]
+        s = state
+        if self.input_norm:
+            s = self._standardise(s)
+            w1_s = w1_s * P["norm.weight"][:, 0, :self.state_dim].unsqueeze(-1)
+        return torch.bmm(s.unsqueeze(0).expand(w1_s.shape[0], *s.shape), w1_s)
+
     def _first_layer(self, state: torch.Tensor, a: torch.Tensor, sl: slice, fold_actions: bool = False,
-                     frozen: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     frozen: bool = False, state_part: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first layer split into its state part and its action part, with the input normaliser
         folded in. state [B, S], a [B*R, nA] -> h_s [E, B, H] (bias included), a' [B*R, nA], w1_a
         [E, nA, H]; the first layer is h_s[state of the row] + a' @ w1_a.
@@ -147,7 +162,8 @@ class EnsembleCritic(nn.Module):
         is then folded into the weights as well, (a - mu) * r * g @ W = a @ (r g * W) - (mu r g) @ W,
         which saves two passes over the CF-CQL term's [B*R, nA] actions. (Only used there: its action
         columns contain uniform samples, so no column has a mean large against its spread, where the
-        folded form would lose precision to cancellation.)"""
+        folded form would lose precision to cancellation.) `state_part`: `self.state_part(state)` for
+        the same members, computed once for several calls."""
         S = self.state_dim
         P = self._params(sl, frozen)
         w1, b1 = P["l1.weight"], P["l1.bias"]
@@ -156,9 +172,10 @@ class EnsembleCritic(nn.Module):
         s = state
         if self.input_norm:
             g, beta = P["norm.weight"], P["norm.bias"]  # [E, 1, S + nA]
-            s = self._standardise(s)
-            # (x * g + beta) @ W + b = x @ (g^T * W) + (beta @ W + b)
-            w1_s = w1_s * g[:, 0, :S].unsqueeze(-1)
+            if state_part is None:
+                s = self._standardise(s)
+                # (x * g + beta) @ W + b = x @ (g^T * W) + (beta @ W + b)
+                w1_s = w1_s * g[:, 0, :S].unsqueeze(-1)
             b1 = b1 + torch.bmm(beta, w1)
             if fold_actions:
                 mean, rstd, _ = self._stats(a)
@@ -168,7 +185,10 @@ class EnsembleCritic(nn.Module):
             else:
                 a = self._standardise(a)
                 w1_a = w1_a * g[:, 0, S:].unsqueeze(-1)
-        h_s = torch.baddbmm(b1, s.unsqueeze(0).expand(E, B, S), w1_s)  # [E, B, H]
+        if state_part is not None:
+            h_s = state_part + b1
+        else:
+            h_s = torch.baddbmm(b1, s.unsqueeze(0).expand(E, B, S), w1_s)  # [E, B, H]
         return h_s, a, w1_a
 
     def _params(self, sl: slice, frozen: bool) -> dict[str, torch.Tensor]:
@@ -180,13 +200,16 @@ class EnsembleCritic(nn.Module):
         return out
 
     def forward(self, state: torch.Tensor, actions: torch.Tensor, members: slice | None = None,
-                frozen: bool = False) -> torch.Tensor:
+                frozen: bool = False, state_part: torch.Tensor | None = None) -> torch.Tensor:
         """state [B, S], actions [B, R, nA] -> Q [E', B, R] (E' = members selected, default all).
         `frozen`: the parameters are treated as constants (gradients flow to the actions only, as the
         actors' loss needs; saves the weight-gradient work in backward)."""
         B, R, nA = actions.shape
         sl = members if members is not None else slice(None)
-        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, frozen=frozen)
+        if frozen and state_part is not None:
+            raise ValueError("state_part carries the parameters' gradient path: not with frozen=True")
+        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, frozen=frozen,
+                                         state_part=state_part)
         P = self._params(sl, frozen)
         E = h_s.shape[0]
         if R == 1 and not self.fused_r1:
@@ -200,8 +223,8 @@ class EnsembleCritic(nn.Module):
         return q.view(E, B, R)
 
     def lse_penalty(self, state: torch.Tensor, actions: torch.Tensor, n_groups: int, offset: torch.Tensor | None,
-                    weights: torch.Tensor, temp: float = 1.0, members: slice | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    weights: torch.Tensor, temp: float = 1.0, members: slice | None = None,
+                    state_part: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The CF-CQL term's critic part, cache-blocked over states (`_BlockedLSE`).
 
         state [B, S], actions [B, G * M, nA] (G = n_groups groups of M candidates per state),
@@ -214,7 +237,7 @@ class EnsembleCritic(nn.Module):
         B, R, nA = actions.shape
         sl = members if members is not None else slice(None)
         if actions.requires_grad:  # gradients w.r.t. the actions: not needed by the algorithms, plain path
-            q = self(state, actions, members)
+            q = self(state, actions, members, state_part=state_part)
             E = q.shape[0]
             z = q.view(E, B, n_groups, R // n_groups)
             if offset is not None:
@@ -222,7 +245,8 @@ class EnsembleCritic(nn.Module):
             lse = torch.logsumexp(z / temp, dim=-1) * temp
             pol = (lse * weights).sum(-1)
             return pol.mean(-1), z.detach().sum((1, 2, 3))
-        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, fold_actions=True)
+        h_s, a, w1_a = self._first_layer(state, actions.reshape(B * R, nA), sl, fold_actions=True,
+                                         state_part=state_part)
         P = self._params(sl, False)
         args = (h_s, w1_a, P["l2.weight"], P["l2.bias"], P["l3.weight"], P["l3.bias"])
         keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
@@ -496,7 +520,8 @@ def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.T
                    q_data: torch.Tensor, n_samples: int, generator: torch.Generator,
                    weights: torch.Tensor | None = None, soft_q: bool = True,
                    lse_temp: float = 1.0, extra: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   other_jitter: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   other_jitter: float = 0.0, state_part: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Counterfactual CQL term of CFCQL (continuous, maddpg_cc.py):
 
         pen_j = mean_b [ sum_i lambda_i * T * logsumexp_m( (Q_j(s, a_i^m, a_-i) - log p(a_i^m)) / T )
@@ -524,7 +549,7 @@ def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.T
     M = own.shape[2]
     lam = torch.full((n,), 1.0 / n, device=actions.device) if weights is None else weights
     pol, zsum = critic.lse_penalty(state, counterfactual_joint(others, own), n, logp if soft_q else None,
-                                      lam, lse_temp)  # [E]
+                                   lam, lse_temp, state_part=state_part)  # [E]
     pen = pol - q_data.mean(-1)  # [E]
     return pen, {"cql/lse_q": pol.detach().mean(),
                  "cql/raw_cf_q": zsum.mean() / (B * n * M)}
