@@ -187,6 +187,7 @@ def load_all() -> dict[str, type]:
     from plcql_bench.algorithms import (  # noqa: F401  (discrete-action implementations)
         bc_discrete, cfcql_discrete, macql_discrete,
     )
+    from plcql_bench.algorithms import maicq_discrete  # noqa: F401
 
     return REGISTRY
 

@@ -1,0 +1,149 @@
+"""Per-agent MLP critics and small helpers of the discrete baselines (MAICQ, OMAR, IQL, AWAC).
+
+CFCQL's discrete baselines (`thu-rllab/CFCQL` `discrete/src/modules/critics/{offpg,doubleqv,
+discrete_critic}.py`) all score agent i from the input  s_t ⊕ o_t^i ⊕ one-hot(i)  with a 2-hidden-
+layer ReLU MLP (hidden 256) over agent i's own actions; agents share the parameters. Here agents are
+folded into the batch axis, and the first layer is split by input block: W·(s ⊕ o ⊕ id) + b =
+W_s·s + W_o·o + (W_id[:, i] + b), so the state part is computed once per step, not once per agent
+(same parameters, same function as one `nn.Linear` on the concatenation).
+
+Public API
+  networks: SplitInputLinear, AgentMLP (Q over actions, optional dueling a + v head, or a scalar V),
+            TwinAgentQ (two trunks; `shared_head` reproduces the references' twins that share their
+            output layer)
+  helpers:  obs_mask, soft_update, expectile_loss, policy_expectation, clipped_exp_weights,
+            batch_softmax_weights, per_agent_td_lambda
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plcql_bench.algorithms.base import EpisodeBatch
+from plcql_bench.algorithms.common.discrete import masked_softmax, td_lambda_targets
+
+
+class SplitInputLinear(nn.Module):
+    """nn.Linear(S + o + n, H) on s ⊕ o_i ⊕ one-hot(i), computed block by block:
+    state [*L, S], obs [*L, n, o] -> [*L, n, H]."""
+
+    def __init__(self, state_dim: int, obs_dim: int, n_agents: int, hidden: int) -> None:
+        super().__init__()
+        self.S, self.o, self.n = state_dim, obs_dim, n_agents
+        self.lin = nn.Linear(state_dim + obs_dim + n_agents, hidden)
+
+    def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        W, b = self.lin.weight, self.lin.bias
+        S, o = self.S, self.o
+        xs = F.linear(state, W[:, :S])  # [*L, H]
+        xo = F.linear(obs, W[:, S:S + o])  # [*L, n, H]
+        ids = W[:, S + o:].t() + b  # [n, H]
+        return xo + xs.unsqueeze(-2) + ids
+
+
+class AgentMLP(nn.Module):
+    """fc1 (split input) -> ReLU -> fc2 -> ReLU -> head. out = n_actions: Q over the agent's actions
+    (with `dueling`, head a(x) + v(x) as OffPGCritic / DoubleMLPNetwork); out = 1: a scalar V
+    (ValueNetwork). forward(state [*L, S], obs [*L, n, o]) -> [*L, n, out]."""
+
+    def __init__(self, state_dim: int, obs_dim: int, n_agents: int, out: int, hidden: int = 256,
+                 dueling: bool = False) -> None:
+        super().__init__()
+        self.fc1 = SplitInputLinear(state_dim, obs_dim, n_agents, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, out)
+        self.head_v = nn.Linear(hidden, 1) if dueling else None
+
+    def trunk(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc2(F.relu(self.fc1(state, obs))))
+
+    def out(self, h: torch.Tensor, head: nn.Linear, head_v: nn.Linear | None) -> torch.Tensor:
+        y = head(h)
+        return y + head_v(h) if head_v is not None else y
+
+    def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.out(self.trunk(state, obs), self.head, self.head_v)
+
+
+class TwinAgentQ(nn.Module):
+    """Twin per-agent Q (CFCQL `DoubleQNetwork` / `DoubleMLPNetwork`, hidden 256). `both()` -> (Q1, Q2),
+    each [*L, n, A]; `forward()` = min(Q1, Q2). With `shared_head` the second twin uses the first
+    twin's output layer(s), as the references' code does (`fc3` for both heads; a bug, off by default)."""
+
+    def __init__(self, state_dim: int, obs_dim: int, n_agents: int, n_actions: int, hidden: int = 256,
+                 dueling: bool = False, shared_head: bool = False) -> None:
+        super().__init__()
+        self.shared_head = shared_head
+        self.q1 = AgentMLP(state_dim, obs_dim, n_agents, n_actions, hidden, dueling)
+        self.q2 = AgentMLP(state_dim, obs_dim, n_agents, n_actions, hidden, dueling)
+        if shared_head:  # the second twin's own head is never used: drop it (no dead parameters)
+            self.q2.head, self.q2.head_v = None, None
+
+    def both(self, state: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q1 = self.q1(state, obs)
+        src = self.q1 if self.shared_head else self.q2
+        q2 = self.q2.out(self.q2.trunk(state, obs), src.head, src.head_v)
+        return q1, q2
+
+    def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(*self.both(state, obs))
+
+
+def obs_mask(batch: EpisodeBatch) -> torch.Tensor:
+    """[B, T+1]: 1 at the observations of an episode (indices 0..len, the last being the final next
+    observation), 0 on padding."""
+    T = batch.max_t
+    idx = torch.arange(T + 1, device=batch.lengths.device)
+    return (idx[None, :] <= batch.lengths[:, None]).to(batch.rewards.dtype)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, rate: float) -> None:
+    """target ← (1 − rate)·target + rate·source (the references' `update_exponential_moving_average`)."""
+    t = list(target.parameters())
+    s = list(source.parameters())
+    torch._foreach_mul_(t, 1.0 - rate)
+    torch._foreach_add_(t, s, alpha=rate)
+
+
+def expectile_loss(u: torch.Tensor, tau: float) -> torch.Tensor:
+    """|τ − 1(u < 0)|·u² elementwise (IQL's asymmetric L2; u = target − prediction). Minimising its mean
+    over samples of the target gives the τ-expectile."""
+    return torch.abs(tau - (u < 0).to(u.dtype)) * u.pow(2)
+
+
+def policy_expectation(logits: torch.Tensor, q: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """Σ_{a available} π(a)·Q(a) with π = softmax(logits) over the available actions: [..., A] -> [...].
+    Unavailable actions have probability exactly 0 (their Q, however large, never enters)."""
+    p = masked_softmax(logits, avail)
+    return (p * torch.where(avail > 0, q, torch.zeros_like(q))).sum(-1)
+
+
+def clipped_exp_weights(adv: torch.Tensor, beta: float, max_weight: float = 100.0) -> torch.Tensor:
+    """exp(β·A) capped at max_weight (IQL/AWAC `EXP_ADV_MAX` = 100), no normalisation; detached."""
+    return torch.exp(beta * adv.detach()).clamp(max=max_weight)
+
+
+def batch_softmax_weights(values: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """softmax over the BATCH axis (dim 0) of values / β among the entries with mask 1 (ICQ's
+    `F.softmax(x / β, dim=0)`, restricted to real entries): every other index (a column) sums to 1
+    over its real entries; masked entries and empty columns are 0. values, mask [B, ...]; detached."""
+    values = values.detach()
+    ok = (mask > 0).expand_as(values)
+    any_ok = ok.any(0, keepdim=True)
+    x = torch.where(ok | ~any_ok, values / beta, torch.full_like(values, float("-inf")))
+    w = torch.softmax(x, 0)
+    return torch.where(ok, w, torch.zeros_like(w))
+
+
+def per_agent_td_lambda(batch: EpisodeBatch, target_q: torch.Tensor, gamma: float, td_lambda: float) -> torch.Tensor:
+    """TD(λ) returns per agent from the shared team reward: target_q [B, T+1, n] -> [B, T, n]
+    (agents folded into the batch axis of `td_lambda_targets`, as the references' per-agent critics
+    repeat the reward over agents)."""
+    B, T1, n = target_q.shape
+    rep = lambda x: x.unsqueeze(1).expand(B, n, x.shape[1]).reshape(B * n, x.shape[1])  # noqa: E731
+    tq = target_q.permute(0, 2, 1).reshape(B * n, T1)
+    y = td_lambda_targets(rep(batch.rewards), rep(batch.terminals), rep(batch.mask), tq, gamma, td_lambda)
+    return y.reshape(B, n, T1 - 1).permute(0, 2, 1)

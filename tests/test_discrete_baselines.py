@@ -1,0 +1,158 @@
+"""Discrete-action baselines (maicq, omar, iql, awac on SMAX/SMAC): training, available actions,
+seeding and resume, and one behavioural check each (ICQ weights, OMAR rectification, IQL expectile,
+AWAC/IQL advantage weights)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common.discrete_critics import (
+    TwinAgentQ, batch_softmax_weights, clipped_exp_weights, expectile_loss, policy_expectation)
+from plcql_bench.suite.episodes import EpisodeSampler
+
+from test_discrete_machinery import SPEC, random_masks, ragged
+
+torch.set_num_threads(1)
+BASELINES = ["maicq", "omar", "iql", "awac"]
+TINY = {"batch_episodes": 4, "hidden": 8, "critic_hidden": 16}
+EXTRA = {"maicq": {"mixing_embed": 4, "hypernet_embed": 8, "target_update_interval": 6},
+         "omar": {"target_update_interval": 2},
+         "iql": {},
+         "awac": {}}
+CHANGED = {"maicq": ("actor", "critic", "mixer"), "omar": ("actor", "critic"), "iql": ("actor", "q", "value"),
+           "awac": ("actor", "q")}
+
+
+def build(name, seed=0, spec=SPEC, **over):
+    cls = get_algorithm(name, discrete=True)
+    return cls(spec, make_config(cls, {**TINY, **EXTRA.get(name, {}), **over}), seed)
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
+
+
+def _params(algo, key):
+    return [p.detach().clone() for p in algo.modules()[key].parameters()]
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_trains_finite_and_acts_available(name, arrays):
+    algo = build(name)
+    assert algo.discrete is True and algo.batch_kind == "episodes"
+    assert type(algo).__module__.endswith(f"{name}_discrete")
+    s = EpisodeSampler(arrays, seed=0)
+    before = {k: _params(algo, k) for k in CHANGED[name]}
+    keys = None
+    for _ in range(4):
+        m = algo.update(s)
+        assert m and all(isinstance(v, float) and math.isfinite(v) for v in m.values()), m
+        assert keys is None or set(m) == keys  # every round reports the same metrics
+        keys = set(m)
+    for k, ps in before.items():
+        assert any(not torch.equal(a, b) for a, b in zip(ps, algo.modules()[k].parameters())), k
+    g = torch.Generator().manual_seed(1)
+    algo.begin_episodes(16)
+    for step in range(4):
+        obs = np.random.default_rng(step).normal(size=(16, 3, 7)).astype(np.float32)
+        avail = random_masks(g, (16, 3, 6)).numpy().astype(np.uint8)
+        a = algo.act(obs, avail)
+        assert a.shape == (16, 3) and a.dtype == np.int64
+        assert (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_seeding_and_resume(name, arrays, tmp_path):
+    def first(seed):
+        torch.manual_seed(123)
+        algo = build(name, seed=seed)
+        return algo, algo.update(EpisodeSampler(arrays, seed=0))
+
+    a0, m0 = first(0)
+    a0b, m0b = first(0)
+    _, m1 = first(1)
+    assert m0 == m0b and m0 != m1
+    for key in a0.modules():
+        for p, q in zip(a0.modules()[key].parameters(), a0b.modules()[key].parameters()):
+            assert torch.equal(p, q), key
+    for _ in range(2):  # past a target update
+        a0.update(EpisodeSampler(arrays, seed=1))
+    torch.save(a0.state_dict(), tmp_path / "c.pt")
+    fresh = build(name, seed=7)
+    fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
+    assert a0.update(EpisodeSampler(arrays, seed=3)) == fresh.update(EpisodeSampler(arrays, seed=3))
+    for key in a0.modules():
+        for p, q in zip(a0.modules()[key].parameters(), fresh.modules()[key].parameters()):
+            assert torch.equal(p, q), key
+
+
+def test_masked_helpers():
+    g = torch.Generator().manual_seed(0)
+    avail = random_masks(g, (20, 3, 6))
+    q = torch.randn(20, 3, 6, generator=g)
+    q_big = torch.where(avail > 0, q, torch.full_like(q, 1e6))  # unavailable actions must not count
+    logits = torch.randn(20, 3, 6, generator=g)
+    v = policy_expectation(logits, q_big, avail)
+    p = torch.softmax(logits.masked_fill(avail == 0, float("-inf")), -1)
+    assert torch.allclose(v, (p * q).sum(-1), atol=1e-5)
+    # twins sharing the output layer (the references' bug) vs independent heads
+    tw = TwinAgentQ(4, 5, 3, 6, hidden=8, shared_head=True)
+    assert tw.q2.head is None
+    q1, q2 = tw.both(torch.randn(2, 4), torch.randn(2, 3, 5))
+    assert q1.shape == q2.shape == (2, 3, 6) and not torch.equal(q1, q2)
+
+
+# ---------------------------------------------------------------------------------- MAICQ
+
+
+def test_icq_weights_sum_to_one_and_favour_higher_values():
+    g = torch.Generator().manual_seed(0)
+    vals = torch.randn(8, 5, 3, generator=g)
+    mask = torch.ones(8, 5, 3)
+    mask[5:, 3:] = 0  # padding: three episodes ended before step 3
+    w = batch_softmax_weights(vals, mask, beta=0.5)
+    assert torch.allclose(w.sum(0), torch.ones(5, 3)) and (w[mask == 0] == 0).all()
+    # within a column, a higher value gets a higher weight
+    for t in range(5):
+        for i in range(3):
+            ok = mask[:, t, i] > 0
+            order_v = vals[ok, t, i].argsort()
+            assert torch.equal(order_v, w[ok, t, i].argsort())
+    assert torch.allclose(batch_softmax_weights(vals, mask, beta=1e9)[:, 0, 0], torch.full((8,), 1 / 8))
+    empty = batch_softmax_weights(vals, torch.zeros_like(mask), 0.1)
+    assert torch.isfinite(empty).all() and (empty == 0).all()
+
+
+def test_maicq_actor_favours_higher_q_data_actions(arrays):
+    """With a fixed critic in which the data action of the first episode is much better than the
+    policy's average, the ICQ actor loss concentrates its weight there and raises log π(a_data) of
+    that episode most."""
+    algo = build("maicq")
+    b = EpisodeSampler(arrays, seed=0)(4)
+    T = b.max_t
+    logits = algo.actor.unroll(b)[:, :T]
+    q = torch.zeros(4, T, 3, 6)
+    q[0].scatter_(-1, b.actions[0].unsqueeze(-1), 5.0)  # episode 0's data actions: Q 5, others 0
+    k = torch.full((4, T, 3), 1.0 / 3)
+    loss, stats = algo.actor_loss(b, logits, q, k)
+    loss.backward()
+    opt = torch.optim.SGD(algo.actor.parameters(), lr=0.5)
+    with torch.no_grad():
+        from plcql_bench.algorithms.common.discrete import masked_log_softmax
+        lp0 = masked_log_softmax(logits, b.avail[:, :T]).gather(-1, b.actions[..., None])[..., 0]
+    opt.step()
+    with torch.no_grad():
+        lp1 = masked_log_softmax(algo.actor.unroll(b)[:, :T], b.avail[:, :T]).gather(-1, b.actions[..., None])[..., 0]
+    m = b.mask > 0
+    gain = (lp1 - lp0)
+    assert gain[0][m[0]].mean() > 0
+    assert stats["actor/weight_max"] > 1.0
+
+
+# ---------------------------------------------------------------------------------- behaviour of the rest: below
