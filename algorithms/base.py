@@ -188,6 +188,7 @@ def load_all() -> dict[str, type]:
         bc_discrete, cfcql_discrete, macql_discrete,
     )
     from plcql_bench.algorithms import maicq_discrete  # noqa: F401
+    from plcql_bench.algorithms import omar_discrete  # noqa: F401
 
     return REGISTRY
 

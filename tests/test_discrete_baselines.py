@@ -156,3 +156,46 @@ def test_maicq_actor_favours_higher_q_data_actions(arrays):
 
 
 # ---------------------------------------------------------------------------------- behaviour of the rest: below
+
+# ---------------------------------------------------------------------------------- OMAR
+
+
+@pytest.mark.parametrize("search", ["argmax", "sampled"])
+def test_omar_rectification_moves_policy_to_best_available_action(search, arrays):
+    """Toy Q: action 3 is the best AVAILABLE action everywhere, action 0 (unavailable) is higher
+    still. The target is always 3, never 0, and pure rectification steps (omar_coe 1) raise π(3)."""
+    algo = build("omar", omar_search=search, omar_coe=1.0, omar_iters=3, omar_num_samples=40, lr=1e-2)
+    b = EpisodeSampler(arrays, seed=0)(4)
+    T = b.max_t
+    b.avail[:] = 1.0
+    b.avail[..., 0] = 0.0
+    q = torch.zeros(4, T, 3, 6)
+    q[..., 0], q[..., 3], q[..., 5] = 10.0, 2.0, 1.0
+    target = algo.rectify_target(q, b.avail[:, :T], algo.actor.unroll(b)[:, :T].detach())
+    assert (target == 3).all()
+    def p3():
+        with torch.no_grad():
+            return torch.softmax(algo.actor.unroll(b)[:, :T].masked_fill(b.avail[:, :T] == 0, -1e10), -1)[..., 3]
+    m = b.mask > 0
+    before = p3()[m].mean()
+    for _ in range(15):
+        loss, _ = algo.actor_loss(b, algo.actor.unroll(b)[:, :T], q)
+        algo.actor_opt.zero_grad()
+        loss.backward()
+        algo.actor_opt.step()
+    assert p3()[m].mean() > before + 0.2
+
+
+def test_omar_sampled_search_keeps_a_better_greedy_action():
+    """The sampled search returns the policy's greedy action when it beats every sample, and only
+    available actions otherwise."""
+    algo = build("omar", omar_search="sampled", omar_iters=2, omar_num_samples=3)
+    g = torch.Generator().manual_seed(0)
+    avail = random_masks(g, (50, 3, 6))
+    q = torch.randn(50, 3, 6, generator=g)
+    logits = torch.randn(50, 3, 6, generator=g)
+    t = algo.rectify_target(q, avail, logits)
+    assert (avail.gather(-1, t[..., None]) == 1).all()
+    best_logits = torch.where(avail > 0, q, torch.full_like(q, -1e9)) * 100  # greedy = argmax Q
+    t2 = algo.rectify_target(q, avail, best_logits)
+    assert torch.equal(t2, torch.where(avail > 0, q, torch.full_like(q, -1e9)).argmax(-1))
