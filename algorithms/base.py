@@ -191,6 +191,7 @@ def load_all() -> dict[str, type]:
     from plcql_bench.algorithms import omar_discrete  # noqa: F401
     from plcql_bench.algorithms import iql_discrete  # noqa: F401
     from plcql_bench.algorithms import awac_discrete  # noqa: F401
+    from plcql_bench.algorithms import madtkd  # noqa: F401
 
     return REGISTRY
 
