@@ -127,10 +127,14 @@ class MAICQDiscrete(DiscreteAlgorithm):
 
     # -- losses ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def compute_target(self, batch: EpisodeBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_target(self, batch: EpisodeBatch,
+                       logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(TD(λ) targets [B, T], importance weights [B, T+1]) from the target critic and mixer at the
-        data actions (at the final observation of an episode: the policy's expected target Q)."""
+        data actions (at the final observation of an episode: the policy's expected target Q; logits =
+        the actor's outputs [B, T+1, n, A], computed here when not given)."""
         T = batch.max_t
+        if logits is None:
+            logits = self.actor.unroll(batch)
         tq = self.target_critic(batch.state, batch.obs)  # [B, T+1, n, A]
         acts = torch.cat([batch.actions, batch.actions.new_zeros(batch.actions[:, :1].shape)], 1)  # [B, T+1, n]
         q_data = tq.gather(-1, acts.unsqueeze(-1))[..., 0]
