@@ -89,20 +89,47 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-def _shift(x: torch.Tensor, j: int) -> torch.Tensor:
-    """x [R, T, ...] -> x at step t - j along axis 1 (zeros for t < j)."""
-    if j == 0:
-        return x
-    T = x.shape[1]
-    pad = x.new_zeros((x.shape[0], min(j, T)) + x.shape[2:])
-    return torch.cat([pad, x[:, : T - j]], 1)
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                    context: int) -> torch.Tensor:
+    """Attention of every token of step t over the m tokens of each of the steps t-K+1 .. t.
+
+    q, k, v [R, T, m, h, d] (R rows, T steps, m tokens per step, h heads), valid [R, T] bool (the
+    step exists) -> [R, T, m, h, d]. Keys of missing steps (before the start, padding) get weight 0;
+    a token always sees its own step, so every softmax has a finite entry (padding queries give
+    finite values that masked losses ignore). Computed blockwise: steps are cut into blocks of
+    L >= K steps and each block attends to itself and the block before it under a band mask, so
+    the matrix products are (L·m × d)(d × 2L·m) rather than one per token, and nothing is O(T²)."""
+    R, T, m, h, d = q.shape
+    K = context
+    L = max(K, -(-16 // m))  # steps per block: >= K, and >= 16 tokens (measured fastest on CPU)
+    nb = -(-T // L)
+    pad = nb * L - T
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:  # [R, T, ...] -> [R, nb, L, ...]
+        if pad:
+            x = torch.cat([x, x.new_zeros((R, pad) + x.shape[2:])], 1)
+        return x.reshape((R, nb, L) + x.shape[2:])
+
+    def with_previous(x: torch.Tensor) -> torch.Tensor:  # [R, nb, L, ...] -> [R, nb, 2L, ...]
+        return torch.cat([torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1), x], 2)
+
+    heads_first = lambda x: x.reshape(R, nb, -1, h, d).transpose(2, 3)  # noqa: E731  [R, nb, h, tokens, d]
+    qb = heads_first(blocks(q))  # [R, nb, h, L·m, d]
+    kb, vb = (heads_first(with_previous(blocks(x))) for x in (k, v))  # [R, nb, h, 2L·m, d]
+    scores = qb @ kb.transpose(-1, -2) / math.sqrt(d)  # [R, nb, h, L·m, 2L·m]
+    tq = torch.arange(L, device=q.device).repeat_interleave(m)  # query step within the block
+    tk = torch.arange(-L, L, device=q.device).repeat_interleave(m)  # key step (negative: previous block)
+    band = (tk[None] <= tq[:, None]) & (tk[None] > tq[:, None] - K)  # [L·m, 2L·m]
+    key_ok = with_previous(blocks(valid)).repeat_interleave(m, -1)  # [R, nb, 2L·m]
+    ok = (band & key_ok[:, :, None, None, :]) | (tk[None] == tq[:, None])
+    att = torch.softmax(scores.masked_fill(~ok, float("-inf")), -1)
+    y = att @ vb  # [R, nb, h, L·m, d]
+    return y.transpose(2, 3).reshape(R, nb * L, m, h, d)[:, :T]
 
 
 class WindowAttention(nn.Module):
     """Multi-head self-attention of each token (t, q) over the m tokens of each of the steps
-    t-K+1 .. t of its row (m = tokens per step). x [R, T, m, E], valid [R, T] bool (the step
-    exists) -> [R, T, m, E]. Keys of missing steps (before the start, padding) get weight 0; the
-    step's own tokens are always keys, so every softmax has at least one finite entry."""
+    t-K+1 .. t of its row (see `local_attention`). x [R, T, m, E], valid [R, T] -> [R, T, m, E]."""
 
     def __init__(self, embed: int, heads: int, context: int) -> None:
         super().__init__()
@@ -114,18 +141,8 @@ class WindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         R, T, m, E = x.shape
-        h, d = self.heads, E // self.heads
-        q, k, v = (y.reshape(R, T, m, h, d) for y in self.qkv(x).chunk(3, -1))
-        K = min(self.context, T)
-        # scores against each earlier step j = 0..K-1 (a loop over K offsets, no window copies)
-        scores = torch.stack([torch.einsum("rtqhd,rtkhd->rthqk", q, _shift(k, j)) for j in range(K)], -2)
-        scores = scores / math.sqrt(d)  # [R, T, h, m, K, m]
-        ok = torch.stack([_shift(valid, j) for j in range(K)], -1)  # [R, T, K]
-        ok[..., 0] = True  # the step itself (padding steps only matter to masked losses)
-        scores = scores.masked_fill(~ok[:, :, None, None, :, None], float("-inf"))
-        att = torch.softmax(scores.reshape(R, T, h, m, K * m), -1).reshape(R, T, h, m, K, m)
-        y = sum(torch.einsum("rthqk,rtkhd->rtqhd", att[..., j, :], _shift(v, j)) for j in range(K))
-        return self.proj(y.reshape(R, T, m, E))
+        q, k, v = (y.reshape(R, T, m, self.heads, E // self.heads) for y in self.qkv(x).chunk(3, -1))
+        return self.proj(local_attention(q, k, v, valid, self.context).reshape(R, T, m, E))
 
 
 class Block(nn.Module):

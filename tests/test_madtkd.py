@@ -178,3 +178,31 @@ def test_tables_and_target_return():
     assert algo.eval_return() == 2.0
     with pytest.raises(KeyError, match="no continuous-action"):
         get_algorithm("madtkd", discrete=False)
+
+
+def test_leaderboard_knows_madtkd_for_the_smac_table_only():
+    from plcql_bench.leaderboard import build as lb
+
+    paper = lb.load_paper_results()
+    assert "madtkd" in paper["tables"]["starcraft_results"]["columns"]
+    assert "madtkd" not in paper["tables"]["main_results"]["columns"]
+    assert lb.support("madtkd", True) == "yes" and lb.support("madtkd", False) == "no"
+
+
+@pytest.mark.parametrize("R,T,m,h,K", [(3, 11, 1, 2, 3), (2, 7, 4, 1, 4), (2, 3, 2, 2, 5), (1, 40, 1, 1, 1)])
+def test_local_attention_equals_a_loop(R, T, m, h, K):
+    """The blockwise band attention equals attention written token by token over the steps
+    t-K+1 .. t that exist (plus the token's own step)."""
+    from plcql_bench.algorithms.madtkd import local_attention
+
+    g = torch.Generator().manual_seed(R * 100 + T)
+    q, k, v = (torch.randn(R, T, m, h, 4, generator=g) for _ in range(3))
+    valid = torch.rand(R, T, generator=g) < 0.8
+    out = local_attention(q, k, v, valid, K)
+    for r in range(R):
+        for t in range(T):
+            steps = [s for s in range(max(0, t - K + 1), t + 1) if valid[r, s] or s == t]
+            keys, vals = k[r, steps].reshape(-1, h, 4), v[r, steps].reshape(-1, h, 4)  # [S·m, h, d]
+            for i in range(m):
+                att = torch.softmax(torch.einsum("hd,shd->hs", q[r, t, i], keys) / 2.0, -1)
+                assert torch.allclose(out[r, t, i], torch.einsum("hs,shd->hd", att, vals), atol=1e-5)
