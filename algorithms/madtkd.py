@@ -73,7 +73,7 @@ class Config:
     batch_episodes: int = 128  # batch_size 128 episodes
     grad_clip: float = 1.0  # chosen: minGPT/DT trainers' grad_norm_clip 1.0 (the reference clips nothing)
     # --- distillation ---
-    teacher_rounds: int = 1000  # rounds training the teacher before the students start (chosen)
+    teacher_rounds: int = 1000  # teacher rounds before the students (chosen; per map: half the paper budget)
     alpha: float = 0.5  # alpha 0.5: weight of KL(teacher ‖ student)
     beta: float = 0.5  # beta 0.5: weight of the relational (pairwise cosine) Huber loss
 

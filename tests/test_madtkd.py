@@ -165,8 +165,16 @@ def test_seeding_and_resume(arrays, tmp_path):
 def test_tables_and_target_return():
     cls = get_algorithm("madtkd", discrete=True)
     mk = lambda tid: TaskSpec(tid, tid.split("-")[0], 5, 7, 9, 11, True, 10, ("medium",))  # noqa: E731
-    assert cls.task_overrides(mk("smac-2s3z"), "medium") == {"return_scale": 20.0}
-    assert cls.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"return_scale": 1.0}
+    assert cls.task_overrides(mk("smac-2s3z"), "medium") == {"return_scale": 20.0, "teacher_rounds": 850}
+    assert cls.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"return_scale": 1.0, "teacher_rounds": 1000}
+    assert cls.task_overrides(mk("smax-3m"), "expert") == {"return_scale": 1.0}
+    # the teacher gets half of the paper profile's budget on every SMAX map, the students the rest
+    from plcql_bench.suite.profiles import load_profile
+
+    paper = load_profile("paper")
+    for m in ("2s3z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z"):
+        budget = paper.updates_for(f"smax-{m}", "medium")
+        assert 2 * cls.task_overrides(mk(f"smax-{m}"), "medium")["teacher_rounds"] == budget
     for tid in ("smax-2s3z", "smax-3s_vs_5z", "smax-5m_vs_6m", "smax-6h_vs_8z", "smac-6h_vs_8z"):
         for tier in ("medium", "medium-replay", "expert", "mixed"):
             make_config(cls, cls.task_overrides(mk(tid), tier))
