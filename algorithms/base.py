@@ -185,7 +185,7 @@ def load_all() -> dict[str, type]:
         awac, bc, cfcql, dof, iql, macql, maicq, matd3bc, omar, plcql, spacql,
     )
     from plcql_bench.algorithms import (  # noqa: F401  (discrete-action implementations)
-        bc_discrete, cfcql_discrete, macql_discrete,
+        bc_discrete, cfcql_discrete, macql_discrete, plcql_discrete, spacql_discrete,
     )
     from plcql_bench.algorithms import maicq_discrete  # noqa: F401
     from plcql_bench.algorithms import omar_discrete  # noqa: F401

@@ -1,0 +1,104 @@
+"""SPaCQL, discrete actions (SMAX/SMAC). See docs/algorithms/spacql.md, "Discrete (SMAX/SMAC)".
+
+CFCQL-discrete's backbone (QMIX, TD(λ), counterfactual CQL with the per-map cql_alpha/softmax_temp of
+configs/cfcql_discrete.yaml) with an ensemble of `n_critics` = 10 QMIX value functions (GRU agent +
+mixer per member, stacked: algorithms/common/discrete_ensemble.py). Only the bootstrap joint action
+of the TD(λ) targets changes:
+
+  at every observation index t' (the s' of step t'-1) and for every k = 1..n, an independent uniform
+  subset of exactly k agents takes the current policy's greedy AVAILABLE action (argmax of the mean of
+  the online members' individual Qs); the others keep the dataset's action a_t'. At the final next
+  observation of an episode (no a_t' in the data) every agent is replaced, for every k.
+      Q_k(t')  = min_j Qbar_tot,j(s_t', a'^(k)_t')                 (target agents + target mixers)
+      u_k(t')  = std_j Qbar_tot,j(s_t', a'^(k)_t')                 (or the online ensemble)
+      w_k      = (1/(u_k + eps)) / Σ_k' 1/(u_k' + eps)           (per index, or per batch)
+      V(t')    = Σ_k w_k Q_k(t')
+  y = TD(λ) returns over V (td_lambda_targets, exactly as CFCQL-discrete over its Q_tot).
+All n·(T+1) joint actions of an episode go through one stacked target-mixer call (K = n per state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from plcql_bench.algorithms.base import EpisodeBatch, register
+from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
+from plcql_bench.algorithms.spacql import par_masks_all_k
+
+
+@dataclass
+class Config(EnsembleConfig):
+    # --- paper-silent choices (as the continuous SPaCQL) ---
+    weights_per: str = "sample"  # "sample": w_k per (episode, index); "batch": from the batch-mean u_k
+    uncertainty_from: str = "target"  # "target" (the ensemble that gives the min) or "online"
+    detach_weights: bool = True  # False: gradients flow through w_k into the online ensemble
+    weight_eps: float = 1e-6
+
+
+def inverse_std_weights_masked(u: torch.Tensor, per: str, eps: float, rows: torch.Tensor) -> torch.Tensor:
+    """u [..., K] -> w [..., K], w_k = (1/(u_k+eps)) / Σ_k' 1/(u_k'+eps). per = "batch": every row uses
+    the mean of u_k over the rows with rows = 1 ([...], the real bootstrap indices)."""
+    if per == "batch":
+        r = rows.unsqueeze(-1)
+        ubar = (u * r).flatten(0, -2).sum(0) / r.flatten(0, -2).sum(0).clamp_min(1.0)
+        u = ubar.expand_as(u)
+    elif per != "sample":
+        raise ValueError(f"weights_per must be 'sample' or 'batch', got {per!r}")
+    inv = 1.0 / (u + eps)
+    return inv / inv.sum(-1, keepdim=True)
+
+
+@register
+class SPaCQLDiscrete(EnsembleCFCQLDiscrete):
+    name = "spacql"
+    Config = Config
+    discrete = True
+    batch_kind = "episodes"
+
+    def __init__(self, spec, config, seed, device="cpu") -> None:
+        if config.uncertainty_from not in ("target", "online"):
+            raise ValueError(f"uncertainty_from must be 'target' or 'online', got {config.uncertainty_from!r}")
+        if config.weights_per not in ("sample", "batch"):
+            raise ValueError(f"weights_per must be 'sample' or 'batch', got {config.weights_per!r}")
+        super().__init__(spec, config, seed, device)
+
+    @torch.no_grad()
+    def par_joint_actions(self, batch: EpisodeBatch, q_all: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """a'^(k) for k = 1..n at every index: [B, T+1, n_k, n], the masks [B, T+1, n_k, n], and the
+        bootstrap-row mask [B, T+1]."""
+        B, T1 = batch.size, batch.max_t + 1
+        data, valid, boot = self.next_action_data(batch)
+        greedy = self.greedy_actions(batch, q_all)  # [B, T+1, n]
+        masks = par_masks_all_k(B * T1, self.n, valid.reshape(-1), self.gen).view(B, T1, self.n, self.n)
+        joint = torch.where(masks, greedy.unsqueeze(2), data.unsqueeze(2))
+        return joint, masks, boot
+
+    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None):
+        """y [B, T] (TD(λ) over Σ_k w_k min_j Qbar_j(s', a'^(k))) and {"stats": diagnostics}."""
+        c = self.cfg
+        joint, masks, boot = self.par_joint_actions(batch, q_all)
+        with torch.no_grad():
+            tq = self.target_q_ens.unroll(batch)  # [E, B, T+1, n, A]
+            qk = self.member_q_tot(tq, self.target_mix_ens, joint, batch.state)  # [E, B, T+1, n_k]
+            q_min = qk.min(0).values
+        if c.uncertainty_from == "target":
+            u = qk.std(0)
+        else:
+            with torch.set_grad_enabled(not c.detach_weights and torch.is_grad_enabled()):
+                oq = self.q_ens.unroll(batch) if q_all is None else q_all
+                u = self.member_q_tot(oq, self.mix_ens, joint, batch.state).std(0)
+        w = inverse_std_weights_masked(u, c.weights_per, c.weight_eps, boot)
+        if c.detach_weights:
+            w = w.detach()
+        v = (w * q_min).sum(-1)  # [B, T+1]
+        y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, c.gamma, c.td_lambda)
+        wd = w.detach()
+        kvals = torch.arange(1, self.n + 1, dtype=wd.dtype, device=wd.device)
+        stats = {"spacql/E_k_weighted": masked_mean((wd * kvals).sum(-1), boot)}
+        for i in range(self.n):  # metrics only (n scalars)
+            stats[f"spacql/w_k{i + 1}"] = masked_mean(wd[..., i], boot)
+            stats[f"spacql/u_k{i + 1}"] = masked_mean(u.detach()[..., i], boot)
+        return y, {"stats": stats, "joint": joint, "masks": masks}
