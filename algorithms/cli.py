@@ -10,11 +10,14 @@ import click
 @click.option("--task", "tasks", multiple=True, default=("mpe-cn",), show_default=True)
 @click.option("--tier", default="medium", show_default=True, help="Tier whose reference config is used.")
 @click.option("--rounds", default=20, show_default=True)
+@click.option("--warmup", default=3, show_default=True, help="Untimed rounds before the timed ones.")
+@click.option("--batch", type=int, default=None,
+              help="Override the batch (transitions, or episodes for episode-batch algorithms).")
 @click.option("--threads", default=2, show_default=True, help="torch.set_num_threads")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="cpu = this process's CPU time (stable on a shared machine; use with --threads 1).")
-def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
+def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone. Prints the load average:
     on a shared machine compare numbers taken in the same minute only."""
@@ -43,10 +46,11 @@ def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
                 continue
             cls = get_algorithm(name, discrete=spec.discrete)
             overrides = cls.task_overrides(spec, tier)
-            t = time_update_rounds(name, spec, overrides, rounds=rounds, device=device, clock=clock)
-            batch = batch_size_of(cls, overrides)
+            t = time_update_rounds(name, spec, overrides, rounds=rounds, batch_size=batch, warmup=warmup,
+                                   device=device, clock=clock)
+            bsz = batch if batch is not None else batch_size_of(cls, overrides)
             tgt = f"{t['target_median_ms']:>9.2f}" if "target_median_ms" in t else f"{'-':>9}"
-            click.echo(f"{name:<12} {task_id:<12} {batch:>6} {t['median_ms']:>9.1f} "
+            click.echo(f"{name:<12} {task_id:<12} {bsz:>6} {t['median_ms']:>9.1f} "
                        f"{1000 / t['median_ms']:>9.2f} {tgt}")
             results[(name, task_id)] = t
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
@@ -55,10 +59,16 @@ def bench_speed(algos, tasks, tier, rounds, threads, device, clock) -> None:
             pair = ["plcql", "spacql"]
             inter = time_interleaved(pair, spec, {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier)
                                                          for a in pair},
-                                     rounds=rounds, device=device, clock=clock)
+                                     rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock,
+                                     batch_size=batch)
             p, s = results[("plcql", task_id)], results[("spacql", task_id)]
-            click.echo(f"# {task_id} (n={spec.n_agents}), interleaved rounds: PLCQL {inter['plcql']:.1f} ms, "
-                       f"SPaCQL {inter['spacql']:.1f} ms, ratio {inter['plcql'] / inter['spacql']:.3f}")
+            unit = "episodes" if spec.discrete else "transitions"
+            bsz = batch if batch is not None else batch_size_of(get_algorithm("plcql", discrete=spec.discrete),
+                                                                 get_algorithm("plcql", discrete=spec.discrete)
+                                                                 .task_overrides(spec, tier))
+            click.echo(f"# {task_id} (n={spec.n_agents}, {kind}, batch {bsz} {unit}), interleaved rounds: "
+                       f"PLCQL {inter['plcql']:.1f} ms, SPaCQL {inter['spacql']:.1f} ms, "
+                       f"ratio PLCQL/SPaCQL {inter['plcql'] / inter['spacql']:.3f}")
             click.echo(f"# {task_id}: target construction PLCQL/SPaCQL "
                        f"{p['target_median_ms']:.2f}/{s['target_median_ms']:.2f} ms"
                        f" = {p['target_median_ms'] / s['target_median_ms']:.2f}")

@@ -164,8 +164,9 @@ class StackedQMixer(nn.Module):
         q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
         pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
         pre_cf = pre.unsqueeze(-2) + (q_all - q_taken).unsqueeze(-1) * w1.unsqueeze(-2)  # [E, M, n, A, Em]
-        out = torch.matmul(F.elu(pre_cf), w2.unsqueeze(2)).squeeze(-1) + b2  # [E, M, n, A]
-        return out.reshape(E, *lead, n, A)
+        M, Em = pre_cf.shape[1], pre_cf.shape[-1]
+        out = torch.bmm(F.elu(pre_cf).view(E * M, n * A, Em), w2.reshape(E * M, Em, 1))  # one bmm, no broadcast copy
+        return (out.view(E, M, n, A) + b2).reshape(E, *lead, n, A)
 
 
 @dataclass

@@ -100,7 +100,8 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     if hasattr(algo, "compute_target"):  # target construction alone (the PAR part that PLCQL cuts from n to 1)
         bs = batch_size_of(cls, ov)
         tt = []
-        for _ in range(max(rounds, 10)):
+        # episode batches (discrete, ~seconds per target at n = 6): as many as the timed rounds
+        for _ in range(rounds if batch_kind(cls) == "episodes" else max(rounds, 10)):
             batch = buf(bs)
             t0 = timer()
             algo.compute_target(batch)
@@ -111,15 +112,19 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
 
 
 def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]], rounds: int = 20,
-                     warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall") -> dict[str, float]:
+                     warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall",
+                     batch_size: int | None = None) -> dict[str, float]:
     """Median ms per round of several algorithms timed in alternation (round i of each, then round
     i + 1 ...), so that a shared machine's changing load hits all of them alike. Use it to compare."""
     algos = {}
     buf = make_buffer(get_algorithm(names[0], discrete=spec.discrete), spec, 100_000, device, seed)
     for name in names:
         cls = get_algorithm(name, discrete=spec.discrete)
+        ov = dict(overrides.get(name, {}))
+        if batch_size is not None:
+            ov["batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"] = batch_size
         torch.manual_seed(seed)
-        algos[name] = cls(spec, make_config(cls, dict(overrides.get(name, {}))), seed, device)
+        algos[name] = cls(spec, make_config(cls, ov), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {n: [] for n in names}
     timer = time.process_time if clock == "cpu" else time.perf_counter
