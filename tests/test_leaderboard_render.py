@@ -229,16 +229,6 @@ def test_missing_cells_give_their_reason(site):
     assert iql["text"].startswith("— failed") and "missing-failed" in iql["class"]
     assert "CUDA out of memory" in site["html"]  # the error is on the page (tooltip and list)
     assert main[("mpe-cn", "expert")]["OMAR"]["text"].startswith("— not run")
-    # A SMAC column whose algorithm has only a continuous implementation says "unsupported" on SMAX
-    # (checked for each such column that is left; the discrete implementations are being added one by
-    # one). BC has both.
-    labels = ["CFCQL", "MACQL", "MAICQ", "OMAR", "MADTKD", "BC", "IQL", "AWAC", "SPaCQL", "PLCQL"]
-    ids = ["cfcql", "macql", "maicq", "omar", "madtkd", "bc", "iql", "awac", "spacql", "plcql"]
-    for label, algo in zip(labels, ids):
-        if build.support(algo, True) == "no":
-            cell = smac[("smax-2s3z", "medium")][label]
-            assert cell["text"].startswith("— unsupported") and "missing-unsupported" in cell["class"]
-            assert re.search(rf'title="{re.escape(label)} does not support discrete actions">unsupported<', site["html"])
     assert smac[("smax-2s3z", "medium")]["BC"]["text"].startswith("— not run")
     assert main[("mpe-cn", "medium")]["OMAR"]["text"].startswith("— not run")
     abl = site["tables"]["table-ablation"][("mpe-cn", "medium-replay")]
@@ -269,6 +259,21 @@ def test_headline_claims(site):
     section = site["html"][site["html"].index('id="claims"'):site["html"].index('id="domain-main"')]
     assert "75% (3 of 4 tasks)" in section and "67% (2 of 3 tasks)" in section
     assert "66% (21 of 32 tasks)" in section and "84% (27 of 32 tasks)" in section
+
+
+def test_smac_column_without_a_discrete_implementation_says_unsupported(tmp_path, monkeypatch):
+    """Every SMAC column has a discrete implementation now; pretend OMAR has none and check the cell."""
+    real = build._implementations
+    monkeypatch.setattr(build, "_implementations",
+                        lambda algo: {"continuous": object} if algo == "omar" else real(algo))
+    res = make_fixture_results(tmp_path / "r")
+    html = build.build_site(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).read_text(encoding="utf-8")
+    p = Cells()
+    p.feed(html)
+    cell = p.tables["table-smac"][("smax-2s3z", "medium")]["OMAR"]
+    assert cell["text"].startswith("— unsupported") and "missing-unsupported" in cell["class"]
+    assert re.search(r'title="OMAR does not support discrete actions">unsupported<', html)
+    assert p.tables["table-smac"][("smax-2s3z", "medium")]["BC"]["text"].startswith("— not run")
 
 
 def test_claims_without_spacql_say_so(tmp_path):
