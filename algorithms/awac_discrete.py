@@ -23,13 +23,11 @@ reference's share `fc3`; `shared_head` reproduces it); the cosine lr schedule of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean
 from plcql_bench.algorithms.common.discrete_critics import (
     TwinAgentQ, clipped_exp_weights, policy_expectation, soft_update)
@@ -58,12 +56,6 @@ class Config:
 class AWACDiscrete(DiscreteAlgorithm):
     name = "awac"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(f"{cls.name}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

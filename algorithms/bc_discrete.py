@@ -12,13 +12,11 @@ One update round = one gradient step on a fresh batch of episodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, bc_cross_entropy
 from plcql_bench.suite.spec import TaskSpec
 
@@ -47,12 +45,6 @@ def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, gr
 class BCDiscrete(DiscreteAlgorithm):
     name = "bc"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

@@ -26,13 +26,11 @@ so its lr falls by less than 1e-5 relative over a run).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_log_softmax, masked_mean)
 from plcql_bench.algorithms.common.discrete_critics import (
@@ -71,12 +69,6 @@ def weighted_bc_loss(logits: torch.Tensor, batch, weights: torch.Tensor) -> tupl
 class IQLDiscrete(DiscreteAlgorithm):
     name = "iql"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(f"{cls.name}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

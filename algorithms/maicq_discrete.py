@@ -41,7 +41,6 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, QMixer, RNNAgent, hard_update, masked_log_softmax, masked_mean, masked_softmax,
     td_lambda_targets)
@@ -85,12 +84,6 @@ def mixer_slopes(mixer: QMixer, state: torch.Tensor) -> torch.Tensor:
 class MAICQDiscrete(DiscreteAlgorithm):
     name = "maicq"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(f"{cls.name}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

@@ -38,14 +38,12 @@ padding); the twins have their own output heads (the reference's share `fc3`/`fc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
     masked_softmax)
@@ -79,12 +77,6 @@ class Config:
 class OMARDiscrete(DiscreteAlgorithm):
     name = "omar"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(f"{cls.name}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

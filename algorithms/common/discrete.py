@@ -327,6 +327,13 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     discrete = True
     batch_kind = "episodes"
 
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        """Per-map/dataset values from algorithms/configs/<name>_discrete.yaml (none: {})."""
+        from plcql_bench.algorithms.common.configs import tier_table
+
+        return tier_table(f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
+
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
         if not spec.discrete:
             raise ValueError(f"{self.name} (discrete) needs a discrete-action task, got {spec.task_id}")
