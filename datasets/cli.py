@@ -45,9 +45,13 @@ def datasets_list(obj: dict, profile: str) -> None:
 @click.option("--matrix", is_flag=True, help="The datasets the profile's default matrix needs.")
 @click.option("--seed", "generator_seed", default=0, show_default=True, help="Generator seed.")
 @click.option("--force", is_flag=True, help="Rebuild even if the manifest has it.")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="SMAX tasks: collect in N spawned single-threaded processes (sets "
+                   "PLCQL_SMAX_WORKERS; default 1). The dataset then depends on N (docs/smax.md).")
 @click.pass_obj
-def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, force) -> None:
+def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, force, workers) -> None:
     """Build TASK TIER (or --all / --matrix) at the profile's size."""
+    import os
     from plcql_bench.datasets import manifest
     from plcql_bench.datasets.behaviour import available
     from plcql_bench.datasets.build import build_dataset
@@ -66,6 +70,10 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
     else:
         raise click.UsageError("give TASK TIER, or --all, or --matrix")
     root = data_profile_dir(obj["data_dir"], prof)
+    if workers is not None:
+        from plcql_bench.datasets.smax_collect import WORKERS_ENV
+
+        os.environ[WORKERS_ENV] = str(workers)  # read by the SMAX collect hook
     for task_id, q in todo:
         spec = get_task(task_id).spec  # unknown task or tier -> clear error before any work
         if q not in spec.tiers:
@@ -172,8 +180,11 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
 @datasets.command("bench")
 @click.argument("tasks", nargs=-1)
 @click.option("--episodes", default=64, show_default=True, help="Episodes per task (1000-step tasks: a quarter).")
-def datasets_bench(tasks, episodes) -> None:
-    """Collection speed: env-steps/s of `datasets build`'s collector with a uniform random policy."""
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="SMAX tasks: spawned single-threaded collector processes (other tasks: ignored).")
+def datasets_bench(tasks, episodes, workers) -> None:
+    """Collection speed: env-steps/s of `datasets build`'s collector with a uniform random policy
+    (SMAX: smax_collect.bench, compile excluded)."""
     import time
 
     import numpy as np
@@ -189,6 +200,12 @@ def datasets_bench(tasks, episodes) -> None:
             click.echo(f"{task_id:<26} skipped (discrete task without a collector)")
             continue
         n = max(2, episodes // 4) if task.spec.episode_limit >= 500 else episodes
+        if "bench" in task.extras:  # the task's own benchmark (SMAX: warm-up, then timed)
+            r = task.extras["bench"](task, n, workers=workers)
+            steps, dt = r["env_steps"], r["seconds"]
+            click.echo(f"{task_id:<26} {steps:>8} env steps in {dt:6.2f} s: {steps / dt:>10,.0f} "
+                       f"env-steps/s ({r.get('workers', 1)} workers)")
+            continue
         behaviour = _random(task.spec.act_dim)
         hook = task.extras.get("bench_behaviour")  # discrete tasks: their own random behaviour
         if hook is not None:

@@ -27,14 +27,31 @@
 ``won`` bool [E], ``returns`` float64 [E], ``lengths`` int64 [E], plus ``win_rate``,
 ``env_steps`` and ``seconds``.
 
-Benchmark: ``python -m plcql_bench.datasets.smax_collect --bench`` prints env-steps/s per map.
+Workers: ``collect_smax_tier(..., workers=N)`` (and ``bench(..., workers=N)``) splits the seed
+list into N contiguous chunks and collects each in its own spawned process (one intra-op thread
+each: ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``); the parts
+are concatenated in seed order. Children load the tier's policies themselves (JAX closures do not
+pickle) and hand their arrays back through .npz files in a temporary directory. The tier's own
+split (mixed: medium/expert halves; medium-replay: one part per source) then happens inside each
+chunk, so a dataset is reproducible for a given (seeds, batch, chunk, workers); ``workers=1`` (the
+default) runs in-process and gives exactly the single-process output. ``PLCQL_SMAX_WORKERS`` sets
+the workers of the ``datasets build`` hook (suite/envs/smax.py).
+
+Benchmark: ``python -m plcql_bench.datasets.smax_collect --bench [--workers N]`` prints
+env-steps/s per map.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import queue as queue_mod
+import tempfile
 import time
+import traceback
+from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -43,6 +60,8 @@ from plcql_bench.suite.envs import smax as smax_env
 
 GENERATOR_VERSION = "smax-collect-1"
 POLICY_STREAM = 0x5EED
+WORKERS_ENV = "PLCQL_SMAX_WORKERS"  # workers of the datasets-build hook (default 1)
+CHILD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 PolicyFn = Callable[[Any, Any, Any, Any], Any]
 
@@ -114,6 +133,36 @@ def _runner(map_name: str, policy: PolicyFn, chunk: int):
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def warm_up(task_id: str, policy: PolicyFn, seeds, params=None, batch: int = 256,
+            chunk: int = 2, min_batch: int = 16) -> None:
+    """Compile everything ``collect_smax`` can call for ``len(seeds)`` episodes (the seeds'
+    values do not matter): start, refill and advance at ``min(batch, len(seeds))`` slots, and
+    advance/take at every slot count the tail shrink can pick, so a timed run compiles nothing
+    whatever its episode lengths. Mirrors the call sequence of ``collect_smax`` (carries from
+    start, advance, refill and take), so the jit caches see the same argument types."""
+    import jax
+
+    seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    b = int(min(batch, len(seeds)))
+    s32 = seeds[:b].astype(np.uint32)
+    start, refill, advance, take = _runner(smax_env.map_of(task_id), policy, int(chunk))
+    c, _ = start(params, s32)
+    c, _ = advance(params, c)
+    c, _ = refill(params, c, s32, np.ones(b, bool))
+    c, _ = advance(params, c)
+    c, _ = advance(params, c)
+    sizes = [b] + [1 << k for k in range(b.bit_length() - 1, -1, -1)
+                   if min_batch <= (1 << k) < b]
+    for size in sizes:
+        cs = c if size == b else take(c, np.arange(size))
+        cs, _ = advance(params, cs)
+        cs, _ = advance(params, cs)
+        for smaller in sizes:
+            if smaller < size:
+                take(cs, np.arange(smaller))
+    jax.block_until_ready(c)
 
 
 def collect_smax(task_id: str, policy: PolicyFn, seeds, params=None, batch: int = 256,
@@ -244,7 +293,7 @@ def concat_collections(parts: list[tuple[dict[str, np.ndarray], dict[str, Any]]]
 
 
 def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
-                      log: Callable[[str], None] | None = None):
+                      log: Callable[[str], None] | None = None, workers: int = 1):
     """One SMAX dataset tier from the committed behaviour checkpoints (smax_behaviour.py):
 
     * expert / medium: that checkpoint, greedy, one episode per seed;
@@ -254,10 +303,26 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
     * mixed: the first half of the seeds with medium, the second half with expert;
     * random: uniform over available actions.
 
+    ``workers`` > 1: the seeds are split into that many contiguous chunks, each collected by this
+    function in a spawned single-threaded process (so the tier split above happens per chunk),
+    and concatenated in seed order; ``meta["seconds"]`` is then the wall time of the whole call
+    (spawn and compile included) and ``meta["cpu_seconds"]`` the children's collection CPU time.
+
     Returns (arrays, meta, behaviour_policy_id)."""
     from plcql_bench.datasets import smax_behaviour as sb
 
     seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    workers = max(1, min(int(workers), len(seeds)))
+    if workers > 1:
+        t0 = time.perf_counter()
+        chunks = np.array_split(seeds, workers)
+        outs = _run_children(_tier_child, [(task_id, tier, c, batch) for c in chunks])
+        arrays, meta = concat_collections([(a, r[0]) for a, r in outs])
+        meta["seconds"], meta["workers"] = time.perf_counter() - t0, workers
+        if log is not None:
+            log(f"{task_id}/{tier}: {len(seeds)} episodes in {workers} workers, "
+                f"{meta['env_steps']} steps in {meta['seconds']:.1f}s")
+        return arrays, meta, outs[0][1][1]
     if tier == "random":
         arrays, meta = collect_smax(task_id, random_policy, seeds, batch=batch, log=log)
         return arrays, meta, "random-uniform-avail"
@@ -286,28 +351,173 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
     raise ValueError(f"unknown SMAX tier {tier!r}")
 
 
+# --------------------------------------------------------------------------- workers
+
+
+def workers_from_env(default: int = 1) -> int:
+    """``PLCQL_SMAX_WORKERS`` as a positive int (``default`` when unset or empty)."""
+    v = os.environ.get(WORKERS_ENV, "").strip()
+    if not v:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"{WORKERS_ENV} must be a positive integer, got {v!r}") from None
+    if n < 1:
+        raise ValueError(f"{WORKERS_ENV} must be a positive integer, got {v!r}")
+    return n
+
+
+@contextmanager
+def _child_environ():
+    """Environment inherited by the children started inside the block: one intra-op thread
+    (set before the child imports jax; os.environ is copied when a spawned process starts)."""
+    new = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + CHILD_XLA_FLAGS).strip(),
+           "OMP_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in new}
+    os.environ.update(new)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _tier_child(task_id, tier, seeds, batch, barrier=None):
+    arrays, meta, policy_id = collect_smax_tier(task_id, tier, seeds, batch=batch)
+    return arrays, (meta, policy_id)
+
+
+def _bench_child(task_id, warm_seeds, seeds, batch, chunk, repeats, barrier=None):
+    t0 = time.perf_counter()
+    warm_up(task_id, random_policy, warm_seeds, batch=batch, chunk=chunk)  # compile
+    warm = time.perf_counter() - t0
+    metas = []
+    for _ in range(repeats):
+        barrier.wait(timeout=600)  # every child starts each timed run together
+        _, meta = collect_smax(task_id, random_policy, seeds, batch=batch, chunk=chunk)
+        meta["warmup_s"] = warm
+        metas.append(meta)
+    return None, metas
+
+
+def _child_main(target, index, args, out_dir, results, barrier):
+    """Runs in a spawned child: target(*args) -> (arrays or None, small result); the arrays go
+    to <out_dir>/part<index>.npz, the result through the queue."""
+    try:
+        arrays, res = target(*args, barrier=barrier)
+        if arrays is not None:
+            np.savez(Path(out_dir) / f"part{index}.npz", **arrays)
+        results.put((index, res, None))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        if barrier is not None:
+            barrier.abort()
+        results.put((index, None, traceback.format_exc()))
+
+
+def _run_children(target, arg_list, barrier: bool = False):
+    """target(*args) in one spawned process per args (all running at once); returns
+    [(arrays or None, result)] in the order of ``arg_list``. With ``barrier``, the children
+    share a multiprocessing.Barrier (passed as ``barrier=``)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    n = len(arg_list)
+    results = ctx.Queue()
+    bar = ctx.Barrier(n) if barrier else None
+    got: dict[int, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="smax_workers_") as tmp:
+        procs = [ctx.Process(target=_child_main, args=(target, i, args, tmp, results, bar),
+                             daemon=True) for i, args in enumerate(arg_list)]
+        try:
+            with _child_environ():
+                for p in procs:
+                    p.start()
+            while len(got) < n:
+                try:
+                    i, res, err = results.get(timeout=1.0)
+                except queue_mod.Empty:
+                    dead = [i for i, p in enumerate(procs) if i not in got
+                            and p.exitcode is not None and p.exitcode != 0]
+                    if dead:
+                        raise RuntimeError(f"SMAX worker {dead[0]} died (exit code "
+                                           f"{procs[dead[0]].exitcode})") from None
+                    continue
+                if err is not None:
+                    raise RuntimeError(f"SMAX worker {i} failed:\n{err}")
+                got[i] = res
+            for p in procs:
+                p.join()
+            out = []
+            for i in range(n):
+                f = Path(tmp) / f"part{i}.npz"
+                if f.exists():
+                    with np.load(f) as z:
+                        arrays = {k: z[k] for k in z.files}
+                else:
+                    arrays = None
+                out.append((arrays, got[i]))
+            return out
+        finally:
+            if bar is not None:
+                bar.abort()
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join()
+
+
 def bench(maps=smax_env.MAPS, episodes: int = 512, batch: int = 256, chunk: int = 2,
-          log=print) -> dict[str, dict[str, float]]:
-    """Env-steps/s of random-policy collection per map (compile excluded: one warm-up batch)."""
+          log=print, workers: int = 1, repeats: int = 1) -> dict[str, dict[str, float]]:
+    """Env-steps/s of random-policy collection per map (compile excluded: ``warm_up`` compiles
+    every slot count first, on other seeds). The timed collection runs ``repeats`` times; the
+    run with the median wall rate is reported (``rates`` lists them all).
+
+    ``workers`` > 1: the episodes are split into that many contiguous chunks, one per spawned
+    single-threaded process; each warms up (compiles) on other seeds, waits on a barrier, then
+    collects its chunk. The rate is total env steps / the longest child's timed wall time; per
+    CPU-second divides by the children's summed collection CPU time."""
     results = {}
+    workers, repeats = max(1, int(workers)), max(1, int(repeats))
     for m in maps:
         tid = smax_env.PREFIX + m
-        t0 = time.perf_counter()
-        # same shapes as the timed run, so the timed run does not compile
-        collect_smax(tid, random_policy, 10**6 + np.arange(episodes), batch=batch, chunk=chunk)
-        warm = time.perf_counter() - t0
-        _, meta = collect_smax(tid, random_policy, 1000 + np.arange(episodes), batch=batch,
-                               chunk=chunk)
-        rate = meta["env_steps"] / meta["seconds"]
-        cpu_rate = meta["env_steps"] / max(meta["cpu_seconds"], 1e-9)
+        seeds = 1000 + np.arange(episodes)
+        if workers == 1:
+            t0 = time.perf_counter()
+            # every shape the timed run can use, so the timed run does not compile
+            warm_up(tid, random_policy, 10**6 + np.arange(episodes), batch=batch, chunk=chunk)
+            warm = time.perf_counter() - t0
+            runs = [[collect_smax(tid, random_policy, seeds, batch=batch, chunk=chunk)[1]]
+                    for _ in range(repeats)]
+        else:
+            chunks = np.array_split(seeds, workers)
+            outs = _run_children(_bench_child,
+                                 [(tid, 10**6 + c, c, batch, chunk, repeats) for c in chunks],
+                                 barrier=True)
+            runs = [[r[i] for _, r in outs] for i in range(repeats)]  # [repeat][worker]
+            warm = max(r[0]["warmup_s"] for _, r in outs)
+        timed = []
+        for metas in runs:
+            steps = int(sum(mm["env_steps"] for mm in metas))
+            secs = max(mm["seconds"] for mm in metas)
+            cpu = sum(mm["cpu_seconds"] for mm in metas)
+            timed.append((steps / secs, steps, secs, cpu))
+        rates = [t[0] for t in timed]
+        rate, steps, secs, cpu = sorted(timed)[(len(timed) - 1) // 2]  # median (lower)
+        lengths = np.concatenate([mm["lengths"] for mm in runs[0]])
+        cpu_rate = steps / max(cpu, 1e-9)
         results[tid] = {"env_steps_per_s": rate, "env_steps_per_cpu_s": cpu_rate,
-                        "env_steps": meta["env_steps"],
-                        "seconds": meta["seconds"], "warmup_s": warm,
-                        "mean_len": float(meta["lengths"].mean())}
-        log(f"{tid:16s} {rate:9.0f} env-steps/s wall, {cpu_rate:9.0f} per CPU-second "
-            f"({meta['env_steps']} steps in "
-            f"{meta['seconds']:.2f}s, mean episode {meta['lengths'].mean():.1f}, "
-            f"first batch incl. compile {warm:.1f}s)")
+                        "env_steps": steps, "seconds": secs, "warmup_s": warm,
+                        "mean_len": float(lengths.mean()), "workers": workers, "rates": rates}
+        if log is not None:
+            spread = (f", {repeats} runs {min(rates):.0f}..{max(rates):.0f}"
+                      if repeats > 1 else "")
+            log(f"{tid:16s} {rate:9.0f} env-steps/s wall, {cpu_rate:9.0f} per CPU-second "
+                f"({steps} steps in {secs:.2f}s, workers {workers}{spread}, mean episode "
+                f"{lengths.mean():.1f}, warm-up/compile {warm:.1f}s)")
     return results
 
 
@@ -318,10 +528,14 @@ def main(argv=None) -> None:
     p.add_argument("--episodes", type=int, default=512)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--chunk", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1,
+                   help="spawned single-threaded collector processes (default 1: in-process)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs after the warm-up; the median is reported")
     a = p.parse_args(argv)
     if not a.bench:
         p.error("nothing to do (use --bench)")
-    bench(a.maps, a.episodes, a.batch, a.chunk)
+    bench(a.maps, a.episodes, a.batch, a.chunk, workers=a.workers, repeats=a.repeats)
 
 
 if __name__ == "__main__":

@@ -301,12 +301,24 @@ def _behaviour(task_id: str, tier: str):
 
 
 def _collect(task: Task, behaviour, seeds: np.ndarray, rng) -> dict[str, np.ndarray]:
-    """datasets/build.py hook: vmap + scan collection; adds episode_won [E]."""
-    from plcql_bench.datasets.smax_collect import collect_smax_tier
+    """datasets/build.py hook: vmap + scan collection; adds episode_won [E]. Runs in
+    ``PLCQL_SMAX_WORKERS`` processes (default 1; `datasets build --workers N` sets it), which
+    changes the dataset for mixed/medium-replay and may change it in the last bits otherwise
+    (see docs/smax.md)."""
+    from plcql_bench.datasets.smax_collect import collect_smax_tier, workers_from_env
 
-    arrays, meta, _ = collect_smax_tier(task.spec.task_id, behaviour.make(rng), seeds)
+    arrays, meta, _ = collect_smax_tier(task.spec.task_id, behaviour.make(rng), seeds,
+                                        workers=workers_from_env())
     arrays["episode_won"] = meta["won"]
     return arrays
+
+
+def _bench(task: Task, episodes: int, workers: int = 1) -> dict[str, float]:
+    """`datasets bench` hook: random-policy collection speed, compile excluded
+    (smax_collect.bench); returns its result for this map."""
+    from plcql_bench.datasets.smax_collect import bench
+
+    return bench([task.extras["map_name"]], episodes, log=None, workers=workers)[task.spec.task_id]
 
 
 def _references() -> dict[str, float]:
@@ -318,4 +330,4 @@ def make_task(map_name: str) -> Task:
     return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name),
                 extras={"map_name": map_name,
                         "behaviours": partial(_behaviour, spec.task_id),
-                        "collect": _collect, "references": _references})
+                        "collect": _collect, "references": _references, "bench": _bench})
