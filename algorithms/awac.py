@@ -37,7 +37,6 @@ class Config:
 class AWAC(IndependentBase):
     name = "awac"
     Config = Config
-    discrete = False
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         c, b = self.cfg, sample(self.cfg.batch_size)

@@ -65,7 +65,6 @@ class Config:
 class CFCQL(CentralCriticAlgorithm):
     name = "cfcql"
     Config = Config
-    discrete = False
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:

@@ -39,7 +39,6 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.bc_discrete import bc_step
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets)
@@ -72,13 +71,7 @@ class Config:
 class CFCQLDiscrete(DiscreteAlgorithm):
     name = "cfcql"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-    table = "cfcql_discrete"  # configs/<table>.yaml
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table(cls.table, spec, tier)
+    table = "cfcql_discrete"  # also the table of its subclasses (MACQL sets its own)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
@@ -98,9 +91,13 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return self.cfg.softmax_temp != 0 and self.cfg.cql_alpha > 0
 
     # -- protocol -------------------------------------------------------------------------------
+    def value_modules(self) -> dict[str, nn.Module]:
+        """The Q agents and mixers, online and target (the ensemble subclass stacks them)."""
+        return {"q_agent": self.q_agent, "mixer": self.mix, "target_agent": self.target_agent,
+                "target_mixer": self.target_mix}
+
     def modules(self) -> dict[str, nn.Module]:
-        m = {"q_agent": self.q_agent, "mixer": self.mix, "target_agent": self.target_agent,
-             "target_mixer": self.target_mix}
+        m = self.value_modules()
         if self.behaviour is not None:
             m["behaviour"] = self.behaviour
         return m

@@ -40,7 +40,6 @@ class Config:
 class IQL(IndependentBase):
     name = "iql"
     Config = Config
-    discrete = False
     use_value = True
 
     def update(self, sample: BatchSampler) -> dict[str, float]:

@@ -34,7 +34,6 @@ class Config(CFCQLConfig):
 class MACQL(CFCQL):
     name = "macql"
     Config = Config
-    discrete = False
 
     def critic_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         B = batch.size

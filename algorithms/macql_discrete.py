@@ -35,8 +35,6 @@ class Config(CFCQLConfig):
 class MACQLDiscrete(CFCQLDiscrete):
     name = "macql"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
     table = "macql_discrete"
 
     def uses_behaviour(self) -> bool:

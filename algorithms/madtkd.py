@@ -51,7 +51,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, bc_cross_entropy, masked_argmax, masked_log_softmax, masked_mean)
 from plcql_bench.suite.spec import TaskSpec
@@ -228,12 +227,7 @@ def relation_matrix(f: torch.Tensor) -> torch.Tensor:
 class MADTKD(DiscreteAlgorithm):
     name = "madtkd"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
-
-    @classmethod
-    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        return tier_table("madtkd", spec, tier)
+    table = "madtkd"  # configs/madtkd.yaml (MADTKD has discrete actions only)
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)

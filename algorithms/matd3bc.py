@@ -35,7 +35,6 @@ class Config:
 class MATD3BC(IndependentBase):
     name = "matd3bc"
     Config = Config
-    discrete = False
     backbone_keys = None  # hidden, batch, gamma and the backbone learning rates
 
     def update(self, sample: BatchSampler) -> dict[str, float]:

@@ -63,7 +63,6 @@ class Config:
 class OMAR(IndependentBase):
     name = "omar"
     Config = Config
-    discrete = False
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:

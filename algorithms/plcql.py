@@ -71,7 +71,6 @@ def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Gene
 class PLCQL(CFCQL):
     name = "plcql"
     Config = Config
-    discrete = False
 
     # -- construction --------------------------------------------------------------------------------
     def _build_extra(self, init_gen: torch.Generator) -> None:

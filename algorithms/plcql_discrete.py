@@ -60,8 +60,6 @@ class Config(EnsembleConfig):
 class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     name = "plcql"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
 
     # the PAR machinery is the continuous PLCQL's, unchanged (flat rows of s')
     par_logits = PLCQL.par_logits

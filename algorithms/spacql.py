@@ -50,27 +50,39 @@ def par_masks_all_k(B: int, n: int, valid: torch.Tensor, generator: torch.Genera
     return (ranks < k) | (valid < 0.5).view(B, 1, 1)
 
 
-def inverse_std_weights(u: torch.Tensor, per: str, eps: float) -> torch.Tensor:
-    """u [B, n_k] -> w [B, n_k], w_k = (1/u_k) / sum_k' (1/u_k'); per batch: from the batch-mean u_k."""
+def inverse_std_weights(u: torch.Tensor, per: str, eps: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """u [..., n_k] -> w [..., n_k], w_k = (1/(u_k+eps)) / sum_k' 1/(u_k'+eps). per = "batch": every row
+    uses the mean of u_k over the rows (over those with `rows` = 1 when given: the discrete variant's
+    real bootstrap indices)."""
     if per == "batch":
-        u = u.mean(0, keepdim=True).expand_as(u)
+        flat = u.flatten(0, -2)
+        if rows is None:
+            ubar = flat.mean(0)
+        else:
+            r = rows.reshape(-1, 1).to(u.dtype)
+            ubar = (flat * r).sum(0) / r.sum(0).clamp_min(1.0)
+        u = ubar.expand_as(u)
     elif per != "sample":
         raise ValueError(f"weights_per must be 'sample' or 'batch', got {per!r}")
     inv = 1.0 / (u + eps)
     return inv / inv.sum(-1, keepdim=True)
 
 
+def check_weight_choices(cfg) -> None:
+    """The paper-silent SPaCQL choices shared by both action spaces (see the module docstring)."""
+    if cfg.uncertainty_from not in ("target", "online"):
+        raise ValueError(f"uncertainty_from must be 'target' or 'online', got {cfg.uncertainty_from!r}")
+    if cfg.weights_per not in ("sample", "batch"):
+        raise ValueError(f"weights_per must be 'sample' or 'batch', got {cfg.weights_per!r}")
+
+
 @register
 class SPaCQL(CFCQL):
     name = "spacql"
     Config = Config
-    discrete = False
 
     def _build_extra(self, init_gen: torch.Generator) -> None:
-        if self.cfg.uncertainty_from not in ("target", "online"):
-            raise ValueError(f"uncertainty_from must be 'target' or 'online', got {self.cfg.uncertainty_from!r}")
-        if self.cfg.weights_per not in ("sample", "batch"):
-            raise ValueError(f"weights_per must be 'sample' or 'batch', got {self.cfg.weights_per!r}")
+        check_weight_choices(self.cfg)
 
     @torch.no_grad()
     def par_joint_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

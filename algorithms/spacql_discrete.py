@@ -26,7 +26,7 @@ import torch
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
-from plcql_bench.algorithms.spacql import par_masks_all_k
+from plcql_bench.algorithms.spacql import check_weight_choices, inverse_std_weights, par_masks_all_k
 
 
 @dataclass
@@ -38,31 +38,13 @@ class Config(EnsembleConfig):
     weight_eps: float = 1e-6
 
 
-def inverse_std_weights_masked(u: torch.Tensor, per: str, eps: float, rows: torch.Tensor) -> torch.Tensor:
-    """u [..., K] -> w [..., K], w_k = (1/(u_k+eps)) / Σ_k' 1/(u_k'+eps). per = "batch": every row uses
-    the mean of u_k over the rows with rows = 1 ([...], the real bootstrap indices)."""
-    if per == "batch":
-        r = rows.unsqueeze(-1)
-        ubar = (u * r).flatten(0, -2).sum(0) / r.flatten(0, -2).sum(0).clamp_min(1.0)
-        u = ubar.expand_as(u)
-    elif per != "sample":
-        raise ValueError(f"weights_per must be 'sample' or 'batch', got {per!r}")
-    inv = 1.0 / (u + eps)
-    return inv / inv.sum(-1, keepdim=True)
-
-
 @register
 class SPaCQLDiscrete(EnsembleCFCQLDiscrete):
     name = "spacql"
     Config = Config
-    discrete = True
-    batch_kind = "episodes"
 
     def __init__(self, spec, config, seed, device="cpu") -> None:
-        if config.uncertainty_from not in ("target", "online"):
-            raise ValueError(f"uncertainty_from must be 'target' or 'online', got {config.uncertainty_from!r}")
-        if config.weights_per not in ("sample", "batch"):
-            raise ValueError(f"weights_per must be 'sample' or 'batch', got {config.weights_per!r}")
+        check_weight_choices(config)
         super().__init__(spec, config, seed, device)
 
     @torch.no_grad()
@@ -90,7 +72,7 @@ class SPaCQLDiscrete(EnsembleCFCQLDiscrete):
             with torch.set_grad_enabled(not c.detach_weights and torch.is_grad_enabled()):
                 oq = self.q_ens.unroll(batch) if q_all is None else q_all
                 u = self.member_q_tot(oq, self.mix_ens, joint, batch.state).std(0)
-        w = inverse_std_weights_masked(u, c.weights_per, c.weight_eps, boot)
+        w = inverse_std_weights(u, c.weights_per, c.weight_eps, rows=boot)
         if c.detach_weights:
             w = w.detach()
         v = (w * q_min).sum(-1)  # [B, T+1]

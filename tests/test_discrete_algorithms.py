@@ -17,7 +17,7 @@ from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_unif
 from plcql_bench.suite.episodes import EpisodeSampler
 from plcql_bench.suite.spec import TaskSpec
 
-from test_discrete_machinery import SPEC, random_masks, ragged
+from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
 
 torch.set_num_threads(1)
 DISCRETE = ["bc", "cfcql", "macql"]
@@ -128,23 +128,7 @@ def test_macql_samples_only_available():
 
 @pytest.mark.parametrize("name", DISCRETE)
 def test_seeding_and_resume(name, arrays, tmp_path):
-    def first(seed):
-        torch.manual_seed(123)
-        algo = build(name, seed=seed)
-        return algo, algo.update(EpisodeSampler(arrays, seed=0))
-
-    a0, m0 = first(0)
-    a0b, m0b = first(0)
-    _, m1 = first(1)
-    assert m0 == m0b and m0 != m1
-    for p, q in zip(a0.state_dict().items(), a0b.state_dict().items()):
-        if isinstance(p[1], dict) and p[0] not in ("behaviour_state",) and "state" not in p[1]:
-            for k in p[1]:
-                assert torch.equal(p[1][k], q[1][k]), (p[0], k)
-    torch.save(a0.state_dict(), tmp_path / "c.pt")
-    fresh = build(name, seed=7)
-    fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
-    assert a0.update(EpisodeSampler(arrays, seed=3)) == fresh.update(EpisodeSampler(arrays, seed=3))
+    check_seeding_and_resume(lambda seed: build(name, seed=seed), arrays, tmp_path)
 
 
 def test_tables():

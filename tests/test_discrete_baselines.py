@@ -15,7 +15,7 @@ from plcql_bench.algorithms.common.discrete_critics import (
     TwinAgentQ, batch_softmax_weights, clipped_exp_weights, expectile_loss, policy_expectation)
 from plcql_bench.suite.episodes import EpisodeSampler
 
-from test_discrete_machinery import SPEC, random_masks, ragged
+from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
 
 torch.set_num_threads(1)
 BASELINES = ["maicq", "omar", "iql", "awac"]
@@ -69,27 +69,7 @@ def test_trains_finite_and_acts_available(name, arrays):
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_seeding_and_resume(name, arrays, tmp_path):
-    def first(seed):
-        torch.manual_seed(123)
-        algo = build(name, seed=seed)
-        return algo, algo.update(EpisodeSampler(arrays, seed=0))
-
-    a0, m0 = first(0)
-    a0b, m0b = first(0)
-    _, m1 = first(1)
-    assert m0 == m0b and m0 != m1
-    for key in a0.modules():
-        for p, q in zip(a0.modules()[key].parameters(), a0b.modules()[key].parameters()):
-            assert torch.equal(p, q), key
-    for _ in range(2):  # past a target update
-        a0.update(EpisodeSampler(arrays, seed=1))
-    torch.save(a0.state_dict(), tmp_path / "c.pt")
-    fresh = build(name, seed=7)
-    fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
-    assert a0.update(EpisodeSampler(arrays, seed=3)) == fresh.update(EpisodeSampler(arrays, seed=3))
-    for key in a0.modules():
-        for p, q in zip(a0.modules()[key].parameters(), fresh.modules()[key].parameters()):
-            assert torch.equal(p, q), key
+    check_seeding_and_resume(lambda seed: build(name, seed=seed), arrays, tmp_path)
 
 
 def test_masked_helpers():

@@ -13,11 +13,11 @@ import torch
 from plcql_bench.algorithms.base import EpisodeBatch, get_algorithm, implementations, make_config
 from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent, last_action_onehot
 from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
-from plcql_bench.algorithms.spacql_discrete import inverse_std_weights_masked
+from plcql_bench.algorithms.spacql import inverse_std_weights
 from plcql_bench.suite.episodes import EpisodeSampler
 from plcql_bench.suite.spec import TaskSpec
 
-from test_discrete_machinery import SPEC, random_masks, ragged
+from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
 
 torch.set_num_threads(1)
 NAMES = ["spacql", "plcql", "plcql-k1", "plcql-kn", "plcql-w1"]
@@ -122,13 +122,13 @@ def test_spacql_par_actions_every_k_by_hand():
 
 def test_spacql_weights_by_hand():
     u = torch.tensor([[1.0, 2.0, 4.0], [1.0, 1.0, 1.0]])
-    w = inverse_std_weights_masked(u, "sample", 0.0, torch.ones(2))
+    w = inverse_std_weights(u, "sample", 0.0, rows=torch.ones(2))
     torch.testing.assert_close(w[0], torch.tensor([1.0, 0.5, 0.25]) / 1.75)
     torch.testing.assert_close(w[1], torch.full((3,), 1 / 3))
     torch.testing.assert_close(w.sum(-1), torch.ones(2))
     # per batch: the mean u_k over the real rows only (row 2 is padding and ignored)
     u3 = torch.cat([u, torch.tensor([[100.0, 100.0, 0.01]])])
-    wb = inverse_std_weights_masked(u3, "batch", 0.0, torch.tensor([1.0, 1.0, 0.0]))
+    wb = inverse_std_weights(u3, "batch", 0.0, rows=torch.tensor([1.0, 1.0, 0.0]))
     inv = 1 / torch.tensor([1.0, 1.5, 2.5])
     torch.testing.assert_close(wb, (inv / inv.sum()).expand(3, 3))
 
@@ -196,20 +196,7 @@ def test_trains_finite_and_acts_available(name, arrays):
 
 @pytest.mark.parametrize("name", ["spacql", "plcql"])
 def test_seeding_and_resume(name, arrays, tmp_path):
-    def first(seed):
-        torch.manual_seed(123)
-        algo = build(name, seed=seed)
-        return algo, algo.update(EpisodeSampler(arrays, seed=0))
-
-    a0, m0 = first(0)
-    _, m0b = first(0)
-    _, m1 = first(1)
-    assert m0 == m0b and m0 != m1
-    torch.save(a0.state_dict(), tmp_path / "c.pt")
-    fresh = build(name, seed=7)
-    fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
-    for _ in range(2):
-        assert a0.update(EpisodeSampler(arrays, seed=3)) == fresh.update(EpisodeSampler(arrays, seed=3))
+    check_seeding_and_resume(lambda seed: build(name, seed=seed), arrays, tmp_path)
 
 
 def test_ablations_resolve_for_smax():

@@ -326,13 +326,14 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
 
     discrete = True
     batch_kind = "episodes"
+    table: str | None = None  # algorithms/configs/<table>.yaml; None: "<name>_discrete" (of variant_of)
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        """Per-map/dataset values from algorithms/configs/<name>_discrete.yaml (none: {})."""
+        """Per-map/dataset values from the algorithm's table (none: {})."""
         from plcql_bench.algorithms.common.configs import tier_table
 
-        return tier_table(f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
+        return tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
         if not spec.discrete:

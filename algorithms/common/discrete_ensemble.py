@@ -203,12 +203,9 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         self.behaviour_state = {"updates": 0, "best": float("inf"), "since_best": 0, "done": False, "loss": 0.0}
         self._policy = MeanQPolicy(self.q_ens)
 
-    def modules(self) -> dict[str, nn.Module]:
-        m = {"q_ens": self.q_ens, "mixer_ens": self.mix_ens, "target_q_ens": self.target_q_ens,
-             "target_mixer_ens": self.target_mix_ens}
-        if self.behaviour is not None:
-            m["behaviour"] = self.behaviour
-        return m
+    def value_modules(self) -> dict[str, nn.Module]:
+        return {"q_ens": self.q_ens, "mixer_ens": self.mix_ens, "target_q_ens": self.target_q_ens,
+                "target_mixer_ens": self.target_mix_ens}
 
     def policy_agent(self) -> MeanQPolicy:  # type: ignore[override]
         return self._policy
