@@ -249,7 +249,7 @@ def plan(obj, profile, only, shard, jobs, show_cells) -> None:
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad = []
     if show_cells:
-        click.echo(f"{'algo':<12} {'task':<10} {'dataset':<10} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
+        click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
@@ -268,7 +268,7 @@ def plan(obj, profile, only, shard, jobs, show_cells) -> None:
             note = f"ERROR {item.error}"
             bad.append(item)
         if show_cells:
-            click.echo(f"{c.algo:<12} {c.task:<10} {c.tier:<10} {c.seed:>4}  {state:<8} {step:>11}  {note}")
+            click.echo(f"{c.algo:<12} {c.task:<24} {c.tier:<13} {c.seed:>4}  {state:<8} {step:>11}  {note}")
     seconds, unknown = estimate_seconds(items, obj["results_dir"], prof)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
@@ -305,7 +305,7 @@ def status(obj, profile, states) -> None:
         if states and rec["state"] not in states:
             continue
         rows.append((ident, rec))
-    click.echo(f"{'profile':<8} {'algo':<12} {'task':<10} {'dataset':<10} {'seed':>4}  {'state':<8} "
+    click.echo(f"{'profile':<8} {'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} "
                f"{'step':>11} {'runtime':>8}  reason")
     counts: dict[str, int] = {}
     for ident, rec in rows:
@@ -315,8 +315,8 @@ def status(obj, profile, states) -> None:
         reason = rec.get("reason") or ""
         if len(reason) > 100:
             reason = reason[:97] + "..."
-        click.echo(f"{ident.get('profile', ''):<8} {ident.get('algo', ''):<12} {ident.get('task', ''):<10} "
-                   f"{ident.get('dataset', ''):<10} {ident.get('seed', ''):>4}  {rec['state']:<8} "
+        click.echo(f"{ident.get('profile', ''):<8} {ident.get('algo', ''):<12} {ident.get('task', ''):<24} "
+                   f"{ident.get('dataset', ''):<13} {ident.get('seed', ''):>4}  {rec['state']:<8} "
                    f"{step:>11} {runtime:>8}  {reason}")
     click.echo(f"{len(rows)} runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
 

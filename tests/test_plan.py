@@ -125,3 +125,18 @@ def test_profile_reusing_unknown_datasets_is_one_line_error(tmp_path):
                                                        "datasets: {from: nosuchprofile}"))
     with pytest.raises(BenchError, match="datasets.from: unknown built-in profile 'nosuchprofile'"):
         load_profile(str(tmp_path / "bad.yaml"))
+
+
+def test_eval_counts_are_per_task_tables():
+    """SMAC/SMAX follow CFCQL's run.py (32 test episodes, final 640); MPE/MaMuJoCo OMAR's 10 (final
+    100). One number still means every task, and the budget (hence the run key) takes the task's."""
+    for name in ("paper", "paper-cpu"):
+        p = load_profile(name)
+        for task in ("smax-2s3z", "smax-6h_vs_8z", "smac-2s3z", "smac-5m_vs_6m"):
+            b = p.train_budget(task, "medium-replay")
+            assert (b["eval_episodes"], b["final_eval_episodes"]) == (32, 640), (name, task)
+            assert p.updates_for(task, "expert") == p.updates_for(task.replace("smac-", "smax-"), "expert")
+        b = p.train_budget("mpe-cn", "random")
+        assert (b["updates"], b["eval_episodes"], b["final_eval_episodes"]) == (6001, 10, 100)
+    smoke = load_profile("smoke")
+    assert smoke.train_budget("smax-2s3z", "expert")["eval_episodes"] == smoke.train_budget("mpe-cn", "expert")["eval_episodes"]

@@ -21,8 +21,8 @@ class Profile:
     dataset_episodes: dict[str, int]
     updates: dict[str, int]
     eval_every: int
-    eval_episodes: int
-    final_eval_episodes: int
+    eval_episodes: dict[str, int]  # per 'task/tier', 'task', 'default' like `updates`
+    final_eval_episodes: dict[str, int]
     checkpoint_every: int
     matrix: dict[str, list]
     source: str
@@ -46,8 +46,8 @@ class Profile:
         return {
             "updates": self.updates_for(task_id, tier),
             "eval_every": self.eval_every,
-            "eval_episodes": self.eval_episodes,
-            "final_eval_episodes": self.final_eval_episodes,
+            "eval_episodes": _lookup(self.eval_episodes, task_id, tier),
+            "final_eval_episodes": _lookup(self.final_eval_episodes, task_id, tier),
         }
 
 
@@ -57,6 +57,13 @@ def _lookup(table: dict[str, int], task_id: str, tier: str) -> int:
         if key in table:
             return int(table[key])
     raise BenchError(f"profile table has no entry for {task_id}/{tier} and no 'default'")
+
+
+def _table(value: Any) -> dict[str, int]:
+    """A per-task table from YAML: a mapping, or one number for every task."""
+    if isinstance(value, dict):
+        return {str(k): int(v) for k, v in value.items()}
+    return {"default": int(value)}
 
 
 def builtin_profiles() -> list[str]:
@@ -98,10 +105,10 @@ def _parse(raw: dict[str, Any], source: str) -> Profile:
         description=str(raw.get("description", "")),
         data_profile=data_profile,
         dataset_episodes={k: int(v) for k, v in datasets["episodes"].items()},
-        updates={k: int(v) for k, v in train["updates"].items()},
+        updates=_table(train["updates"]),
         eval_every=int(train["eval_every"]),
-        eval_episodes=int(train["eval_episodes"]),
-        final_eval_episodes=int(train["final_eval_episodes"]),
+        eval_episodes=_table(train["eval_episodes"]),
+        final_eval_episodes=_table(train["final_eval_episodes"]),
         checkpoint_every=int(train["checkpoint_every"]),
         matrix={k: list(v) for k, v in raw["matrix"].items()},
         source=source,
