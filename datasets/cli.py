@@ -64,7 +64,9 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
     if build_all:
         todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if available(t, q)]
     elif matrix:
-        todo = [(t, q) for t in prof.matrix["tasks"] for q in prof.matrix["tiers"]]
+        from plcql_bench.suite.matrix import matrix_datasets
+
+        todo = matrix_datasets(prof)
     elif task and tier:
         todo = [(task, tier)]
     else:

@@ -68,8 +68,10 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
                  shard: tuple[int, int] | None = None):
     """The profile's matrix in canonical order (task, tier, algo, seed), filtered by `only`,
-    then every N-th cell from i for shard i/N (shards are disjoint and cover the selection)."""
+    then every N-th cell from i for shard i/N (shards are disjoint and cover the selection).
+    Task x tier pairs the task does not have (SMAC random, MPE mixed) are not cells."""
     from plcql_bench.suite.runner import Cell
+    from plcql_bench.suite.tasks import task_tiers
 
     m = profile.matrix
     axes = {"algo": [str(a) for a in m["algos"]], "task": [str(t) for t in m["tasks"]],
@@ -84,11 +86,19 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     keep = {k: set(only.get(k, axes[k])) for k in axes}
     cells = [Cell(a, t, q, int(s)) for t in axes["task"] for q in axes["tier"]
              for a in axes["algo"] for s in axes["seed"]
-             if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]]
+             if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]
+             and q in task_tiers(t)]
     if shard:
         i, n = shard
         cells = cells[i::n]
     return cells
+
+
+def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:
+    """The (task, tier) datasets the profile's matrix trains on, in matrix order."""
+    from plcql_bench.suite.tasks import task_tiers
+
+    return [(t, q) for t in profile.matrix["tasks"] for q in profile.matrix["tiers"] if q in task_tiers(str(t))]
 
 
 @dataclass

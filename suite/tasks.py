@@ -32,6 +32,12 @@ class UnknownTaskError(BenchError, KeyError):
         return str(self.args[0])
 
 
+def task_tiers(task_id: str) -> tuple[str, ...]:
+    """A task's dataset tiers without importing its env stack (the matrix crosses tasks with
+    tiers and keeps only the pairs that exist: SMAC maps have no random tier, MPE no mixed)."""
+    return SMAC_TIERS if task_id.startswith(("smax-", "smac-")) else CONTINUOUS_TIERS
+
+
 def task_ids() -> list[str]:
     return list(_FACTORIES)
 

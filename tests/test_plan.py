@@ -140,3 +140,20 @@ def test_eval_counts_are_per_task_tables():
         assert (b["updates"], b["eval_episodes"], b["final_eval_episodes"]) == (6001, 10, 100)
     smoke = load_profile("smoke")
     assert smoke.train_budget("smax-2s3z", "expert")["eval_episodes"] == smoke.train_budget("mpe-cn", "expert")["eval_episodes"]
+
+
+def test_paper_matrix_is_the_papers_32_combinations():
+    """Tasks cross only the tiers they have: 4 continuous tasks x 4 tiers + 4 SMAC maps x 4 tiers."""
+    from plcql_bench.suite.matrix import matrix_datasets
+    from plcql_bench.suite.tasks import get_task, task_ids, task_tiers
+
+    for name in ("paper", "paper-cpu"):
+        p = load_profile(name)
+        combos = matrix_datasets(p)
+        assert len(combos) == len(set(combos)) == 32
+        assert ("smax-2s3z", "random") not in combos and ("mpe-cn", "mixed") not in combos
+        cells = select_cells(p, parse_only(["task=smax-2s3z,mpe-cn,dataset=random,mixed,seed=0"]))
+        assert {(c.task, c.tier) for c in cells} == {("smax-2s3z", "mixed"), ("mpe-cn", "random")}
+        assert len(select_cells(p)) == 32 * len(p.matrix["algos"]) * len(p.matrix["seeds"])
+    for t in task_ids():  # the prefix rule agrees with every registered task's own tiers
+        assert set(task_tiers(t)) == set(get_task(t).spec.tiers), t
