@@ -67,6 +67,18 @@ class Config:
     behaviour_patience: int = 20  # stop once the loss has not improved for > 20 steps (0 = off)
 
 
+def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
+                       q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """cf [..., B, T, n, A] (Q_tot with agent i's action replaced by each action), λ [..., B, T, n]:
+    Σ_i λ_i logsumexp over agent i's AVAILABLE actions, minus q_tot [..., B, T]; and diagnostics."""
+    lse = masked_logsumexp(cf, batch.avail[:, :batch.max_t])  # [..., B, T, n]
+    neg = (lam * lse).sum(-1)
+    m = batch.mask
+    stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
+             "cql/negative": masked_mean(neg.detach(), m)}
+    return neg - q_tot, stats
+
+
 @register
 class CFCQLDiscrete(DiscreteAlgorithm):
     name = "cfcql"
@@ -167,15 +179,8 @@ class CFCQLDiscrete(DiscreteAlgorithm):
 
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics."""
-        T = batch.max_t
-        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :T])  # [B, T, n, A]
-        lse = masked_logsumexp(cf, batch.avail[:, :T])  # [B, T, n]
-        lam = self.cf_weights(cf.detach(), batch)
-        neg = (lam * lse).sum(-1)
-        m = batch.mask
-        stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
-                 "cql/negative": masked_mean(neg.detach(), m)}
-        return neg - q_tot, stats
+        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t])  # [B, T, n, A]
+        return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 
     def update(self, sample) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -8,7 +8,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_unif
 from plcql_bench.suite.episodes import EpisodeSampler
 from plcql_bench.suite.spec import TaskSpec
 
-from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
+from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged, random_masks
 
 torch.set_num_threads(1)
 DISCRETE = ["bc", "cfcql", "macql"]
@@ -47,14 +46,7 @@ def test_trains_finite_and_acts_available(name, arrays):
         m = algo.update(s)
         assert m and all(isinstance(v, float) and math.isfinite(v) for v in m.values()), m
     assert any(not torch.equal(a, b) for a, b in zip(params0, algo.policy_agent().parameters()))
-    g = torch.Generator().manual_seed(1)
-    algo.begin_episodes(16)
-    for _ in range(4):
-        obs = np.random.default_rng(0).normal(size=(16, 3, 7)).astype(np.float32)
-        avail = random_masks(g, (16, 3, 6)).numpy().astype(np.uint8)
-        a = algo.act(obs, avail)
-        assert a.shape == (16, 3) and a.dtype == np.int64
-        assert (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+    check_acts_available(algo)
 
 
 def test_bc_learns_the_data(arrays):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,7 +14,7 @@ from plcql_bench.algorithms.common.discrete_critics import (
     TwinAgentQ, batch_softmax_weights, clipped_exp_weights, expectile_loss, policy_expectation)
 from plcql_bench.suite.episodes import EpisodeSampler
 
-from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
+from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged, random_masks
 
 torch.set_num_threads(1)
 BASELINES = ["maicq", "omar", "iql", "awac"]
@@ -57,14 +56,7 @@ def test_trains_finite_and_acts_available(name, arrays):
         keys = set(m)
     for k, ps in before.items():
         assert any(not torch.equal(a, b) for a, b in zip(ps, algo.modules()[k].parameters())), k
-    g = torch.Generator().manual_seed(1)
-    algo.begin_episodes(16)
-    for step in range(4):
-        obs = np.random.default_rng(step).normal(size=(16, 3, 7)).astype(np.float32)
-        avail = random_masks(g, (16, 3, 6)).numpy().astype(np.uint8)
-        a = algo.act(obs, avail)
-        assert a.shape == (16, 3) and a.dtype == np.int64
-        assert (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+    check_acts_available(algo)
 
 
 @pytest.mark.parametrize("name", BASELINES)

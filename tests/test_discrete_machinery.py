@@ -134,6 +134,19 @@ def ragged(spec=SPEC, lens=(5, 2, 4, 1, 3), seed=0):
     return out
 
 
+def check_acts_available(algo, envs: int = 16, steps: int = 4) -> None:
+    """Greedy acting over `steps` steps of `envs` episodes with random masks (SPEC's 3 agents, 7 obs,
+    6 actions) returns int64 [envs, 3] actions that are all available."""
+    g = torch.Generator().manual_seed(1)
+    algo.begin_episodes(envs)
+    for step in range(steps):
+        obs = np.random.default_rng(step).normal(size=(envs, 3, 7)).astype(np.float32)
+        avail = random_masks(g, (envs, 3, 6)).numpy().astype(np.uint8)
+        a = algo.act(obs, avail)
+        assert a.shape == (envs, 3) and a.dtype == np.int64
+        assert (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+
+
 def check_seeding_and_resume(build, arrays, tmp_path, warm_updates: int = 2) -> None:
     """Shared by every discrete algorithm's test: the same seed gives identical first metrics and
     parameters, another seed differs; a checkpoint taken after `warm_updates` more rounds (past a

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from plcql_bench.algorithms.spacql import inverse_std_weights
 from plcql_bench.suite.episodes import EpisodeSampler
 from plcql_bench.suite.spec import TaskSpec
 
-from test_discrete_machinery import SPEC, check_seeding_and_resume, ragged, random_masks
+from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged
 
 torch.set_num_threads(1)
 NAMES = ["spacql", "plcql", "plcql-k1", "plcql-kn", "plcql-w1"]
@@ -185,13 +184,7 @@ def test_trains_finite_and_acts_available(name, arrays):
         assert ("ppo/loss" in m) == (name in ("plcql", "plcql-w1"))
     else:
         assert {"spacql/E_k_weighted", "spacql/w_k1", "spacql/u_k3"} <= keys[0]
-    g = torch.Generator().manual_seed(1)
-    algo.begin_episodes(16)
-    for _ in range(4):
-        obs = np.random.default_rng(0).normal(size=(16, 3, 7)).astype(np.float32)
-        avail = random_masks(g, (16, 3, 6)).numpy().astype(np.uint8)
-        a = algo.act(obs, avail)
-        assert a.shape == (16, 3) and (np.take_along_axis(avail, a[..., None], -1) == 1).all()
+    check_acts_available(algo)
 
 
 @pytest.mark.parametrize("name", ["spacql", "plcql"])

@@ -38,11 +38,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete
+from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql
 from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean,
+    DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
     masked_softmax)
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
 from plcql_bench.suite.spec import TaskSpec
@@ -278,15 +278,8 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
 
     def cql_penalty_ens(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics."""
-        T = batch.max_t
-        cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :T])  # [E, B, T, n, A]
-        lse = masked_logsumexp(cf, batch.avail[:, :T])  # [E, B, T, n]
-        lam = self.cf_weights_ens(cf.detach(), batch)
-        neg = (lam * lse).sum(-1)
-        m = batch.mask
-        stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
-                 "cql/negative": masked_mean(neg.detach(), m)}
-        return neg - q_tot, stats
+        cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t])  # [E, B, T, n, A]
+        return counterfactual_cql(cf, self.cf_weights_ens(cf.detach(), batch), batch, q_tot)
 
     # -- one round ------------------------------------------------------------------------------
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None):  # pragma: no cover
