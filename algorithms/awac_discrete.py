@@ -39,6 +39,7 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, modules/critics/doubleqv.py) ---
     hidden: int = 64  # rnn_hidden_dim 64 (policy)
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # DoubleQNetwork hidden_dim 256
     shared_head: bool = False  # True = the reference's twins sharing fc3 (a bug)
     # --- optimisation (baseline_awac.yaml, default.yaml) ---
@@ -86,7 +87,7 @@ class AWACDiscrete(DiscreteAlgorithm):
 
     def update(self, sample) -> dict[str, float]:
         c = self.cfg
-        batch = sample(c.batch_episodes)
+        batch = self.scaled(sample(c.batch_episodes))
         T = batch.max_t
         m = batch.mask.unsqueeze(-1).expand(-1, -1, self.n)
         act = batch.actions.unsqueeze(-1)

@@ -49,6 +49,7 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- QMIX backbone (cql_qmix.yaml, default.yaml) ---
     hidden: int = 64  # rnn_hidden_dim 64 (n_rnn agent)
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     mixing_embed: int = 32  # mixing_embed_dim 32
     hypernet_embed: int = 64  # hypernet_embed 64
     lr: float = 1e-3  # lr 0.001, optimizer adam
@@ -186,7 +187,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         out: dict[str, float] = {}
         if self.behaviour is not None:  # every round reports the same keys (the runner averages them)
             out.update(self.train_behaviour(sample))
-        batch = sample(self.cfg.batch_episodes)
+        batch = self.scaled(sample(self.cfg.batch_episodes))
         T = batch.max_t
         q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
         q = q_all[:, :T]

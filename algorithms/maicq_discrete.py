@@ -53,6 +53,7 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, baseline_icq.yaml, modules/critics/offpg.py) ---
     hidden: int = 64  # rnn_hidden_dim 64 (agent "rnn")
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # OffPGCritic fc1/fc2 256
     mixing_embed: int = 32  # mixing_embed_dim 32
     hypernet_embed: int = 64  # the shared QMixer's 2-layer hypernetworks (reference: 1 layer)
@@ -158,7 +159,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
 
     def update(self, sample) -> dict[str, float]:
         c = self.cfg
-        batch = sample(c.batch_episodes)
+        batch = self.scaled(sample(c.batch_episodes))
         T = batch.max_t
         logits = self.actor.unroll(batch)  # [B, T+1, n, A]
         y, w_q = self.compute_target(batch, logits.detach())

@@ -55,6 +55,7 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, modules/critics/discrete_critic.py) ---
     hidden: int = 64  # rnn_hidden_dim 64
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # DoubleMLPNetwork hidden_dim 256
     shared_head: bool = False  # True = the reference's twins sharing fc3/fc3_v (a bug)
     # --- optimisation (baseline_omar.yaml, default.yaml) ---
@@ -154,7 +155,7 @@ class OMARDiscrete(DiscreteAlgorithm):
 
     def update(self, sample) -> dict[str, float]:
         c = self.cfg
-        batch = sample(c.batch_episodes)
+        batch = self.scaled(sample(c.batch_episodes))
         T = batch.max_t
         m = batch.mask.unsqueeze(-1).expand(-1, -1, self.n)
         avail = batch.avail[:, :T]

@@ -123,16 +123,44 @@ def test_seeding_and_resume(name, arrays, tmp_path):
     check_seeding_and_resume(lambda seed: build(name, seed=seed), arrays, tmp_path)
 
 
+def test_reward_scale_multiplies_only_the_rewards(arrays):
+    """SMAX rewards x reward_scale reach every reward-learning algorithm's update, nothing else
+    changes: a CFCQL update on rewards r with scale 10 equals one on rewards 10 r with scale 1."""
+    s1, s2 = EpisodeSampler(arrays, seed=0), EpisodeSampler(arrays, seed=0)
+    big = build("cfcql", reward_scale=1.0)
+    scaled = build("cfcql", reward_scale=10.0)
+    m_scaled = scaled.update(s1)
+    m_big = big.update(lambda n: _times(s2(n), 10.0))
+    assert m_scaled == m_big
+    b = EpisodeSampler(arrays, seed=0)(4)
+    assert torch.equal(scaled.scaled(b).rewards, b.rewards * 10.0) and scaled.scaled(b).obs is b.obs
+    assert build("cfcql").scaled(b) is b
+
+
+def _times(batch, c):
+    from dataclasses import replace
+
+    return replace(batch, rewards=batch.rewards * c)
+
+
 def test_tables():
     cf = get_algorithm("cfcql", discrete=True)
     mk = lambda tid: TaskSpec(tid, tid.split("-")[0], 5, 7, 9, 11, True, 10, ("medium",))  # noqa: E731
-    assert cf.task_overrides(mk("smax-2s3z"), "medium") == {"cql_alpha": 0.1, "softmax_temp": 0.5}
+    assert cf.task_overrides(mk("smax-2s3z"), "medium") == {"cql_alpha": 0.1, "softmax_temp": 0.5, "reward_scale": 10.0}
     assert cf.task_overrides(mk("smac-2s3z"), "mixed") == {"cql_alpha": 0.5, "softmax_temp": 0.0}
-    assert cf.task_overrides(mk("smax-5m_vs_6m"), "expert") == {"cql_alpha": 50.0, "softmax_temp": 100.0}
+    assert cf.task_overrides(mk("smax-5m_vs_6m"), "expert") == {"cql_alpha": 50.0, "softmax_temp": 100.0,
+                                                                 "reward_scale": 10.0}
     assert cf.task_overrides(mk("smax-6h_vs_8z"), "medium")["td_lambda"] == 0.3
+    assert "reward_scale" not in cf.task_overrides(mk("smac-6h_vs_8z"), "medium")  # SC2: already at scale
     mc = get_algorithm("macql", discrete=True)
-    assert mc.Config().cql_alpha == 5.0 and mc.task_overrides(mk("smax-2s3z"), "medium") == {}
-    assert mc.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"td_lambda": 0.3}
+    assert mc.Config().cql_alpha == 5.0 and mc.task_overrides(mk("smax-2s3z"), "medium") == {"reward_scale": 10.0}
+    assert mc.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"td_lambda": 0.3, "reward_scale": 10.0}
+    for name in ("bc", "madtkd"):  # no reward learning (MADTKD scales its return token itself)
+        assert "reward_scale" not in get_algorithm(name, discrete=True).task_overrides(mk("smax-2s3z"), "medium")
+    for name in ("cfcql", "macql", "maicq", "omar", "iql", "awac", "spacql", "plcql", "plcql-k1"):
+        cls = get_algorithm(name, discrete=True)
+        assert cls.task_overrides(mk("smax-3s_vs_5z"), "expert")["reward_scale"] == 10.0, name
+        assert "reward_scale" not in cls.task_overrides(mk("smac-3s_vs_5z"), "expert"), name
     for name in DISCRETE:
         cls = get_algorithm(name, discrete=True)
         for tid in ("smax-2s3z", "smax-3s_vs_5z", "smax-5m_vs_6m", "smax-6h_vs_8z", "smac-6h_vs_8z"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -320,6 +321,15 @@ class RecurrentActing:
         return a.cpu().numpy().astype(np.int64)
 
 
+# SMAC (SC2) runs with reward_scale_rate 20, so a whole episode's return is at most 20, and the
+# references' hyperparameters (cql_alpha, lr, grad_clip, ...) are tuned at that scale. SMAX's team
+# return is at most about 2 (enemy health lost, normalised to 1, + 1 for a win). With rewards c
+# times smaller, a CQL-style loss alpha * penalty + TD^2 behaves as if alpha were 1/c times larger,
+# so the reward-learning discrete algorithms multiply SMAX rewards by 10 (config `reward_scale`,
+# set per task by `task_overrides`; datasets keep SMAX's raw rewards). docs/smax.md.
+SMAX_REWARD_SCALE = 10.0
+
+
 class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     """Base of the discrete-action algorithms: episode batches, checkpointing of `modules()`,
     `optimisers()` and `self.gen`, greedy recurrent acting through `policy_agent()`."""
@@ -330,10 +340,21 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        """Per-map/dataset values from the algorithm's table (none: {})."""
+        """Per-map/dataset values from the algorithm's table (none: {}); on SMAX, algorithms that
+        learn from rewards also get `reward_scale` = SMAX_REWARD_SCALE (the table may override)."""
+        from dataclasses import fields
+
         from plcql_bench.algorithms.common.configs import tier_table
 
-        return tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
+        out = tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
+        if spec.domain == "smax" and "reward_scale" in {f.name for f in fields(cls.Config)}:
+            out = {"reward_scale": SMAX_REWARD_SCALE, **out}
+        return out
+
+    def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
+        """The batch with rewards multiplied by the config's `reward_scale` (see SMAX_REWARD_SCALE)."""
+        scale = float(getattr(self.cfg, "reward_scale", 1.0))
+        return batch if scale == 1.0 else dataclasses.replace(batch, rewards=batch.rewards * scale)
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
         if not spec.discrete:

@@ -298,7 +298,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         if self.behaviour is not None:
             out.update(self.train_behaviour(sample))
         c = self.cfg
-        batch = sample(c.batch_episodes)
+        batch = self.scaled(sample(c.batch_episodes))
         T, E = batch.max_t, c.n_critics
         q_all = self.q_ens.unroll(batch)  # [E, B, T+1, n, A]
         q = q_all[:, :, :T]
