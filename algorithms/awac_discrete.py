@@ -39,7 +39,6 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, modules/critics/doubleqv.py) ---
     hidden: int = 64  # rnn_hidden_dim 64 (policy)
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # DoubleQNetwork hidden_dim 256
     shared_head: bool = False  # True = the reference's twins sharing fc3 (a bug)
     # --- optimisation (baseline_awac.yaml, default.yaml) ---
@@ -47,6 +46,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     target_rate: float = 0.005  # alpha 0.005 (target-Q EMA)
     # --- AWAC (baseline_awac.yaml, awac_learner.py) ---
     beta: float = 3.0  # beta 3.0

@@ -49,11 +49,11 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- QMIX backbone (cql_qmix.yaml, default.yaml) ---
     hidden: int = 64  # rnn_hidden_dim 64 (n_rnn agent)
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     mixing_embed: int = 32  # mixing_embed_dim 32
     hypernet_embed: int = 64  # hypernet_embed 64
     lr: float = 1e-3  # lr 0.001, optimizer adam
     gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     td_lambda: float = 0.6  # td_lambda 0.6 (0.3 on 6h_vs_8z via the table)
     batch_episodes: int = 128  # batch_size 128 episodes
     grad_clip: float = 10.0  # grad_norm_clip 10

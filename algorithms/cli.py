@@ -63,9 +63,8 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                                      batch_size=batch)
             p, s = results[("plcql", task_id)], results[("spacql", task_id)]
             unit = "episodes" if spec.discrete else "transitions"
-            bsz = batch if batch is not None else batch_size_of(get_algorithm("plcql", discrete=spec.discrete),
-                                                                 get_algorithm("plcql", discrete=spec.discrete)
-                                                                 .task_overrides(spec, tier))
+            pl = get_algorithm("plcql", discrete=spec.discrete)
+            bsz = batch if batch is not None else batch_size_of(pl, pl.task_overrides(spec, tier))
             click.echo(f"# {task_id} (n={spec.n_agents}, {kind}, batch {bsz} {unit}), interleaved rounds: "
                        f"PLCQL {inter['plcql']:.1f} ms, SPaCQL {inter['spacql']:.1f} ms, "
                        f"ratio PLCQL/SPaCQL {inter['plcql'] / inter['spacql']:.3f}")

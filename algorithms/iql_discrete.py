@@ -42,7 +42,6 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, modules/critics/doubleqv.py) ---
     hidden: int = 64  # rnn_hidden_dim 64 (policy)
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # DoubleQNetwork / ValueNetwork hidden_dim 256
     shared_head: bool = False  # True = the reference's twins sharing fc3 (a bug)
     # --- optimisation (baseline_iql.yaml, default.yaml) ---
@@ -50,6 +49,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     target_rate: float = 0.005  # alpha 0.005 (target-Q EMA)
     # --- IQL (baseline_iql.yaml, iql_learner.py) ---
     expectile: float = 0.7  # tau 0.7

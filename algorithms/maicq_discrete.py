@@ -53,7 +53,6 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, baseline_icq.yaml, modules/critics/offpg.py) ---
     hidden: int = 64  # rnn_hidden_dim 64 (agent "rnn")
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # OffPGCritic fc1/fc2 256
     mixing_embed: int = 32  # mixing_embed_dim 32
     hypernet_embed: int = 64  # the shared QMixer's 2-layer hypernetworks (reference: 1 layer)
@@ -65,6 +64,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10 (default.yaml; ICQ's own repo: 20)
     batch_episodes: int = 128  # batch_size 128 episodes (ICQ's own repo: 32)
     gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     td_lambda: float = 0.8  # td_lambda 0.8
     # --- ICQ weights (icq_learner.py constants) ---
     beta_q: float = 1000.0  # critic importance weights softmax(Q'_tot / 1000) over the batch

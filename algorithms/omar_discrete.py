@@ -55,7 +55,6 @@ from plcql_bench.suite.spec import TaskSpec
 class Config:
     # --- networks (default.yaml, modules/critics/discrete_critic.py) ---
     hidden: int = 64  # rnn_hidden_dim 64
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     critic_hidden: int = 256  # DoubleMLPNetwork hidden_dim 256
     shared_head: bool = False  # True = the reference's twins sharing fc3/fc3_v (a bug)
     # --- optimisation (baseline_omar.yaml, default.yaml) ---
@@ -64,6 +63,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
     td_lambda: float = 0.6  # td_lambda 0.6
     target_update_interval: int = 25  # rounds: target_update_interval 200 "episodes" / batch_size_run 8
     # --- CQL and OMAR (baseline_omar.yaml) ---

@@ -62,9 +62,13 @@ def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
     return SyntheticBuffer(spec, size, device, seed)
 
 
+def batch_field(cls: type) -> str:
+    """The config field that holds the batch: transitions, or episodes for episode-batch algorithms."""
+    return "batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"
+
+
 def batch_size_of(cls: type, overrides: dict[str, Any]) -> int:
-    """The configured batch: transitions, or episodes for episode-batch algorithms."""
-    field = "batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"
+    field = batch_field(cls)
     return int(overrides.get(field, getattr(cls.Config(), field)))
 
 
@@ -80,7 +84,7 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     ov = dict(overrides or {})
     if batch_size is not None:
-        ov["batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"] = batch_size
+        ov[batch_field(cls)] = batch_size
     torch.manual_seed(seed)
     np.random.seed(seed)
     algo = cls(spec, make_config(cls, ov), seed, device)
@@ -122,7 +126,7 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
         cls = get_algorithm(name, discrete=spec.discrete)
         ov = dict(overrides.get(name, {}))
         if batch_size is not None:
-            ov["batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"] = batch_size
+            ov[batch_field(cls)] = batch_size
         torch.manual_seed(seed)
         algos[name] = cls(spec, make_config(cls, ov), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
