@@ -168,3 +168,17 @@ def available(task_id: str, tier: str) -> str | None:
         if None not in halves:
             return f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
     return None
+
+
+def stale(entry: dict | None, task_id: str, tier: str) -> str | None:
+    """Why a built dataset's manifest entry no longer matches what this code would build (its
+    behaviour-policy id changed, e.g. a new collection recipe), or None. Imported datasets (their
+    entry names a ``source``) and tiers nothing can build are never stale. The old file stays
+    usable: runs are keyed by its sha256, so their results remain valid for that data."""
+    if not entry or entry.get("source"):
+        return None
+    now = available(task_id, tier)
+    old = entry.get("behaviour_policy_id")
+    if now is None or old is None or old == now:
+        return None
+    return f"built from {old!r}; this code builds {now!r}"

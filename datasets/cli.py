@@ -13,9 +13,10 @@ def datasets() -> None:
 @click.option("--profile", default="smoke", show_default=True)
 @click.pass_obj
 def datasets_list(obj: dict, profile: str) -> None:
-    """Every task x tier with its status under the profile's data directory."""
+    """Every task x tier with its status under the profile's data directory ("stale": built by an
+    older collection recipe; `datasets build --force` rebuilds it)."""
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import available
+    from plcql_bench.datasets.behaviour import available, stale
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
@@ -28,7 +29,8 @@ def datasets_list(obj: dict, profile: str) -> None:
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
             if entry:
-                status, n = "built", entry["n_transitions"]
+                status = "stale" if stale(entry, task_id, tier) else "built"
+                n = entry["n_transitions"]
                 ret = f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
             else:
                 status = "not built" if available(task_id, tier) else "unavailable"
@@ -53,7 +55,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
     """Build TASK TIER (or --all / --matrix) at the profile's size."""
     import os
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import available
+    from plcql_bench.datasets.behaviour import available, stale
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.errors import BenchError
@@ -80,8 +82,11 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         spec = get_task(task_id).spec  # unknown task or tier -> clear error before any work
         if q not in spec.tiers:
             raise BenchError(f"unknown tier {q!r} for {task_id} (tiers: {', '.join(spec.tiers)})")
-        if not force and manifest.lookup(root, task_id, q):
-            click.echo(f"{task_id}/{q}: already built (use --force to rebuild)")
+        entry = manifest.lookup(root, task_id, q)
+        if not force and entry:
+            why = stale(entry, task_id, q)
+            click.echo(f"{task_id}/{q}: already built (use --force to rebuild)"
+                       + (f"; STALE: {why}" if why else ""))
             continue
         entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
                               profile=prof.data_profile, generator_seed=generator_seed)

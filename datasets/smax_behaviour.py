@@ -23,9 +23,12 @@ Tiers (``card.json`` -> "tiers"), following the references (CFCQL, §2.2 of the 
 * expert: the checkpoint with the best greedy win rate (latest on ties): the converged policy;
 * medium: the checkpoint before expert whose win rate is closest to half of expert's (a clearly
   intermediate win rate), acting greedily like CFCQL's medium/expert collection;
-* medium-replay: the training policies up to medium: the initial (uniform) policy and every
-  checkpoint up to and including medium, acting stochastically (an on-policy learner has no replay buffer; its rollouts are
-  exactly these sampled policies) -- ``replay_sources``;
+* medium-replay: a QMIX-like replay up to medium (``replay_sources``): REPLAY_LEVELS equal parts
+  whose exploration rate falls linearly from 1 (uniform) to 0.05 (QMIX's final epsilon), each
+  acting epsilon-greedily with a checkpoint up to medium (earlier parts with earlier
+  checkpoints, the last with medium). CFCQL's SMAC medium-replay is the replay buffer of an
+  epsilon-greedy QMIX learner stopped at medium; sampling the stochastic MAPPO checkpoints
+  instead gave near-uniform play without a single win (docs/smax.md, "Medium-replay");
 * mixed: equal halves of medium and expert episodes (done by the dataset builder).
 """
 
@@ -49,6 +52,8 @@ CKPT_EVAL_EPISODES = 128
 CKPT_EVAL_SEED_BASE = 5_000_000
 REWARD_SCALE = 10.0
 ALGO_VERSION = "mappo-smax-1"
+REPLAY_LEVELS = 20  # medium-replay parts (epsilon levels)
+REPLAY_EPS = (1.0, 0.05)  # first and last part's epsilon; 0.05 = QMIX's final epsilon
 
 
 def default_config() -> dict[str, Any]:
@@ -110,6 +115,21 @@ def greedy_policy(params, obs, avail, key):
     import jax.numpy as jnp
 
     return jnp.argmax(actor_logits(params, obs, avail), axis=-1).astype(jnp.int32)
+
+
+def epsilon_greedy_policy(params, obs, avail, key):
+    """Jittable: params = (actor layers, epsilon). Each agent independently takes a uniform
+    available action with probability epsilon, else its greedy action (QMIX's exploration).
+    Epsilon is a traced value, so every level shares one compiled runner."""
+    import jax
+    import jax.numpy as jnp
+
+    actor, eps = params
+    k_explore, k_uniform = jax.random.split(key)
+    uniform = jax.random.categorical(k_uniform, jnp.where(avail > 0, 0.0, -jnp.inf), axis=-1)
+    explore = jax.random.uniform(k_explore, uniform.shape) < eps
+    greedy = jnp.argmax(actor_logits(actor, obs, avail), axis=-1)
+    return jnp.where(explore, uniform, greedy).astype(jnp.int32)
 
 
 def sample_policy(params, obs, avail, key):
@@ -399,17 +419,36 @@ def load_policy(task_id: str, tier: str):
     return greedy_policy, load_actor(behaviour_dir(task_id) / f"{card['tiers'][tier]}.npz")
 
 
+def replay_schedule(checkpoints: list[str], levels: int = None) -> list[tuple[str, float]]:
+    """[(checkpoint, epsilon)] per medium-replay part: epsilon falls linearly from REPLAY_EPS[0]
+    to REPLAY_EPS[1]; part i uses checkpoint round(i (m-1) / (levels-1)) of the m up to medium,
+    so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium."""
+    levels = REPLAY_LEVELS if levels is None else levels
+    hi, lo = REPLAY_EPS
+    m = len(checkpoints)
+    if m == 0 or levels < 2:
+        raise ValueError(f"replay_schedule needs checkpoints and >= 2 levels (got {m}, {levels})")
+    return [(checkpoints[round(i * (m - 1) / (levels - 1))], hi - (hi - lo) * i / (levels - 1))
+            for i in range(levels)]
+
+
+def replay_description(card: dict) -> str:
+    """The medium-replay part of the behaviour-policy id (one place for builder and hook)."""
+    ck = card["tiers"]["medium-replay"]
+    return (f"replay({ck[0]}..{ck[-1]}):eps-greedy({REPLAY_EPS[0]:g}->{REPLAY_EPS[1]:g},"
+            f"{REPLAY_LEVELS} parts)")
+
+
 def replay_sources(task_id: str) -> list[tuple[str, Callable, Any]]:
-    """medium-replay: [(checkpoint id, sampling policy, params)]: the initial policy, then every
-    checkpoint up to medium (the seeds are split equally among them)."""
-    from plcql_bench.datasets.smax_collect import random_policy
+    """medium-replay: [(label, epsilon-greedy policy, (actor, epsilon))], one per part of
+    ``replay_schedule`` (the seeds are split equally among them, in order)."""
+    import jax.numpy as jnp
 
     card = read_card(task_id)
     d = behaviour_dir(task_id)
-    # The untrained actor (last layer scaled 0.01) is uniform over the available actions up to
-    # ~1%, so the start of training is represented by the uniform policy.
-    init = [("init-uniform", random_policy, None)]
-    return init + [(c, sample_policy, load_actor(d / f"{c}.npz")) for c in card["tiers"]["medium-replay"]]
+    actors = {c: load_actor(d / f"{c}.npz") for c in card["tiers"]["medium-replay"]}
+    return [(f"{c}@eps{eps:.3f}", epsilon_greedy_policy, (actors[c], jnp.float32(eps)))
+            for c, eps in replay_schedule(card["tiers"]["medium-replay"])]
 
 
 def main(argv=None) -> None:

@@ -298,8 +298,8 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
 
     * expert / medium: that checkpoint, greedy, one episode per seed;
     * medium-replay: the seeds split into equal consecutive parts, one per source of
-      ``smax_behaviour.replay_sources`` (the initial uniform policy, then every checkpoint up to
-      medium, in training order), each acting stochastically;
+      ``smax_behaviour.replay_sources`` (epsilon-greedy, epsilon falling from 1 to 0.05 with
+      checkpoints up to medium, in training order);
     * mixed: the first half of the seeds with medium, the second half with expert;
     * random: uniform over available actions.
 
@@ -347,7 +347,7 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
         parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
                  for (_, pol, p), c in zip(sources, chunks) if len(c)]
         arrays, meta = concat_collections(parts)
-        return arrays, meta, f"{tag}:replay({sources[0][0]}..{sources[-1][0]}):sampled"
+        return arrays, meta, f"{tag}:{sb.replay_description(card)}"
     raise ValueError(f"unknown SMAX tier {tier!r}")
 
 

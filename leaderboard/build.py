@@ -251,9 +251,31 @@ def load_results(results_dir: Path) -> tuple[list[RunResult], list[Skipped]]:
             skipped.append(
                 Skipped(loser.path, f"duplicate of seed {loser.seed} in the same cell; kept {winner.path}")
             )
+    kept = _newest_dataset_build(kept, skipped)
     kept.sort(key=lambda r: r.path)
     skipped.sort(key=lambda s: s.path)
     return kept, skipped
+
+
+def _newest_dataset_build(runs: list[RunResult], skipped: list[Skipped]) -> list[RunResult]:
+    """Keep, per (profile, task, dataset), only the runs on the dataset build (sha256) of the most
+    recently finished run, so a rebuilt tier never averages runs on two different datasets; the
+    others are skipped with the reason. Runs that do not record a sha are kept."""
+    newest: dict[tuple, RunResult] = {}
+    for r in runs:
+        key = (r.profile, r.task, r.dataset)
+        if r.dataset_sha256 and (key not in newest or (r.finished_at, r.path) > (newest[key].finished_at, newest[key].path)):
+            newest[key] = r
+    kept = []
+    for r in runs:
+        ref = newest.get((r.profile, r.task, r.dataset))
+        if ref is not None and r.dataset_sha256 and r.dataset_sha256 != ref.dataset_sha256:
+            skipped.append(Skipped(r.path, f"trained on an older build of {r.task}/{r.dataset} "
+                                           f"(sha256 {r.dataset_sha256[:12]}; the newest runs use "
+                                           f"{ref.dataset_sha256[:12]})"))
+        else:
+            kept.append(r)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,7 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
     """Run the profile's matrix: skip finished cells, resume partial ones from their checkpoint,
     isolate failures (traceback in status.json); exit 1 if any selected cell is failed."""
     from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.behaviour import stale
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.executors import Job, cpu_count, resolve_device, run_jobs
     from plcql_bench.suite.matrix import cell_state
@@ -185,6 +186,12 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
             if not manifest.lookup(root, task_id, tier):
                 click.echo(f"building dataset {task_id}/{tier}")
                 build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.data_profile)
+    for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
+        why = stale(manifest.lookup(root, task_id, tier), task_id, tier)
+        if why:  # its runs stay valid for that data (keyed by sha256), but say so
+            click.echo(f"warning: dataset {task_id}/{tier} is stale ({why}); rebuild it with "
+                       f"`plcql-bench datasets build {task_id} {tier} --profile {profile} --force`",
+                       err=True)
     counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0}
     todo = []
     for cell in cells:

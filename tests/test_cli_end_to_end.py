@@ -106,6 +106,29 @@ def test_corrupt_dataset_fails_cleanly_and_keeps_results(sweep, tmp_path):
     assert after == snapshot
 
 
+def test_stale_dataset_is_flagged_not_rebuilt(sweep, tmp_path):
+    """A dataset whose recorded behaviour differs from what the code builds now is listed as
+    stale and warned about by `all`, which still skips its finished runs (keyed by sha256)."""
+    import shutil
+
+    tmp, profile, _ = sweep
+    shutil.copytree(tmp / "data", tmp_path / "data")
+    shutil.copytree(tmp / "results", tmp_path / "results")
+    man = tmp_path / "data" / "tiny" / "manifest.json"
+    entries = json.loads(man.read_text())
+    entries["mpe-cn/random"]["behaviour_policy_id"] = "an-older-recipe"
+    man.write_text(json.dumps(entries))
+    listed = cli(tmp_path, "datasets", "list", "--profile", str(profile)).stdout
+    rows = {tuple(line.split()[:2]): line.split()[2] for line in listed.splitlines()[1:]}
+    assert rows[("mpe-cn", "random")] == "stale" and rows[("mpe-cn", "expert")] == "built"
+    built = cli(tmp_path, "datasets", "build", "mpe-cn", "random", "--profile", str(profile)).stdout
+    assert "already built" in built and "STALE" in built and "an-older-recipe" in built
+    again = cli(tmp_path, "all", "--profile", str(profile))
+    assert "trained 0, skipped 12 (done)" in again.stdout
+    warn = [ln for ln in again.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "mpe-cn/random is stale" in warn[0] and "--force" in warn[0]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["run", "--algo", "bc", "--task", "mpe-nope", "--dataset", "expert"], "unknown task 'mpe-nope'"),
     (["run", "--algo", "nope", "--task", "mpe-cn", "--dataset", "expert"], "unknown algorithm 'nope'"),

@@ -377,6 +377,20 @@ def test_duplicate_seed_is_skipped(tmp_path):
     assert [s.path for s in skipped] == ["old/final.json"] and "duplicate" in skipped[0].reason
 
 
+def test_runs_on_an_older_dataset_build_are_skipped(tmp_path):
+    res = tmp_path / "r"
+    old, new = "a" * 64, "b" * 64
+    write(res, "bc0", result(dataset="medium-replay", algo="bc", seed=0, score=10.0, dataset_sha256=old, finished_at="2026-11-25T10:00:00Z"))
+    write(res, "cq1", result(dataset="medium-replay", algo="cfcql", seed=1, score=30.0, dataset_sha256=old, finished_at="2026-11-25T10:30:00Z"))
+    write(res, "bc1", result(dataset="medium-replay", algo="bc", seed=1, score=20.0, dataset_sha256=new, finished_at="2026-11-25T11:00:00Z"))
+    write(res, "other", result(algo="bc", dataset="expert", seed=0, score=90.0, dataset_sha256=old,
+                               finished_at="2026-11-25T09:00:00Z"))
+    runs, skipped = build.load_results(res)
+    assert sorted(r.path.split("/")[0] for r in runs) == ["bc1", "other"]  # other tier untouched
+    reasons = {s.path.split("/")[0]: s.reason for s in skipped}
+    assert set(reasons) == {"bc0", "cq1"} and "older build" in reasons["cq1"] and new[:12] in reasons["bc0"]
+
+
 def test_invalid_fields_are_skipped_not_fatal(tmp_path):
     res = tmp_path / "r"
     write(res, "ok", result())

@@ -38,6 +38,39 @@ def test_committed_checkpoints_load(m):
         a = np.asarray(policy(params, np.zeros((n, obs_dim), np.float32), avail, None))
         assert (a == smax.STOP_ACTION).all()  # masked argmax respects avail
     src = sb.replay_sources(tid)
-    assert src and src[-1][0] == card["tiers"]["medium"]
+    assert len(src) == sb.REPLAY_LEVELS
+    assert src[-1][0] == f"{card['tiers']['medium']}@eps0.050"
+    assert float(src[0][2][1]) == 1.0
     with pytest.raises(ValueError):
         sb.load_policy(tid, "mixed")
+
+
+def test_replay_schedule_ramps_to_medium():
+    ck = ["c1", "c2", "c3"]
+    sched = sb.replay_schedule(ck, levels=5)
+    eps = [e for _, e in sched]
+    assert eps[0] == pytest.approx(1.0) and eps[-1] == pytest.approx(0.05)
+    assert all(a > b for a, b in zip(eps, eps[1:]))  # exploration only falls
+    used = [c for c, _ in sched]
+    assert used[-1] == "c3" and used[0] == "c1" and used == sorted(used)  # training order
+    assert [c for c, _ in sb.replay_schedule(["m"], levels=3)] == ["m"] * 3
+    with pytest.raises(ValueError):
+        sb.replay_schedule([], levels=3)
+
+
+def test_epsilon_greedy_policy_masks_and_interpolates():
+    import jax
+
+    n, obs_dim, n_act = 5, 7, 6
+    actor = sb._init_mlp(jax.random.PRNGKey(0), [obs_dim + n, 16, n_act], last_scale=1.0)
+    obs = np.random.default_rng(0).normal(size=(n, obs_dim)).astype(np.float32)
+    avail = np.ones((n, n_act), np.uint8)
+    avail[:, 0] = 0  # never available
+    greedy = np.asarray(sb.greedy_policy(actor, obs, avail, None))
+    keys = jax.random.split(jax.random.PRNGKey(1), 400)
+    draw = jax.vmap(lambda k, e: sb.epsilon_greedy_policy((actor, e), obs, avail, k), (0, None))
+    at0, at1 = np.asarray(draw(keys, 0.0)), np.asarray(draw(keys, 1.0))
+    assert (at0 == greedy).all()
+    assert (at1 != 0).all() and (np.asarray(draw(keys, 0.5)) != 0).all()
+    assert set(np.unique(at1)) == set(range(1, n_act))  # uniform over the available ones
+    assert 0.05 < (at1 == greedy).mean() < 0.4  # ~1/5 by chance, not greedy

@@ -294,7 +294,7 @@ def _behaviour(task_id: str, tier: str):
     desc = {
         "expert": f"{t['expert']}:greedy", "medium": f"{t['medium']}:greedy",
         "mixed": f"mixed({t['medium']}+{t['expert']}):greedy",
-        "medium-replay": f"replay(init-uniform..{t['medium-replay'][-1]}):sampled",
+        "medium-replay": sb.replay_description(card),
     }[tier]
     return Behaviour(f"{task_id}:{card['algo_version']}:{desc}", lambda rng: tier,
                      f"MAPPO checkpoints, {tier} (see docs/smax.md)")
