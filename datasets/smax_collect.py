@@ -343,12 +343,22 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
         return arrays, meta, f"{tag}:mixed({tiers['medium']}+{tiers['expert']}):greedy"
     if tier == "medium-replay":
         sources = sb.replay_sources(task_id)
-        chunks = np.array_split(seeds, len(sources))
+        chunks = _replay_parts(seeds, len(sources))
         parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
                  for (_, pol, p), c in zip(sources, chunks) if len(c)]
         arrays, meta = concat_collections(parts)
         return arrays, meta, f"{tag}:{sb.replay_description(card)}"
     raise ValueError(f"unknown SMAX tier {tier!r}")
+
+
+def _replay_parts(seeds: np.ndarray, levels: int) -> list[np.ndarray]:
+    """Seeds per medium-replay level, in order: equal consecutive parts; with fewer seeds than
+    levels (small profiles), one seed per level spread evenly over the levels, so the first still
+    plays epsilon 1 and the last the medium checkpoint at the final epsilon."""
+    if len(seeds) >= levels or len(seeds) < 2:
+        return np.array_split(seeds, levels)
+    which = np.round(np.arange(len(seeds)) * (levels - 1) / (len(seeds) - 1)).astype(int)
+    return [seeds[which == lv] for lv in range(levels)]
 
 
 # --------------------------------------------------------------------------- workers

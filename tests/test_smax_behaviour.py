@@ -74,3 +74,13 @@ def test_epsilon_greedy_policy_masks_and_interpolates():
     assert (at1 != 0).all() and (np.asarray(draw(keys, 0.5)) != 0).all()
     assert set(np.unique(at1)) == set(range(1, n_act))  # uniform over the available ones
     assert 0.05 < (at1 == greedy).mean() < 0.4  # ~1/5 by chance, not greedy
+
+
+def test_replay_parts_keep_the_ramp_for_small_tiers():
+    from plcql_bench.datasets.smax_collect import _replay_parts
+
+    big = _replay_parts(np.arange(45), 20)
+    assert [len(c) for c in big] == [3] * 5 + [2] * 15  # np.array_split: the built datasets
+    small = _replay_parts(np.arange(5), 20)
+    assert [lv for lv, c in enumerate(small) if len(c)] == [0, 5, 10, 14, 19]  # both ends kept
+    assert np.concatenate(small).tolist() == list(range(5))  # every seed once, in order
