@@ -124,12 +124,13 @@ def epsilon_greedy_policy(params, obs, avail, key):
     import jax
     import jax.numpy as jnp
 
+    from plcql_bench.datasets.smax_collect import random_policy
+
     actor, eps = params
     k_explore, k_uniform = jax.random.split(key)
-    uniform = jax.random.categorical(k_uniform, jnp.where(avail > 0, 0.0, -jnp.inf), axis=-1)
+    uniform = random_policy(None, obs, avail, k_uniform)
     explore = jax.random.uniform(k_explore, uniform.shape) < eps
-    greedy = jnp.argmax(actor_logits(actor, obs, avail), axis=-1)
-    return jnp.where(explore, uniform, greedy).astype(jnp.int32)
+    return jnp.where(explore, uniform, greedy_policy(actor, obs, avail, key))
 
 
 def sample_policy(params, obs, avail, key):
@@ -419,7 +420,7 @@ def load_policy(task_id: str, tier: str):
     return greedy_policy, load_actor(behaviour_dir(task_id) / f"{card['tiers'][tier]}.npz")
 
 
-def replay_schedule(checkpoints: list[str], levels: int = None) -> list[tuple[str, float]]:
+def replay_schedule(checkpoints: list[str], levels: int | None = None) -> list[tuple[str, float]]:
     """[(checkpoint, epsilon)] per medium-replay part: epsilon falls linearly from REPLAY_EPS[0]
     to REPLAY_EPS[1]; part i uses checkpoint round(i (m-1) / (levels-1)) of the m up to medium,
     so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium."""

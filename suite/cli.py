@@ -181,13 +181,12 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
         if executor == "ray" and ray_address:
             jobs = 0  # as many as the cluster schedules
     root = data_profile_dir(obj["data_dir"], prof)
-    if build_missing:
-        for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
-            if not manifest.lookup(root, task_id, tier):
-                click.echo(f"building dataset {task_id}/{tier}")
-                build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.data_profile)
     for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
-        why = stale(manifest.lookup(root, task_id, tier), task_id, tier)
+        entry = manifest.lookup(root, task_id, tier)
+        if not entry and build_missing:
+            click.echo(f"building dataset {task_id}/{tier}")
+            build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.data_profile)
+        why = stale(entry, task_id, tier)
         if why:  # its runs stay valid for that data (keyed by sha256), but say so
             click.echo(f"warning: dataset {task_id}/{tier} is stale ({why}); rebuild it with "
                        f"`plcql-bench datasets build {task_id} {tier} --profile {profile} --force`",
