@@ -29,8 +29,9 @@ from plcql_bench.algorithms.common.continuous import (
     backbone_overrides,
     cf_cql_penalty,
     cql_alpha_override,
-    noisy_policy_samples,
+    host_floats,
     mean_metrics,
+    noisy_policy_samples,
 )
 from plcql_bench.suite.spec import TaskSpec
 
@@ -134,12 +135,10 @@ class CFCQL(CentralCriticAlgorithm):
             target, tstats = self.compute_target(batch)
             loss, stats = self.critic_loss(batch, target)
             gn = self.critic_step(loss)
-            m = {k: float(v) for k, v in {**stats, **tstats}.items()}
-            m["critic/grad_norm"] = gn
-            critic_ms.append(m)
+            critic_ms.append({**stats, **tstats, "critic/grad_norm": gn})
             if u == 0:
                 out.update(self.actor_step(batch))
         self.update_targets()
         self.rounds += 1
         out.update(mean_metrics(critic_ms))
-        return out
+        return host_floats(out)

@@ -30,7 +30,7 @@ from torch import nn
 from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_variant
 from plcql_bench.algorithms.cfcql import CFCQL
 from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
-from plcql_bench.algorithms.common.continuous import make_adam, mean_metrics, replace_agents
+from plcql_bench.algorithms.common.continuous import host_floats, make_adam, mean_metrics, replace_agents
 from plcql_bench.algorithms.common.nets import StackedMLP
 
 
@@ -148,7 +148,7 @@ class PLCQL(CFCQL):
         return w * q[0], u, w
 
     # -- PAR learning -----------------------------------------------------------------------------------
-    def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> float:
+    def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         loss = torch.zeros(())
         for _ in range(self.cfg.value_steps):
             v = self.par_value(next_state)[0, :, 0]
@@ -158,10 +158,10 @@ class PLCQL(CFCQL):
             if self.cfg.par_grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.par_value.parameters(), self.cfg.par_grad_clip, foreach=True)
             self.value_opt.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def ppo_update(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor,
-                   adv: torch.Tensor, m: torch.Tensor) -> dict[str, float]:
+                   adv: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
         """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps)."""
         denom = m.sum().clamp(min=1)
         if self.cfg.normalize_advantage:
@@ -169,7 +169,7 @@ class PLCQL(CFCQL):
             std = (((adv - mean) ** 2 * m).sum() / denom).sqrt()
             adv = (adv - mean) / (std + 1e-8)
         idx = (k - 1).unsqueeze(1)
-        stats: dict[str, float] = {}
+        stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
             logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
             logp = logp_all.gather(1, idx)[:, 0]
@@ -184,8 +184,8 @@ class PLCQL(CFCQL):
             self.par_opt.step()
             if epoch == self.cfg.ppo_epochs - 1:  # the logged statistics are the last epoch's
                 with torch.no_grad():
-                    stats = {"ppo/loss": float(loss), "ppo/entropy": float((entropy * m).sum() / denom),
-                             "ppo/clip_frac": float((((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom)}
+                    stats = {"ppo/loss": loss.detach(), "ppo/entropy": (entropy * m).sum() / denom,
+                             "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
         return stats
 
     # -- one round -----------------------------------------------------------------------------------------
@@ -200,31 +200,27 @@ class PLCQL(CFCQL):
                 r_par, u_q, w = self.par_reward(batch, joint_next)
             loss, stats = self.critic_loss(batch, target)
             gn = self.critic_step(loss)
-            m = {kk: float(v) for kk, v in stats.items()}
-            m["critic/grad_norm"] = gn
-            m["par/k_replaced"] = float(mask.float().sum(1).mean())
-            critic_ms.append(m)
+            critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(1).mean()})
             if u == 0:
                 out.update(self.actor_step(batch))
                 valid = batch.next_actions_valid
-                out.update({f"par/p_k{i + 1}": float(probs[:, i].mean()) for i in range(self.n)})
+                out.update({f"par/p_k{i + 1}": probs[:, i].mean() for i in range(self.n)})
                 kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
-                out["par/E_k"] = float((probs * kvals).sum(1).mean())
-                out["par/k_sampled"] = float(k.float().mean())
-                out.update({"par/r_par": float(r_par.mean()), "par/u_q": float(u_q.mean()),
-                            "par/w": float(w.mean())})
+                out["par/E_k"] = (probs * kvals).sum(1).mean()
+                out["par/k_sampled"] = k.float().mean()
+                out.update({"par/r_par": r_par.mean(), "par/u_q": u_q.mean(), "par/w": w.mean()})
                 if self.learned_par:
                     # rows whose next action is unknown replace every agent whatever k: no signal for pi_par
                     mrow = (valid > 0.5).float()
                     out["par/value_loss"] = self.value_update(batch.next_state, r_par, mrow)
                     with torch.no_grad():
                         adv = r_par - self.par_value(batch.next_state)[0, :, 0]
-                    out["par/adv_raw"] = float((adv * mrow).sum() / mrow.sum().clamp(min=1))
+                    out["par/adv_raw"] = (adv * mrow).sum() / mrow.sum().clamp(min=1)
                     out.update(self.ppo_update(batch.next_state, k, logp_old, adv, mrow))
         self.update_targets()
         self.rounds += 1
         out.update(mean_metrics(critic_ms))
-        return out
+        return host_floats(out)
 
 
 register_variant(PLCQL, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)

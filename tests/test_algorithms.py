@@ -13,6 +13,8 @@ from plcql_bench.algorithms.common.continuous import (
     EnsembleCritic,
     cf_cql_penalty,
     counterfactual_joint,
+    host_floats,
+    mean_metrics,
 )
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
@@ -60,6 +62,15 @@ def test_trains_finite_and_acts(name, buf):
     a = algo.act(obs)
     assert a.shape == (7, 3, 2) and a.dtype == np.float32
     assert np.all(a >= -1) and np.all(a <= 1)
+
+
+def test_round_metrics_average_per_key_and_come_back_as_floats():
+    ms = [{"a": torch.tensor(1.0), "b": 2.0}, {"a": torch.tensor(3.0)}, {"a": torch.tensor(5.0), "b": torch.tensor(4.0)}]
+    means = mean_metrics(ms)
+    out = host_floats({"z": torch.tensor([7.5]), **means, "y": 1})
+    assert list(out) == ["z", "a", "b", "y"]  # order kept
+    assert out == {"z": 7.5, "a": 3.0, "b": 3.0, "y": 1.0}  # b: mean over the two updates that logged it
+    assert all(type(v) is float for v in out.values())
 
 
 @pytest.mark.parametrize("name", ["plcql", "plcql-k1", "plcql-kn"])

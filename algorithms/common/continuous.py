@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -326,6 +325,13 @@ class _FusedTrunk(torch.autograd.Function):
 
 BLOCK_BYTES = 3 << 20  # target size of one [E, rows, H] activation block of `_BlockedLSE` (tuned on CN:
 # flat between 1 and 4 MiB for E = 2, best near 3 MiB for E = 10; 8 MiB and more spill the cache)
+# On a GPU the blocks only multiply kernel launches (CN: ~80 blocks x ~12 kernels per critic update);
+# one block of the whole batch takes ~0.7 GB at the paper's CN sizes (E 10, 90 candidates, hidden 64).
+GPU_BLOCK_BYTES = 2 << 30
+
+
+def block_bytes(device: torch.device) -> int:
+    return BLOCK_BYTES if device.type == "cpu" else GPU_BLOCK_BYTES
 
 
 def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -363,7 +369,7 @@ class _BlockedLSE(torch.autograd.Function):
         nA = a.shape[1]
         R = a.shape[0] // B
         M = R // G
-        bs = max(1, min(B, BLOCK_BYTES // max(1, E * R * H * h_s.element_size())))  # states per block
+        bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))  # states per block
         rows_max = bs * R
         # h1 carries a constant-1 column (H + 1 columns): the second layer's bias rides in its GEMM
         # (h1' @ [W2; b2]) instead of a pass that pre-fills h2 with b2, and in backward h1'^T d2 gives
@@ -647,15 +653,16 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
             a = a + torch.randn(a.shape, generator=self.gen, device=a.device) * self.cfg.target_noise
         return a.clamp(-1.0, 1.0)
 
-    def critic_step(self, loss: torch.Tensor) -> float:
+    def critic_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One critic step; returns the gradient norm as a tensor (see `host_floats`)."""
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
         # One norm over the whole critic module (reference clips critic.parameters() jointly).
         gn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip, foreach=True)
         self.critic_opt.step()
-        return float(gn)
+        return gn.detach()
 
-    def actor_step(self, batch: Batch) -> dict[str, float]:
+    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         """cf_pol actor loss (reference default): for each agent i, -Q_1(s, a_i = pi_i(o_i), a_-i from the
         dataset), averaged over agents and batch, + action_l2 * sum_i mean(pi_i^2)."""
         pi = self.actors(batch.obs)  # [B, n, A]
@@ -672,13 +679,31 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         self.actor_opt.step()
         self.actor_opt.zero_grad(set_to_none=True)
         pol_loss, reg = pol_loss.detach(), reg.detach()
-        return {"actor/loss": float(pol_loss), "actor/q": float(-pol_loss), "actor/action_l2": float(reg)}
+        return {"actor/loss": pol_loss, "actor/q": -pol_loss, "actor/action_l2": reg}
 
     def update_targets(self) -> None:
         polyak_(self.target_critic, self.critic, self.cfg.tau)
         polyak_(self.target_actors, self.actors, self.cfg.tau)
 
     # protocol ---------------------------------------------------------------------------------
-def mean_metrics(ms: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for m in ms for k in m}
-    return {k: float(np.mean([m[k] for m in ms if k in m])) for k in sorted(keys)}
+def mean_metrics(ms: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-key mean over the updates that logged the key. Values may be device tensors: the means stay
+    on the device until `host_floats`."""
+    keys = sorted({k for m in ms for k in m})
+    means = {}
+    for k in keys:
+        vals = [m[k].double() if torch.is_tensor(m[k]) else float(m[k]) for m in ms if k in m]
+        means[k] = sum(vals) / len(vals)
+    return means
+
+
+def host_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """Metrics as Python floats, the tensors copied to the host in ONE transfer. On a GPU every
+    float(tensor) waits for the device; one wait per round lets the host queue the whole round's
+    kernels ahead of the device instead of stalling it at each logged value."""
+    names = [k for k, v in metrics.items() if torch.is_tensor(v)]
+    values = {k: float(v) for k, v in metrics.items() if not torch.is_tensor(v)}
+    if names:
+        flat = torch.stack([metrics[k].detach().reshape(()).double() for k in names]).tolist()
+        values.update(zip(names, flat))
+    return {k: values[k] for k in metrics}

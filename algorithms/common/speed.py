@@ -117,9 +117,10 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
 
 def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]], rounds: int = 20,
                      warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall",
-                     batch_size: int | None = None) -> dict[str, float]:
-    """Median ms per round of several algorithms timed in alternation (round i of each, then round
-    i + 1 ...), so that a shared machine's changing load hits all of them alike. Use it to compare."""
+                     batch_size: int | None = None) -> dict[str, list[float]]:
+    """Milliseconds of each timed round of several algorithms run in alternation, so that a shared
+    machine's changing load hits all of them alike. The order alternates too (A B, then B A, ...), so
+    neither always runs right after the other. Use it, with `paired_ratio`, to compare."""
     algos = {}
     buf = make_buffer(get_algorithm(names[0], discrete=spec.discrete), spec, 100_000, device, seed)
     for name in names:
@@ -133,10 +134,23 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
     times: dict[str, list[float]] = {n: [] for n in names}
     timer = time.process_time if clock == "cpu" else time.perf_counter
     for i in range(warmup + rounds):
-        for name, algo in algos.items():
+        order = names if i % 2 == 0 else names[::-1]
+        for name in order:
             t0 = timer()
-            algo.update(buf)
+            algos[name].update(buf)
             sync()
             if i >= warmup:
                 times[name].append((timer() - t0) * 1e3)
-    return {n: statistics.median(v) for n, v in times.items()}
+    return times
+
+
+def paired_ratio(a: list[float], b: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """median(a) / median(b) and its 95% percentile-bootstrap interval, resampling round indices so
+    that each resample keeps the pairs (round i of a was timed next to round i of b)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"paired_ratio needs two equal, non-empty lists; got {x.size} and {y.size} rounds")
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    boot = np.median(x[idx], axis=1) / np.median(y[idx], axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(x) / np.median(y)), float(lo), float(hi)

@@ -1,0 +1,50 @@
+"""`bench-speed`: the paired PLCQL/SPaCQL comparison and its interval."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from plcql_bench.algorithms.common.speed import paired_ratio
+from plcql_bench.suite.cli import cli
+
+
+def test_paired_ratio_recovers_a_known_ratio_and_brackets_it():
+    rng = np.random.default_rng(1)
+    load = rng.uniform(0.8, 1.6, size=200)  # a machine whose load drifts: pairs share it
+    b = 100 * load * rng.normal(1, 0.01, size=200)
+    a = 0.95 * 100 * load * rng.normal(1, 0.01, size=200)
+    ratio, lo, hi = paired_ratio(list(a), list(b))
+    assert lo < ratio < hi
+    assert lo < 0.95 < hi
+    assert hi < 1.0  # a 5 % saving is resolved at this noise
+
+
+def test_paired_ratio_interval_covers_one_when_there_is_no_difference():
+    rng = np.random.default_rng(2)
+    b = rng.normal(100, 5, size=50)
+    a = rng.normal(100, 5, size=50)
+    _, lo, hi = paired_ratio(list(a), list(b))
+    assert lo < 1.0 < hi
+
+
+def test_paired_ratio_rejects_unpaired_lists():
+    with pytest.raises(ValueError, match="equal"):
+        paired_ratio([1.0, 2.0], [1.0])
+
+
+def test_bench_speed_prints_the_plcql_spacql_comparison():
+    out = CliRunner().invoke(cli, ["bench-speed", "--algo", "plcql", "--algo", "spacql", "--rounds", "3",
+                                   "--warmup", "1", "--batch", "32", "--threads", "1"])
+    assert out.exit_code == 0, out.output
+    rows = {line.split()[0]: line.split() for line in out.output.splitlines() if line.startswith(("plcql", "spacql"))}
+    assert set(rows) == {"plcql", "spacql"}
+    assert all(float(r[3]) > 0 for r in rows.values())  # ms per round
+    m = re.search(r"ratio PLCQL/SPaCQL (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", out.output)
+    assert m, out.output
+    ratio, lo, hi = map(float, m.groups())
+    assert lo <= ratio <= hi
+    assert "target construction PLCQL/SPaCQL" in out.output
