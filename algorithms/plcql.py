@@ -149,7 +149,7 @@ class PLCQL(CFCQL):
 
     # -- PAR learning -----------------------------------------------------------------------------------
     def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=next_state.device)
         for _ in range(self.cfg.value_steps):
             v = self.par_value(next_state)[0, :, 0]
             loss = ((v - r_par).pow(2) * m).sum() / m.sum().clamp(min=1)
