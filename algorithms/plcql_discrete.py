@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
-from plcql_bench.algorithms.common.continuous import make_adam
+from plcql_bench.algorithms.common.continuous import host_floats, make_adam
 from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
 from plcql_bench.algorithms.common.nets import StackedMLP
@@ -149,8 +149,8 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
             with torch.no_grad():
                 adv = r_par - self.par_value(s)[0, :, 0]
             out["par/adv_raw"] = float(adv.mean())
-            out.update(self.ppo_update(s, k, info["logp_old"][rows], adv, m))
-        return out
+            out.update(self.ppo_update(s, k, info["logp_old"][rows], adv, m))  # tensors: one host copy below
+        return host_floats(out)
 
 
 register_variant(PLCQLDiscrete, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
