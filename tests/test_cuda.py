@@ -1,6 +1,6 @@
 """CUDA-only checks, skipped where no GPU is visible (CI has none). On a GPU machine:
 `pytest tests/test_cuda.py`. They cover what the CPU tests cannot: the one-block `_BlockedLSE` path
-that CUDA takes, and every continuous algorithm's round with its tensors on the device."""
+that CUDA takes, and every algorithm's rounds with its tensors on the device."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ import torch
 import plcql_bench.algorithms.common.continuous as C
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all, make_config
 from plcql_bench.algorithms.common.continuous import counterfactual_joint
-from plcql_bench.algorithms.common.speed import SyntheticBuffer, batch_field
+from plcql_bench.algorithms.common.speed import SyntheticBuffer, batch_field, synthetic_episodes
+from test_discrete_machinery import SPEC as SMAX, check_acts_available
 from test_speed_equivalence import CN, make_critic
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CONTINUOUS = sorted(n for n in load_all() if "continuous" in implementations(n))
+DISCRETE = sorted(n for n in load_all() if "discrete" in implementations(n))
 
 
 def test_cuda_takes_one_block_and_matches_the_cpu_blocks():
@@ -53,3 +55,15 @@ def test_rounds_on_cuda_give_finite_host_floats(name):
         assert m and all(type(v) is float and math.isfinite(v) for v in m.values()), m
     a = algo.act(np.zeros((5, 3, 6), dtype=np.float32))
     assert a.shape == (5, 3, 2) and np.all(np.abs(a) <= 1)
+
+
+@pytest.mark.parametrize("name", DISCRETE)
+def test_discrete_rounds_on_cuda_give_finite_host_floats(name):
+    cls = get_algorithm(name, discrete=True)
+    over = {"batch_episodes": 4, "behaviour_max_updates": 3}
+    algo = cls(SMAX, make_config(cls, {k: v for k, v in over.items() if hasattr(cls.Config(), k)}), 0, "cuda")
+    sampler = synthetic_episodes(SMAX, n_episodes=8, device="cuda")
+    for _ in range(2):
+        m = algo.update(sampler)
+        assert m and all(type(v) is float and math.isfinite(v) for v in m.values()), m
+    check_acts_available(algo)
