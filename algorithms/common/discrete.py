@@ -373,6 +373,9 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     def target_of(net: nn.Module) -> nn.Module:
         t = copy.deepcopy(net)
         t.requires_grad_(False)
+        for m in t.modules():  # a deep copy loses cuDNN's single GRU weight buffer (a copy per call on CUDA)
+            if isinstance(m, nn.RNNBase):
+                m.flatten_parameters()
         return t
 
     def agent(self, hidden: int) -> RNNAgent:
