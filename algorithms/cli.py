@@ -60,7 +60,7 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
 
 def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results) -> None:
-    """PLCQL's round against SPaCQL's, timed in alternation: the ratio of medians with its 95% paired
+    """PLCQL's round against SPaCQL's, timed in alternation: the median per-round ratio with its 95%
     bootstrap interval (an interval below 1 means PLCQL's round is measurably cheaper), and the ratio of
     the target construction alone (the part that PLCQL cuts from n joint actions to 1)."""
     from plcql_bench.algorithms.base import get_algorithm
@@ -78,7 +78,7 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
     med = {a: statistics.median(v) for a, v in inter.items()}
     click.echo(f"# {task_id} (n={spec.n_agents}, {kind}, batch {bsz} {unit}), {rounds} interleaved rounds: "
                f"PLCQL {med['plcql']:.1f} ms, SPaCQL {med['spacql']:.1f} ms, "
-               f"ratio PLCQL/SPaCQL {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+               f"median per-round ratio PLCQL/SPaCQL {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
     click.echo(f"# {task_id}: target construction PLCQL/SPaCQL "
                f"{p['target_median_ms']:.2f}/{s['target_median_ms']:.2f} ms"
                f" = {p['target_median_ms'] / s['target_median_ms']:.2f}")

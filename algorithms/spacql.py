@@ -7,15 +7,15 @@ such on top of the CFCQL continuous machinery (the paper: "all hyperparameters c
   * one PAR target per k = 1..n: exactly k agents, chosen uniformly without replacement, take the
     target policy's next action (CFCQL's clipped N(0, 0.05) smoothing); the others keep the
     dataset's next action. All n joint actions go through ONE target-critic call (R = n);
-  * uncertainty u_k = std over the ensemble of Q_j(s', a'^(k)); weights w_k = (1/u_k) / sum_k' 1/u_k';
+  * uncertainty u_k = std over the (online) ensemble of Q_j(s', a'^(k)); weights w_k = (1/u_k) / sum_k' 1/u_k';
   * target y = r + gamma (1 - terminal) sum_k w_k min_j Qbar_j(s', a'^(k));
   * critic loss sum_j MSE(Q_j(s, a), y) + cql_alpha * sum_j CF-CQL penalty_j (CFCQL's term);
   * actors as CFCQL (cf_pol on Q_1), round as CFCQL (--ca_ratio 5).
 
 Paper-silent, configurable (docs/algorithms/spacql.md):
   weights per sample (default) or per batch (`weights_per`), which ensemble gives u_k (`uncertainty_from`:
-  the target ensemble, default, which the target needs anyway; or the online one), and whether the weights
-  carry gradient (`detach_weights`; only meaningful with the online ensemble).
+  the online one, default, as the summary's Q_j and PLCQL's u_Q over Q_theta_j read; or the target one, which
+  the target evaluates anyway), and whether the weights carry gradient (`detach_weights`; online only).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Config(CFCQLConfig):
     n_critics: int = 10  # SPaCQL: "an ensemble of 10 Q-networks" (§4.4)
     # --- paper-silent choices ---
     weights_per: str = "sample"  # "sample": w_k per transition; "batch": w_k from the batch-mean u_k
-    uncertainty_from: str = "target"  # "target" (the ensemble that gives the min) or "online"
+    uncertainty_from: str = "online"  # "online" (u_k over Q_j, as PLCQL's u_Q) or "target" (the min's ensemble)
     detach_weights: bool = True  # False: gradients flow through w_k into the online critic
     weight_eps: float = 1e-6  # 1 / (u_k + eps): guards u_k = 0 (identical members)
 

@@ -33,7 +33,7 @@ from plcql_bench.algorithms.spacql import check_weight_choices, inverse_std_weig
 class Config(EnsembleConfig):
     # --- paper-silent choices (as the continuous SPaCQL) ---
     weights_per: str = "sample"  # "sample": w_k per (episode, index); "batch": from the batch-mean u_k
-    uncertainty_from: str = "target"  # "target" (the ensemble that gives the min) or "online"
+    uncertainty_from: str = "online"  # "online" (u_k over Q_j, as PLCQL's u_Q) or "target" (the min's ensemble)
     detach_weights: bool = True  # False: gradients flow through w_k into the online ensemble
     weight_eps: float = 1e-6
 

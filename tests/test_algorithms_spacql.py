@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
@@ -22,6 +23,9 @@ def _algo(**over):
     coefs = torch.tensor([1.0, 2.0])
     # member j: c_j * (sum of the joint action + 4): depends only on how many agents were replaced
     algo.target_critic = lambda s, a, members=None: coefs.view(2, 1, 1) * (a.sum(-1).unsqueeze(0) + 4.0)
+    # online members (0, x^2), x = sum + 4: their std differs from the target members' in shape, so the
+    # weights show which ensemble gave u_k
+    algo.critic = lambda s, a, members=None: torch.stack([torch.zeros_like(a.sum(-1)), (a.sum(-1) + 4.0) ** 2])
     return algo
 
 
@@ -49,12 +53,15 @@ def test_anchored_agents_keep_dataset_actions():
     assert masks[0].sum(-1).tolist() == [1, 2, 3] and masks[1].all()
 
 
-def test_target_hand_computed_per_sample():
-    algo = _algo()
+@pytest.mark.parametrize("source", ["online", "target"])
+def test_target_hand_computed_per_sample(source):
+    algo = _algo(uncertainty_from=source)
     y, _ = algo.compute_target(_batch())
-    # row 0 (valid): k replaced -> sum = 0.5k - (3 - k); +4 -> 2.5, 4, 5.5; members (x, 2x): min x, std x/sqrt2
+    # row 0 (valid): k replaced -> sum = 0.5k - (3 - k); +4 -> x = 2.5, 4, 5.5; target members (x, 2x):
+    # min x, std x/sqrt2; online members (0, x^2): std x^2/sqrt2
     mins = torch.tensor([2.5, 4.0, 5.5])
-    inv = 1 / (mins / math.sqrt(2))
+    u = mins ** 2 / math.sqrt(2) if source == "online" else mins / math.sqrt(2)
+    inv = 1 / u
     w = inv / inv.sum()
     y0 = 1.0 + 0.5 * float((w * mins).sum())
     # row 1 (a' unknown): every k replaces all agents -> 5.5 for each k, equal weights
@@ -63,7 +70,7 @@ def test_target_hand_computed_per_sample():
 
 
 def test_target_per_batch_weights():
-    algo = _algo(weights_per="batch")
+    algo = _algo(weights_per="batch", uncertainty_from="target")
     y, st = algo.compute_target(_batch())
     u = torch.tensor([[2.5, 4.0, 5.5], [5.5, 5.5, 5.5]]) / math.sqrt(2)
     inv = 1 / u.mean(0)
