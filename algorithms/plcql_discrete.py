@@ -125,31 +125,31 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     def after_step(self, batch: EpisodeBatch, info: dict[str, Any], pre: dict[str, Any]) -> dict[str, float]:
         rows = (info["valid"] * info["boot"]) > 0.5  # [B, T+1]: dataset a_t' known, s_t' bootstraps a real step
         probs, k = info["probs"][rows], info["k"][rows]
-        out: dict[str, float] = {}
+        out: dict[str, Any] = {}  # values as tensors or floats; host_floats copies them to the host at once
         nrows = int(rows.sum())
         if nrows:
-            out.update({f"par/p_k{i + 1}": float(probs[:, i].mean()) for i in range(self.n)})
+            out.update({f"par/p_k{i + 1}": probs[:, i].mean() for i in range(self.n)})
             kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
-            out["par/E_k"] = float((probs * kvals).sum(1).mean())
-            out["par/k_sampled"] = float(k.float().mean())
+            out["par/E_k"] = (probs * kvals).sum(1).mean()
+            out["par/k_sampled"] = k.float().mean()
         else:
             out.update({f"par/p_k{i + 1}": 0.0 for i in range(self.n)})
             out["par/E_k"] = out["par/k_sampled"] = 0.0
         r_par, u, w = pre["r_par"][rows], pre["u"][rows], pre["w"][rows]
-        out.update({"par/r_par": float(r_par.mean()) if nrows else 0.0, "par/u_q": float(u.mean()) if nrows else 0.0,
-                    "par/w": float(w.mean()) if nrows else 0.0})
+        out.update({"par/r_par": r_par.mean() if nrows else 0.0, "par/u_q": u.mean() if nrows else 0.0,
+                    "par/w": w.mean() if nrows else 0.0})
         if self.learned_par:
             keys = ("par/value_loss", "par/adv_raw", "ppo/loss", "ppo/entropy", "ppo/clip_frac")
             if not nrows:
                 out.update({kk: 0.0 for kk in keys})
-                return out
+                return host_floats(out)
             s = batch.state[rows]
             m = torch.ones(nrows, device=s.device)
             out["par/value_loss"] = self.value_update(s, r_par, m)
             with torch.no_grad():
                 adv = r_par - self.par_value(s)[0, :, 0]
-            out["par/adv_raw"] = float(adv.mean())
-            out.update(self.ppo_update(s, k, info["logp_old"][rows], adv, m))  # tensors: one host copy below
+            out["par/adv_raw"] = adv.mean()
+            out.update(self.ppo_update(s, k, info["logp_old"][rows], adv, m))
         return host_floats(out)
 
 
