@@ -3,20 +3,27 @@
 On top of the CFCQL machinery (centralised critic, per-agent tanh actors, counterfactual CQL):
   * an ensemble of E = 10 centralised Q-networks (one batched call) with ensemble-min targets;
   * a PAR policy pi_par(k | s') (MLP 64x64 on s' -> categorical over k = 1..n). For every sampled
-    transition a k is drawn, k agents are chosen uniformly, those take the target policy's next action
-    (with CFCQL's clipped N(0, 0.05) smoothing), the others keep the dataset's next action:
-        Y = r + gamma (1 - terminal) min_j Qbar_j(s', a'^(k))
+    transition a k is drawn (line 182), k agents are chosen uniformly (183), those take the CURRENT
+    policy's next action (184; the actors are deterministic, so the sample is pi_i(o'_i)), the others
+    keep the dataset's next action (185):
+        Y = r + gamma (1 - terminal) min_j Qbar_j(s', a'^(k))                            (186)
     Where the dataset's next action is unknown (`next_actions_valid` = 0, last step of an episode),
     every agent is replaced (k = n) whatever k was drawn;
-  * critic loss: sum_j MSE(Q_j(s, a), Y) + cql_alpha * sum_j CF-CQL penalty_j;
-  * bandit reward r_par = (sigmoid(-u_Q * T) + 0.5) * Q_1(s', a'^(k)), u_Q = std over the ONLINE
-    ensemble at (s', a'^(k)) (detached); value baseline V(s') (MLP 64x64) trained by MSE to r_par;
-  * PPO clipped objective on pi_par with advantage r_par - V(s'), ratio against the pi_par that drew k.
+  * critic loss: sum_j MSE(Q_j(s, a), Y) + cql_alpha * sum_j CF-CQL penalty_j (187, 194);
+  * bandit reward r_par = w * Q_1(s', a'^(k)), w = sigmoid(-u_Q * T) + 0.5,
+    u_Q = sqrt(Var_j Q_j(s', a'^(k))) over the ONLINE ensemble, population variance (189-191), detached;
+  * value baseline V(s') (MLP 64x64) trained by MSE to r_par (192, 197);
+  * PPO clipped objective on pi_par with advantage r_par - V(s'), ratio against the pi_par that drew k
+    (204-206).
 
-Round structure (as CFCQL, --ca_ratio 5): update 0 = critic + value + actor + PPO on one batch, then
-4 critic-only updates on fresh batches (each draws its own k from pi_par), then Polyak targets.
-Variants: `fixed_k` (None | 1 | "n") and `uncertainty_weight` (False -> w = 1); registered as
-"plcql-k1", "plcql-kn", "plcql-w1".
+Round structure (as CFCQL, --ca_ratio 5): 5 critic updates, each on a fresh batch with its own k drawn
+from pi_par, each followed by one V update and one PPO update on that batch (Algorithm 1 makes one PAR
+update per critic step); the actors are updated once, after the first critic update; then Polyak targets.
+
+Configurable departures (docs/algorithms/plcql.md): `replace_with` ("target": target actors + CFCQL's
+clipped smoothing noise), `par_updates` ("first-batch": PAR learns from the round's first batch only),
+`u_ddof` (1: sample std), `fixed_k` (1, 2, ..., "n", "uniform": no PAR learning), `uncertainty_weight`
+(False: w = 1), `par_reward` ("lcb": this suite's lower-confidence-bound reward, not the paper's).
 """
 
 from __future__ import annotations
@@ -31,27 +38,56 @@ from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_
 from plcql_bench.algorithms.cfcql import CFCQL
 from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
 from plcql_bench.algorithms.common.continuous import host_floats, make_adam, mean_metrics, replace_agents
-from plcql_bench.algorithms.common.nets import StackedMLP
+from plcql_bench.algorithms.common.nets import StackedMLP, buffers_restored
 
 
 @dataclass
-class Config(CFCQLConfig):
-    # Everything of CFCQL's Config (paper: "all other hyperparameters follow SPaCQL", which follows
-    # CFCQL, reference-implementations.md §4.4), plus:
-    n_critics: int = 10  # paper §Experimental Setup: "an ensemble of ten Q-networks"
+class ParConfig:
+    """The PAR policy's settings, shared by the continuous and the discrete PLCQL."""
+
     par_hidden: int = 64  # paper: PAR policy "two hidden layers of 64 units"; same for the baseline V
     # --- paper-silent choices (docs/algorithms/plcql.md) ---
     temperature: float = 1.0  # T in sigma(-u_Q T) + 0.5
     uncertainty_weight: bool = True  # False -> w = 1 (ablation "plcql-w1")
-    fixed_k: Union[int, str, None] = None  # None = learned PAR; 1 or "n" = fixed k (ablations)
-    ppo_epochs: int = 4  # full-batch PPO gradient steps per round on the round's first batch
+    # None = learned PAR; an int 1..n or "n" = fixed k (ablations); "uniform" = k ~ U{1..n}, pi_par frozen
+    fixed_k: Union[int, str, None] = None
+    u_ddof: int = 0  # u_Q = sqrt(Var_j) (Algorithm 1 line 189: population variance); 1 = sample std
+    par_reward: str = "paper"  # "paper": w * Q_1; "lcb": mean_j Q_j - lcb_beta * u_Q (this suite's)
+    lcb_beta: float = 1.0  # beta of the "lcb" reward
+    ppo_epochs: int = 4  # full-batch PPO gradient steps per PAR update
     ppo_clip: float = 0.2  # epsilon (PPO default)
     normalize_advantage: bool = True  # per-batch mean/std normalisation of r_par - V
     entropy_coef: float = 0.01  # entropy bonus on pi_par
     par_lr: float = 3e-4  # Adam lr of pi_par
     value_lr: float = 1e-3  # Adam lr of V
-    value_steps: int = 1  # gradient steps on L_v per round (Algorithm 1: one)
+    value_steps: int = 1  # gradient steps on L_v per PAR update (Algorithm 1: one)
     par_grad_clip: float = 0.5  # grad-norm clip of pi_par and V (0 = off)
+
+
+@dataclass
+class Config(CFCQLConfig, ParConfig):
+    # Everything of CFCQL's Config (paper: "all other hyperparameters follow SPaCQL", which follows
+    # CFCQL, reference-implementations.md §4.4), the PAR settings, plus:
+    n_critics: int = 10  # paper §Experimental Setup: "an ensemble of ten Q-networks"
+    # "online": replaced agents take the current actors' actions (Algorithm 1 line 184);
+    # "target": the target actors' actions with CFCQL's clipped N(0, target_noise) smoothing
+    replace_with: str = "online"
+    # "every-batch": one V + PPO update per critic batch (Algorithm 1); "first-batch": only the first
+    par_updates: str = "every-batch"
+
+
+def check_par_config(cfg, n: int) -> None:
+    """One line naming the field for a PAR setting out of range (both action spaces)."""
+    fk = cfg.fixed_k
+    if fk is not None and not (fk in ("n", "uniform") or (isinstance(fk, int) and 1 <= fk <= n)):
+        raise ValueError(f"fixed_k must be None, 'n', 'uniform' or an int in 1..{n}; got {fk!r}")
+    if cfg.par_reward not in ("paper", "lcb"):
+        raise ValueError(f"par_reward must be 'paper' or 'lcb', got {cfg.par_reward!r}")
+    if cfg.u_ddof not in (0, 1):
+        raise ValueError(f"u_ddof must be 0 or 1, got {cfg.u_ddof!r}")
+    for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
+        if hasattr(cfg, name) and getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
 
 
 def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -67,87 +103,60 @@ def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Gene
     return mask | (valid < 0.5).unsqueeze(1)
 
 
-@register
-class PLCQL(CFCQL):
-    name = "plcql"
-    Config = Config
+def par_reward_terms(q: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [E, ...]: the online members' Q at (s', a'^(k)). Returns (r_par, u_Q, w), each [...].
 
-    # -- construction --------------------------------------------------------------------------------
-    def _build_extra(self, init_gen: torch.Generator) -> None:
-        S, n, h = self.spec.state_dim, self.n, self.cfg.par_hidden
-        self.par_policy = StackedMLP(1, S, n, hidden=h, generator=init_gen)
-        self.par_value = StackedMLP(1, S, 1, hidden=h, generator=init_gen)
-        fk = self.cfg.fixed_k
-        if fk is not None and not (fk == "n" or (isinstance(fk, int) and 1 <= fk <= n)):
-            raise ValueError(f"fixed_k must be None, 'n' or an int in 1..{n}; got {fk!r}")
+    paper: r_par = w * Q_1, w = sigmoid(-u_Q T) + 0.5 (or 1), u_Q = sqrt(Var_j Q_j) (Algorithm 1, 189-191).
+    lcb (this suite's variant): r_par = mean_j Q_j - beta * u_Q, a lower confidence bound; w reported as 1.
+    """
+    u = q.std(dim=0, correction=cfg.u_ddof)
+    if cfg.par_reward == "lcb":
+        return q.mean(0) - cfg.lcb_beta * u, u, torch.ones_like(u)
+    w = torch.sigmoid(-u * cfg.temperature) + 0.5 if cfg.uncertainty_weight else torch.ones_like(u)
+    return w * q[0], u, w
 
-    def _build_extra_optimisers(self) -> None:
-        self.par_opt = make_adam(self.par_policy.parameters(), self.cfg.par_lr)
-        self.value_opt = make_adam(self.par_value.parameters(), self.cfg.value_lr)
 
-    def modules(self) -> dict[str, nn.Module]:
-        return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
-
-    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {**super().optimisers(), "par_opt": self.par_opt, "value_opt": self.value_opt}
+class ParLearner:
+    """pi_par and its baseline V: sampling k, the value update and the PPO update. Mixed into both
+    PLCQLs; expects `self.par_policy`, `self.par_value`, `self.par_opt`, `self.value_opt`, `self.cfg`,
+    `self.n` and `self.gen`."""
 
     @property
     def learned_par(self) -> bool:
         return self.cfg.fixed_k is None
 
-    # -- PAR policy ----------------------------------------------------------------------------------
     def par_logits(self, next_state: torch.Tensor) -> torch.Tensor:
         return self.par_policy(next_state)[0]  # [B, n]; column c is k = c + 1
 
     @torch.no_grad()
+    def par_probs(self, next_state: torch.Tensor) -> torch.Tensor:
+        """[B, n]: the distribution k is drawn from (one-hot for a fixed k, uniform for "uniform")."""
+        B, fk = next_state.shape[0], self.cfg.fixed_k
+        if fk is None:
+            return torch.softmax(self.par_logits(next_state), dim=-1)
+        if fk == "uniform":
+            return torch.full((B, self.n), 1.0 / self.n, device=next_state.device)
+        probs = torch.zeros(B, self.n, device=next_state.device)
+        probs[:, (self.n if fk == "n" else int(fk)) - 1] = 1.0
+        return probs
+
+    @torch.no_grad()
     def sample_k(self, next_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns k [B] (1..n), log pi_par(k|s') [B] and the probabilities [B, n]."""
-        B = next_state.shape[0]
-        if not self.learned_par:
-            kk = self.n if self.cfg.fixed_k == "n" else int(self.cfg.fixed_k)
-            probs = torch.zeros(B, self.n, device=next_state.device)
-            probs[:, kk - 1] = 1.0
-            return (torch.full((B,), kk, dtype=torch.long, device=next_state.device),
-                    torch.zeros(B, device=next_state.device), probs)
-        logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
-        probs = logp_all.exp()
+        fk = self.cfg.fixed_k
+        if fk is not None and fk != "uniform":  # a fixed k draws no random numbers
+            probs = self.par_probs(next_state)
+            kk = self.n if fk == "n" else int(fk)
+            return torch.full_like(probs[:, 0], kk, dtype=torch.long), torch.zeros_like(probs[:, 0]), probs
+        if fk is None:
+            logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
+            probs = logp_all.exp()
+        else:
+            probs = self.par_probs(next_state)
+            logp_all = probs.log()
         idx = torch.multinomial(probs, 1, generator=self.gen)[:, 0]
         return idx + 1, logp_all.gather(1, idx[:, None])[:, 0], probs
 
-    # -- targets ---------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def par_next_actions(self, batch: Batch, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """a'^(k) [B, n, A] and the replacement mask [B, n]."""
-        mask = par_mask(k, batch.next_actions_valid, self.n, self.gen)
-        pi_next = self.target_policy_actions(batch.next_obs)
-        return replace_agents(batch.next_actions, pi_next, mask), mask
-
-    @torch.no_grad()
-    def par_target(self, batch: Batch, joint_next: torch.Tensor) -> torch.Tensor:
-        """Y = r + gamma (1 - terminal) min_j Qbar_j(s', a'^(k)), [B]."""
-        q = self.target_critic(batch.next_state, joint_next.reshape(batch.size, 1, -1))[:, :, 0]
-        return batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * q.min(0).values
-
-    @torch.no_grad()
-    def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Y [B] for one critic update: draw k ~ pi_par(.|s'), build a'^(k), one target-ensemble call."""
-        k, logp_old, probs = self.sample_k(batch.next_state)
-        joint_next, mask = self.par_next_actions(batch, k)
-        return self.par_target(batch, joint_next), dict(k=k, logp_old=logp_old, probs=probs,
-                                                          joint_next=joint_next, mask=mask)
-
-    @torch.no_grad()
-    def par_reward(self, batch: Batch, joint_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """r_par = w * Q_1(s', a'^(k)), w = sigmoid(-u_Q T) + 0.5 (or 1). Returns (r_par, u_Q, w)."""
-        q = self.critic(batch.next_state, joint_next.reshape(batch.size, 1, -1))[:, :, 0]  # [E, B]
-        u = q.std(dim=0)  # sample std over members (torch default correction=1)
-        if self.cfg.uncertainty_weight:
-            w = torch.sigmoid(-u * self.cfg.temperature) + 0.5
-        else:
-            w = torch.ones_like(u)
-        return w * q[0], u, w
-
-    # -- PAR learning -----------------------------------------------------------------------------------
     def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         loss = torch.zeros((), device=next_state.device)
         for _ in range(self.cfg.value_steps):
@@ -188,41 +197,191 @@ class PLCQL(CFCQL):
                              "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
         return stats
 
+    def par_step(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, r_par: torch.Tensor,
+                 m: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s')."""
+        out = {"par/value_loss": self.value_update(next_state, r_par, m)}
+        with torch.no_grad():
+            adv = r_par - self.par_value(next_state)[0, :, 0]
+        out["par/adv_raw"] = (adv * m).sum() / m.sum().clamp(min=1)
+        out.update(self.ppo_update(next_state, k, logp_old, adv, m))
+        return out
+
+    def par_stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
+                  w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The logged PAR quantities of one batch (rows already selected)."""
+        kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
+        out = {f"par/p_k{i + 1}": probs[:, i].mean() for i in range(self.n)}
+        out.update({"par/E_k": (probs * kvals).sum(1).mean(), "par/k_sampled": k.float().mean(),
+                    "par/r_par": r_par.mean(), "par/u_q": u.mean(), "par/w": w.mean()})
+        return out
+
+
+def par_probe_stats(per_k: list[dict[str, torch.Tensor]], probs: torch.Tensor) -> dict[str, float]:
+    """The evaluation-point diagnostics from per-k probe values (each dict: q1, u, w, r_par [B]) and
+    pi_par's probabilities [B, n] on the probe states: per-k means, p(k), pi_par's mean per-state entropy
+    and the entropy of its marginal over the probe states (0 when every state gets the same k)."""
+    out: dict[str, float] = {}
+    for i, d in enumerate(per_k):
+        for name in ("q1", "qmean", "u", "w", "rpar"):
+            out[f"diag/{name}_k{i + 1}"] = float(d[name].mean())
+    marginal = probs.mean(0)
+    for i in range(probs.shape[1]):
+        out[f"diag/p_k{i + 1}"] = float(marginal[i])
+    plogp = lambda p: -(p * p.clamp_min(1e-12).log()).sum(-1)  # noqa: E731
+    out["diag/par_entropy"] = float(plogp(probs).mean())
+    out["diag/par_marginal_entropy"] = float(plogp(marginal))
+    return out
+
+
+COLLAPSE_ENTROPY = 0.05  # nats: below this for the last 20 % of the evaluation points = collapsed
+COLLAPSE_TAIL = 0.2
+
+
+def par_collapse(history: list[dict], learned: bool) -> dict | None:
+    """{"k", "entropy", "p_k"} when pi_par's marginal entropy on the probe stayed below COLLAPSE_ENTROPY
+    over the last COLLAPSE_TAIL of the evaluation points (a learned pi_par only), else None."""
+    points = [h for h in history if "diag/par_marginal_entropy" in h]
+    if not learned or not points:
+        return None
+    tail = points[-max(1, int(round(len(points) * COLLAPSE_TAIL))):]
+    if max(h["diag/par_marginal_entropy"] for h in tail) >= COLLAPSE_ENTROPY:
+        return None
+    last = tail[-1]
+    n = sum(1 for key in last if key.startswith("diag/p_k"))
+    k = max(range(1, n + 1), key=lambda i: last[f"diag/p_k{i}"])
+    return {"k": k, "entropy": last["diag/par_marginal_entropy"], "p_k": last[f"diag/p_k{k}"]}
+
+
+def collapse_warnings(history: list[dict], learned: bool, n: int) -> tuple[list[str], dict | None]:
+    info = par_collapse(history, learned)
+    if info is None:
+        return [], None
+    where = "k = n" if info["k"] == n else f"k = {info['k']}"
+    return [f"PAR collapsed to {where} (p = {info['p_k']:.3f}, marginal entropy {info['entropy']:.4f} < "
+            f"{COLLAPSE_ENTROPY} over the last {int(COLLAPSE_TAIL * 100)}% of evaluations)"], info
+
+
+@register
+class PLCQL(ParLearner, CFCQL):
+    name = "plcql"
+    Config = Config
+
+    # -- construction --------------------------------------------------------------------------------
+    def _build_extra(self, init_gen: torch.Generator) -> None:
+        check_par_config(self.cfg, self.n)
+        S, n, h = self.spec.state_dim, self.n, self.cfg.par_hidden
+        self.par_policy = StackedMLP(1, S, n, hidden=h, generator=init_gen)
+        self.par_value = StackedMLP(1, S, 1, hidden=h, generator=init_gen)
+
+    def _build_extra_optimisers(self) -> None:
+        self.par_opt = make_adam(self.par_policy.parameters(), self.cfg.par_lr)
+        self.value_opt = make_adam(self.par_value.parameters(), self.cfg.value_lr)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {**super().optimisers(), "par_opt": self.par_opt, "value_opt": self.value_opt}
+
+    # -- targets ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def replacement_actions(self, next_obs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[B, n, A]: the actions replaced agents take at o' (`replace_with`)."""
+        if self.cfg.replace_with == "online":
+            return self.actors(next_obs).clamp(-1.0, 1.0)
+        return self.target_policy_actions(next_obs, generator)
+
+    @torch.no_grad()
+    def par_next_actions(self, batch: Batch, k: torch.Tensor,
+                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """a'^(k) [B, n, A] and the replacement mask [B, n]."""
+        gen = self.gen if generator is None else generator
+        mask = par_mask(k, batch.next_actions_valid, self.n, gen)
+        return replace_agents(batch.next_actions, self.replacement_actions(batch.next_obs, gen), mask), mask
+
+    @torch.no_grad()
+    def par_target(self, batch: Batch, joint_next: torch.Tensor) -> torch.Tensor:
+        """Y = r + gamma (1 - terminal) min_j Qbar_j(s', a'^(k)), [B]."""
+        q = self.target_critic(batch.next_state, joint_next.reshape(batch.size, 1, -1))[:, :, 0]
+        return batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * q.min(0).values
+
+    @torch.no_grad()
+    def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Y [B] for one critic update: draw k ~ pi_par(.|s'), build a'^(k), one target-ensemble call."""
+        k, logp_old, probs = self.sample_k(batch.next_state)
+        joint_next, mask = self.par_next_actions(batch, k)
+        return self.par_target(batch, joint_next), dict(k=k, logp_old=logp_old, probs=probs,
+                                                          joint_next=joint_next, mask=mask)
+
+    @torch.no_grad()
+    def online_q(self, batch: Batch, joint_next: torch.Tensor) -> torch.Tensor:
+        """[E, B]: every online member at (s', a'^(k))."""
+        return self.critic(batch.next_state, joint_next.reshape(batch.size, 1, -1))[:, :, 0]
+
+    @torch.no_grad()
+    def par_reward(self, batch: Batch, joint_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r_par, u_Q, w) at (s', a'^(k)) with the online ensemble (see `par_reward_terms`)."""
+        return par_reward_terms(self.online_q(batch, joint_next), self.cfg)
+
     # -- one round -----------------------------------------------------------------------------------------
     def update(self, sample: BatchSampler) -> dict[str, float]:
-        critic_ms, out = [], {}
+        critic_ms, par_ms, out = [], [], {}
         for u in range(self.cfg.ca_ratio):
             batch = sample(self.cfg.batch_size)
             target, aux = self.compute_target(batch)
             k, logp_old, probs, joint_next, mask = (aux[x] for x in ("k", "logp_old", "probs", "joint_next", "mask"))
-            if u == 0:
-                # r_par at (s', a'^(k)) with the online ensemble before this round's critic step
+            par_here = u == 0 or self.cfg.par_updates == "every-batch"
+            if par_here:  # r_par with the online ensemble before this batch's critic step
                 r_par, u_q, w = self.par_reward(batch, joint_next)
             loss, stats = self.critic_loss(batch, target)
             gn = self.critic_step(loss)
             critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(1).mean()})
             if u == 0:
                 out.update(self.actor_step(batch))
-                valid = batch.next_actions_valid
-                out.update({f"par/p_k{i + 1}": probs[:, i].mean() for i in range(self.n)})
-                kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
-                out["par/E_k"] = (probs * kvals).sum(1).mean()
-                out["par/k_sampled"] = k.float().mean()
-                out.update({"par/r_par": r_par.mean(), "par/u_q": u_q.mean(), "par/w": w.mean()})
+            if par_here:
+                ms = self.par_stats(probs, k, r_par, u_q, w)
                 if self.learned_par:
                     # rows whose next action is unknown replace every agent whatever k: no signal for pi_par
-                    mrow = (valid > 0.5).float()
-                    out["par/value_loss"] = self.value_update(batch.next_state, r_par, mrow)
-                    with torch.no_grad():
-                        adv = r_par - self.par_value(batch.next_state)[0, :, 0]
-                    out["par/adv_raw"] = (adv * mrow).sum() / mrow.sum().clamp(min=1)
-                    out.update(self.ppo_update(batch.next_state, k, logp_old, adv, mrow))
+                    ms.update(self.par_step(batch.next_state, k, logp_old, r_par,
+                                            (batch.next_actions_valid > 0.5).float()))
+                par_ms.append(ms)
         self.update_targets()
         self.rounds += 1
+        out.update(mean_metrics(par_ms))
         out.update(mean_metrics(critic_ms))
         return host_floats(out)
 
+    # -- diagnostics (runner: at every evaluation point, on a fixed probe batch) ----------------------------
+    @torch.no_grad()
+    def diagnostics(self, probe: Batch) -> dict[str, float]:
+        """Per k = 1..n: mean Q_1, mean_j Q_j, u_Q, w and r_par at (s', a'^(k)) on the probe's rows with a
+        known next action, and pi_par on their s'. Uses its own generator: training randomness is untouched."""
+        rows = probe.next_actions_valid > 0.5
+        batch = Batch(**{f: (v[rows] if torch.is_tensor(v) else v) for f, v in vars(probe).items()})
+        gen = torch.Generator(device=self.device).manual_seed(12345)
+        per_k = []
+        with buffers_restored(self.actors):  # the actors' running input statistics stay as training left them
+            for kk in range(1, self.n + 1):
+                joint, _ = self.par_next_actions(batch, torch.full((batch.size,), kk, device=self.device), gen)
+                q = self.online_q(batch, joint)
+                r_par, u_q, w = par_reward_terms(q, self.cfg)
+                per_k.append({"q1": q[0], "qmean": q.mean(0), "u": u_q, "w": w, "rpar": r_par})
+        return par_probe_stats(per_k, self.par_probs(batch.next_state))
+
+    def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
+        """Warnings for final.json, and extra fields (par_collapse) for it."""
+        warnings, info = collapse_warnings(history, self.learned_par, self.n)
+        return warnings, {"par_collapse": info}
+
 
 register_variant(PLCQL, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
+register_variant(PLCQL, "plcql-k2", "PLCQL ablation: k fixed to 2.", fixed_k=2)
 register_variant(PLCQL, "plcql-kn", "PLCQL ablation: k fixed to n (full joint replacement).", fixed_k="n")
 register_variant(PLCQL, "plcql-w1", "PLCQL ablation: no uncertainty weighting (w = 1).", uncertainty_weight=False)
+register_variant(PLCQL, "plcql-uniform", "PLCQL ablation: pi_par frozen at uniform over k = 1..n.",
+                 fixed_k="uniform")
+register_variant(PLCQL, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
+register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
+register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.",
+                 par_reward="lcb")

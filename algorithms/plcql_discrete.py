@@ -14,19 +14,20 @@ step on 128 episodes, as CFCQL-discrete):
   * bootstrap values Q(t') = min_j Qbar_tot,j(s_t', a'^(k)_t') (target agents + target mixers), and
     y = TD(λ) returns over them (exactly CFCQL-discrete's recursion; PAR only changes the bootstrap
     joint action);
-  * r_par = (σ(−u_Q T) + 0.5) · Q_tot,1(s_t', a'^(k)_t'), u_Q = std over the ONLINE members at the same
-    point, before the round's gradient step (detached);
+  * r_par = (σ(−u_Q T) + 0.5) · Q_tot,1(s_t', a'^(k)_t'), u_Q = sqrt(Var_j) (population variance, Algorithm 1
+    line 189) over the ONLINE members at the same point, before the round's gradient step (detached);
   * value baseline V(s') (MLP 64x64, MSE to r_par) and PPO (clipped surrogate, advantage r_par − V,
     ratio against the π_par that drew k) on the indices whose dataset action is known (1 <= t' < len:
     elsewhere k has no effect).
-Variants: `fixed_k` (None | 1 | "n") and `uncertainty_weight` (False -> w = 1), registered as
-"plcql-k1", "plcql-kn", "plcql-w1" for discrete tasks too.
+One critic step per round, so π_par and V update once per critic step, as Algorithm 1.
+Variants (registered for discrete tasks too, as the continuous PLCQL's): `fixed_k` (1, 2, "n", "uniform"),
+`uncertainty_weight` (False -> w = 1), `temperature`, `par_reward` ("lcb", this suite's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,46 +37,33 @@ from plcql_bench.algorithms.common.continuous import host_floats, make_adam
 from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
 from plcql_bench.algorithms.common.nets import StackedMLP
-from plcql_bench.algorithms.plcql import PLCQL, par_mask
+from plcql_bench.algorithms.plcql import (
+    ParConfig,
+    ParLearner,
+    check_par_config,
+    collapse_warnings,
+    par_mask,
+    par_probe_stats,
+    par_reward_terms,
+)
 
 
 @dataclass
-class Config(EnsembleConfig):
-    # PAR policy and PPO: the continuous PLCQL's fields and defaults (docs/algorithms/plcql.md)
-    par_hidden: int = 64
-    temperature: float = 1.0
-    uncertainty_weight: bool = True
-    fixed_k: Union[int, str, None] = None
-    ppo_epochs: int = 4
-    ppo_clip: float = 0.2
-    normalize_advantage: bool = True
-    entropy_coef: float = 0.01
-    par_lr: float = 3e-4
-    value_lr: float = 1e-3
-    value_steps: int = 1
-    par_grad_clip: float = 0.5
+class Config(EnsembleConfig, ParConfig):
+    """CFCQL-discrete's ensemble settings and the PAR settings of the continuous PLCQL."""
 
 
 @register
-class PLCQLDiscrete(EnsembleCFCQLDiscrete):
+class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
     name = "plcql"
     Config = Config
 
-    # the PAR machinery is the continuous PLCQL's, unchanged (flat rows of s')
-    par_logits = PLCQL.par_logits
-    sample_k = PLCQL.sample_k
-    value_update = PLCQL.value_update
-    ppo_update = PLCQL.ppo_update
-    learned_par = PLCQL.learned_par
-
     def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
-        fk, n = config.fixed_k, spec.n_agents
-        if fk is not None and not (fk == "n" or (isinstance(fk, int) and 1 <= fk <= n)):
-            raise ValueError(f"fixed_k must be None, 'n' or an int in 1..{n}; got {fk!r}")
+        check_par_config(config, spec.n_agents)
         super().__init__(spec, config, seed, device)
         g = torch.Generator().manual_seed(self.seed * 1000 + 7)
         S, h = spec.state_dim, config.par_hidden
-        self.par_policy = StackedMLP(1, S, n, hidden=h, generator=g).to(self.device)
+        self.par_policy = StackedMLP(1, S, self.n, hidden=h, generator=g).to(self.device)
         self.par_value = StackedMLP(1, S, 1, hidden=h, generator=g).to(self.device)
         self.par_opt = make_adam(self.par_policy.parameters(), config.par_lr)
         self.value_opt = make_adam(self.par_value.parameters(), config.value_lr)
@@ -110,13 +98,18 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
         return y, info
 
     @torch.no_grad()
+    def online_q_tot(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor) -> torch.Tensor:
+        """[E, B, T+1]: every online member's Q_tot at (s_t', a'^(k)_t')."""
+        return self.member_q_tot(q_all.detach(), self.mix_ens, joint.unsqueeze(2), batch.state)[..., 0]
+
+    @torch.no_grad()
     def par_reward(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor):
-        """r_par = w · Q_tot,1(s', a'^(k)), w = σ(−u_Q T) + 0.5 (or 1), u_Q = std over the online
-        members; all [B, T+1]."""
-        q = self.member_q_tot(q_all.detach(), self.mix_ens, joint.unsqueeze(2), batch.state)[..., 0]  # [E, B, T+1]
-        u = q.std(0) if q.shape[0] > 1 else torch.zeros_like(q[0])
-        w = torch.sigmoid(-u * self.cfg.temperature) + 0.5 if self.cfg.uncertainty_weight else torch.ones_like(u)
-        return w * q[0], u, w
+        """(r_par, u_Q, w), all [B, T+1], with the online members (see plcql.par_reward_terms)."""
+        q = self.online_q_tot(batch, q_all, joint)
+        if q.shape[0] < 2:  # one member: no disagreement to measure
+            u = torch.zeros_like(q[0])
+            return q[0], u, torch.ones_like(u)
+        return par_reward_terms(q, self.cfg)
 
     def before_step(self, batch: EpisodeBatch, q_all: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
         r_par, u, w = self.par_reward(batch, q_all, info["joint"])
@@ -124,35 +117,52 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
 
     def after_step(self, batch: EpisodeBatch, info: dict[str, Any], pre: dict[str, Any]) -> dict[str, float]:
         rows = (info["valid"] * info["boot"]) > 0.5  # [B, T+1]: dataset a_t' known, s_t' bootstraps a real step
-        probs, k = info["probs"][rows], info["k"][rows]
-        out: dict[str, Any] = {}  # values as tensors or floats; host_floats copies them to the host at once
-        nrows = int(rows.sum())
-        if nrows:
-            out.update({f"par/p_k{i + 1}": probs[:, i].mean() for i in range(self.n)})
-            kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
-            out["par/E_k"] = (probs * kvals).sum(1).mean()
-            out["par/k_sampled"] = k.float().mean()
-        else:
-            out.update({f"par/p_k{i + 1}": 0.0 for i in range(self.n)})
-            out["par/E_k"] = out["par/k_sampled"] = 0.0
-        r_par, u, w = pre["r_par"][rows], pre["u"][rows], pre["w"][rows]
-        out.update({"par/r_par": r_par.mean() if nrows else 0.0, "par/u_q": u.mean() if nrows else 0.0,
-                    "par/w": w.mean() if nrows else 0.0})
+        if not bool(rows.any()):
+            keys = [f"par/p_k{i + 1}" for i in range(self.n)] + ["par/E_k", "par/k_sampled", "par/r_par",
+                                                                  "par/u_q", "par/w"]
+            if self.learned_par:
+                keys += ["par/value_loss", "par/adv_raw", "ppo/loss", "ppo/entropy", "ppo/clip_frac"]
+            return {kk: 0.0 for kk in keys}
+        k = info["k"][rows]
+        out = self.par_stats(info["probs"][rows], k, pre["r_par"][rows], pre["u"][rows], pre["w"][rows])
         if self.learned_par:
-            keys = ("par/value_loss", "par/adv_raw", "ppo/loss", "ppo/entropy", "ppo/clip_frac")
-            if not nrows:
-                out.update({kk: 0.0 for kk in keys})
-                return host_floats(out)
             s = batch.state[rows]
-            m = torch.ones(nrows, device=s.device)
-            out["par/value_loss"] = self.value_update(s, r_par, m)
-            with torch.no_grad():
-                adv = r_par - self.par_value(s)[0, :, 0]
-            out["par/adv_raw"] = adv.mean()
-            out.update(self.ppo_update(s, k, info["logp_old"][rows], adv, m))
+            out.update(self.par_step(s, k, info["logp_old"][rows], pre["r_par"][rows],
+                                     torch.ones(s.shape[0], device=s.device)))
         return host_floats(out)
+
+    # -- diagnostics (runner: at every evaluation point, on a fixed probe batch) ----------------------
+    @torch.no_grad()
+    def diagnostics(self, probe: EpisodeBatch) -> dict[str, float]:
+        """As the continuous PLCQL's: per k, the online members at (s_t', a'^(k)_t') over the probe's
+        bootstrap indices with a known dataset action, and π_par on their states (own generator)."""
+        B, T1, n = probe.size, probe.max_t + 1, self.n
+        q_all = self.q_ens.unroll(probe)
+        data, valid, boot = self.next_action_data(probe)
+        greedy = self.greedy_actions(probe, q_all)
+        rows = (valid * boot) > 0.5
+        gen = torch.Generator(device=self.device).manual_seed(12345)
+        per_k = []
+        for kk in range(1, n + 1):
+            k = torch.full((B * T1,), kk, dtype=torch.long, device=self.device)
+            mask = par_mask(k, valid.reshape(-1), n, gen).view(B, T1, n)
+            q = self.online_q_tot(probe, q_all, torch.where(mask, greedy, data))[:, rows]  # [E, R]
+            r_par, u_q, w = par_reward_terms(q, self.cfg)
+            per_k.append({"q1": q[0], "qmean": q.mean(0), "u": u_q, "w": w, "rpar": r_par})
+        return par_probe_stats(per_k, self.par_probs(probe.state[rows]))
+
+    def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
+        warnings, info = collapse_warnings(history, self.learned_par, self.n)
+        return warnings, {"par_collapse": info}
 
 
 register_variant(PLCQLDiscrete, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
+register_variant(PLCQLDiscrete, "plcql-k2", "PLCQL ablation: k fixed to 2.", fixed_k=2)
 register_variant(PLCQLDiscrete, "plcql-kn", "PLCQL ablation: k fixed to n (full joint replacement).", fixed_k="n")
 register_variant(PLCQLDiscrete, "plcql-w1", "PLCQL ablation: no uncertainty weighting (w = 1).", uncertainty_weight=False)
+register_variant(PLCQLDiscrete, "plcql-uniform", "PLCQL ablation: pi_par frozen at uniform over k = 1..n.",
+                 fixed_k="uniform")
+register_variant(PLCQLDiscrete, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
+register_variant(PLCQLDiscrete, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
+register_variant(PLCQLDiscrete, "plcql-lcb",
+                 "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.", par_reward="lcb")

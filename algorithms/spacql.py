@@ -5,9 +5,11 @@ such on top of the CFCQL continuous machinery (the paper: "all hyperparameters c
 
   * an ensemble of E = 10 centralised critics (one batched call) with ensemble-min targets;
   * one PAR target per k = 1..n: exactly k agents, chosen uniformly without replacement, take the
-    target policy's next action (CFCQL's clipped N(0, 0.05) smoothing); the others keep the
-    dataset's next action. All n joint actions go through ONE target-critic call (R = n);
-  * uncertainty u_k = std over the (online) ensemble of Q_j(s', a'^(k)); weights w_k = (1/u_k) / sum_k' 1/u_k';
+    current policy's next action (the summary: "samples from the current policies"; deterministic
+    actors, so pi_i(o'_i)); the others keep the dataset's next action. All n joint actions go through
+    ONE target-critic call (R = n);
+  * uncertainty u_k = std (population, as PLCQL's u_Q) over the (online) ensemble of Q_j(s', a'^(k));
+    weights w_k = (1/u_k) / sum_k' 1/u_k';
   * target y = r + gamma (1 - terminal) sum_k w_k min_j Qbar_j(s', a'^(k));
   * critic loss sum_j MSE(Q_j(s, a), y) + cql_alpha * sum_j CF-CQL penalty_j (CFCQL's term);
   * actors as CFCQL (cf_pol on Q_1), round as CFCQL (--ca_ratio 5).
@@ -15,7 +17,9 @@ such on top of the CFCQL continuous machinery (the paper: "all hyperparameters c
 Paper-silent, configurable (docs/algorithms/spacql.md):
   weights per sample (default) or per batch (`weights_per`), which ensemble gives u_k (`uncertainty_from`:
   the online one, default, as the summary's Q_j and PLCQL's u_Q over Q_theta_j read; or the target one, which
-  the target evaluates anyway), and whether the weights carry gradient (`detach_weights`; online only).
+  the target evaluates anyway), whether the weights carry gradient (`detach_weights`; online only), and
+  which actors replaced agents follow (`replace_with`: "online", default, or "target": the target actors
+  with CFCQL's clipped smoothing noise).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Config(CFCQLConfig):
     uncertainty_from: str = "online"  # "online" (u_k over Q_j, as PLCQL's u_Q) or "target" (the min's ensemble)
     detach_weights: bool = True  # False: gradients flow through w_k into the online critic
     weight_eps: float = 1e-6  # 1 / (u_k + eps): guards u_k = 0 (identical members)
+    replace_with: str = "online"  # "online": current actors (the summary); "target": target actors + smoothing
 
 
 def par_masks_all_k(B: int, n: int, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -72,6 +77,8 @@ def check_weight_choices(cfg) -> None:
     """The paper-silent SPaCQL choices shared by both action spaces (see the module docstring)."""
     if cfg.uncertainty_from not in ("target", "online"):
         raise ValueError(f"uncertainty_from must be 'target' or 'online', got {cfg.uncertainty_from!r}")
+    if getattr(cfg, "replace_with", "online") not in ("online", "target"):
+        raise ValueError(f"replace_with must be 'online' or 'target', got {cfg.replace_with!r}")
     if cfg.weights_per not in ("sample", "batch"):
         raise ValueError(f"weights_per must be 'sample' or 'batch', got {cfg.weights_per!r}")
 
@@ -89,7 +96,10 @@ class SPaCQL(CFCQL):
         """a'^(k) for k = 1..n: [B, n_k, n * A], and the masks [B, n_k, n]."""
         B = batch.size
         masks = par_masks_all_k(B, self.n, batch.next_actions_valid, self.gen)
-        pi_next = self.target_policy_actions(batch.next_obs)  # one draw, shared by every k
+        if self.cfg.replace_with == "online":
+            pi_next = self.actors(batch.next_obs).clamp(-1.0, 1.0)  # shared by every k
+        else:
+            pi_next = self.target_policy_actions(batch.next_obs)  # one draw, shared by every k
         joint = torch.where(masks.unsqueeze(-1), pi_next.unsqueeze(1), batch.next_actions.unsqueeze(1))
         return joint.reshape(B, self.n, -1), masks
 
@@ -100,10 +110,10 @@ class SPaCQL(CFCQL):
             q_t = self.target_critic(batch.next_state, joint)  # [E, B, n_k]
             q_min = q_t.min(0).values  # [B, n_k]
         if self.cfg.uncertainty_from == "target":
-            u = q_t.std(dim=0)
+            u = q_t.std(dim=0, correction=0)
         else:
             with torch.set_grad_enabled(not self.cfg.detach_weights):
-                u = self.critic(batch.next_state, joint).std(dim=0)
+                u = self.critic(batch.next_state, joint).std(dim=0, correction=0)
         w = inverse_std_weights(u, self.cfg.weights_per, self.cfg.weight_eps)
         if self.cfg.detach_weights:
             w = w.detach()

@@ -67,11 +67,11 @@ class SPaCQLDiscrete(EnsembleCFCQLDiscrete):
             qk = self.member_q_tot(tq, self.target_mix_ens, joint, batch.state)  # [E, B, T+1, n_k]
             q_min = qk.min(0).values
         if c.uncertainty_from == "target":
-            u = qk.std(0)
+            u = qk.std(0, correction=0)
         else:
             with torch.set_grad_enabled(not c.detach_weights and torch.is_grad_enabled()):
                 oq = self.q_ens.unroll(batch) if q_all is None else q_all
-                u = self.member_q_tot(oq, self.mix_ens, joint, batch.state).std(0)
+                u = self.member_q_tot(oq, self.mix_ens, joint, batch.state).std(0, correction=0)
         w = inverse_std_weights(u, c.weights_per, c.weight_eps, rows=boot)
         if c.detach_weights:
             w = w.detach()

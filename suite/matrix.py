@@ -65,17 +65,26 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
+def matrix_blocks(profile: Profile) -> list[dict[str, list[str]]]:
+    """The matrix as cross-product blocks: the main one (algos x tasks x tiers x seeds) and the
+    optional `extra` blocks (e.g. algorithms that exist for one action kind only, or the paper's
+    ablation cells), each with the same four keys."""
+    m = profile.matrix
+    blocks = [{k: m[k] for k in ("algos", "tasks", "tiers", "seeds")}, *m.get("extra", [])]
+    return [{k: [str(v) for v in b[k]] for k in ("algos", "tasks", "tiers", "seeds")} for b in blocks]
+
+
 def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
                  shard: tuple[int, int] | None = None):
-    """The profile's matrix in canonical order (task, tier, algo, seed), filtered by `only`,
-    then every N-th cell from i for shard i/N (shards are disjoint and cover the selection).
-    Task x tier pairs the task does not have (SMAC random, MPE mixed) are not cells."""
+    """The profile's matrix in canonical order (block by block; within a block task, tier, algo,
+    seed), filtered by `only`, then every N-th cell from i for shard i/N (shards are disjoint and
+    cover the selection). Task x tier pairs the task does not have (SMAC random, MPE mixed) are not
+    cells; a cell listed by two blocks appears once."""
     from plcql_bench.suite.runner import Cell
     from plcql_bench.suite.tasks import task_tiers
 
-    m = profile.matrix
-    axes = {"algo": [str(a) for a in m["algos"]], "task": [str(t) for t in m["tasks"]],
-            "tier": [str(q) for q in m["tiers"]], "seed": [str(s) for s in m["seeds"]]}
+    blocks = matrix_blocks(profile)
+    axes = {key: list(dict.fromkeys(v for b in blocks for v in b[key + "s"])) for key in ("algo", "task", "tier", "seed")}
     only = only or {}
     for key, wanted in only.items():
         missing = [w for w in wanted if w not in axes[key]]
@@ -84,10 +93,12 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
             raise BenchError(f"--only {name}={','.join(missing)}: not in profile {profile.name!r} "
                              f"matrix ({name}s: {', '.join(axes[key])})")
     keep = {k: set(only.get(k, axes[k])) for k in axes}
-    cells = [Cell(a, t, q, int(s)) for t in axes["task"] for q in axes["tier"]
-             for a in axes["algo"] for s in axes["seed"]
-             if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]
-             and q in task_tiers(t)]
+    cells = []
+    for b in blocks:
+        cells += [Cell(a, t, q, int(s)) for t in b["tasks"] for q in b["tiers"] for a in b["algos"] for s in b["seeds"]
+                  if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]
+                  and q in task_tiers(t)]
+    cells = list(dict.fromkeys(cells))
     if shard:
         i, n = shard
         cells = cells[i::n]
@@ -98,7 +109,8 @@ def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:
     """The (task, tier) datasets the profile's matrix trains on, in matrix order."""
     from plcql_bench.suite.tasks import task_tiers
 
-    return [(t, q) for t in profile.matrix["tasks"] for q in profile.matrix["tiers"] if q in task_tiers(str(t))]
+    pairs = [(t, q) for b in matrix_blocks(profile) for t in b["tasks"] for q in b["tiers"] if q in task_tiers(t)]
+    return list(dict.fromkeys(pairs))
 
 
 @dataclass

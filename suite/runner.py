@@ -247,6 +247,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
     cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     algo = cls(task.spec, plan.config, cell.seed, device)
     sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
+    probe = _probe_batch(sampler) if hasattr(algo, "diagnostics") else None
     state = _resume(plan, algo, sampler) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
@@ -254,11 +255,11 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
     pending: list[dict[str, float]] = []
     rounds, clock = budget["updates"], time.time()
     if state["update"] == 0:
-        _record_eval(plan, task, algo, dataset, 0, pending, state, budget["eval_episodes"])
+        _record_eval(plan, task, algo, dataset, 0, pending, state, budget["eval_episodes"], probe)
     for done in range(state["update"] + 1, rounds + 1):
         pending.append(algo.update(sampler))
         if done % budget["eval_every"] == 0 or done == rounds:
-            _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"])
+            _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"], probe)
             point = state["curve"][-1]
             log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
         if done % profile.checkpoint_every == 0 and done < rounds:
@@ -271,7 +272,29 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
             _write_status(plan, "running", update=done, runtime_s=state["train_s"])
     state["train_s"] += time.time() - clock
     final = _evaluate(task, algo, dataset, budget["final_eval_episodes"])
-    return _result(plan, task, final, state, budget)
+    result = _result(plan, task, final, state, budget)
+    if hasattr(algo, "run_warnings"):  # e.g. PLCQL: "PAR collapsed to k = n"
+        warnings, extra = algo.run_warnings(state["history"])
+        for w in warnings:
+            log(f"WARNING {cell.label()}: {w}")
+        result.update(warnings=warnings, **extra)
+    return result
+
+
+PROBE_SEED = 20261126  # the probe's rows are fixed per dataset, whatever the run's seed
+PROBE_SIZE = {"transitions": 1024, "episodes": 16}
+
+
+def _probe_batch(sampler):
+    """A fixed batch for the algorithm's diagnostics at every evaluation point (the same rows at every
+    point and after a resume), drawn without touching the sampler's training random stream."""
+    from plcql_bench.suite.episodes import EpisodeSampler
+
+    saved = sampler.generator.get_state()
+    sampler.generator.manual_seed(PROBE_SEED)
+    batch = sampler(PROBE_SIZE["episodes" if isinstance(sampler, EpisodeSampler) else "transitions"])
+    sampler.generator.set_state(saved)
+    return batch
 
 
 def _evaluate(task, algo, dataset, episodes: int) -> dict:
@@ -298,12 +321,13 @@ def _normalised(ret: float, attrs: dict) -> float | None:
         return None
 
 
-def _record_eval(plan, task, algo, dataset, update, pending, state, episodes) -> None:
+def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe=None) -> None:
     ev = _evaluate(task, algo, dataset, episodes)
     point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
+    diag = algo.diagnostics(probe) if probe is not None else {}
     state["curve"].append(point)
-    state["history"].append({**point, **{f"train/{k}": v for k, v in means.items()}})
+    state["history"].append({**point, **{f"train/{k}": v for k, v in means.items()}, **diag})
     pending.clear()
     lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in state["history"])
     atomic_write_bytes(plan.run_dir / "metrics.jsonl", lines.encode())

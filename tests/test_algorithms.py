@@ -142,15 +142,21 @@ def test_par_mask_counts_and_invalid():
     assert torch.allclose(big, torch.full((3,), 1 / 3), atol=0.02)
 
 
-def test_par_target_hand_computed():
-    """Target policy outputs 0.5 for every agent, dataset next actions are -1; a fake target critic
-    returns member j's value c_j * sum(joint action) + state[0]. Check Y by hand."""
+@pytest.mark.parametrize("replace_with", ["online", "target"])
+def test_par_target_hand_computed(replace_with):
+    """The online actors output 0.5 for every agent, the target actors 0.25 (Algorithm 1 line 184 samples
+    from the current policy: "online"); dataset next actions are -1; a fake target critic returns member
+    j's value c_j * sum(joint action) + state[0]. Check Y by hand."""
     spec = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=1, act_dim=1, discrete=False,
                     episode_limit=5, tiers=("expert",))
     cls = load_all()["plcql"]
-    algo = cls(spec, make_config(cls, {"n_critics": 2, "hidden": 8, "target_noise": 0.0, "gamma": 0.5}), 0)
+    algo = cls(spec, make_config(cls, {"n_critics": 2, "hidden": 8, "target_noise": 0.0, "gamma": 0.5,
+                                       "replace_with": replace_with}), 0)
+    assert cls.Config().replace_with == "online"  # the default follows Algorithm 1
 
-    algo.target_actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.5)
+    algo.actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.5)
+    algo.target_actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.25)
+    pi = 0.5 if replace_with == "online" else 0.25
     coefs = torch.tensor([1.0, 2.0])
 
     def fake_critic(state, actions, members=None):
@@ -165,27 +171,36 @@ def test_par_target_hand_computed():
     k = torch.tensor([1, 2, 1])
     joint, mask = algo.par_next_actions(batch, k)
     assert mask.sum(1).tolist() == [1, 2, 3]  # row 2: next action unknown -> all replaced
-    # replaced agents take the target policy's action, anchored agents keep the dataset's
-    assert torch.equal(joint[..., 0], torch.where(mask, torch.tensor(0.5), torch.tensor(-1.0)))
+    # replaced agents take the chosen actors' action, anchored agents keep the dataset's
+    assert torch.equal(joint[..., 0], torch.where(mask, torch.tensor(pi), torch.tensor(-1.0)))
     y = algo.par_target(batch, joint)
-    # row 0: k=1: sum = 0.5 - 2 = -1.5 ; members: -1.5, -3.0 ; min -3.0 ; Y = 1 + 0.5 * -3 = -0.5
-    # row 1: k=2: sum = 1 - 1 = 0 ; +state 1 -> members 1, 1 ; Y = 0 + 0.5 * 1 = 0.5
+    # row 0: k=1: sum = pi - 2 ; members c_j * sum ; min = 2 (pi - 2) (negative) ; Y = 1 + 0.5 * min
+    # row 1: k=2: sum = 2 pi - 1 ; + state 1 -> members (2 pi - 1) + 1, 2 (2 pi - 1) + 1 ; Y = 0.5 * min
     # row 2: terminal -> Y = r = 2
-    assert torch.allclose(y, torch.tensor([-0.5, 0.5, 2.0]))
+    s1 = 2 * pi - 1
+    y1 = 0.5 * min(s1 + 1, 2 * s1 + 1)
+    assert torch.allclose(y, torch.tensor([1 + 0.5 * 2 * (pi - 2), y1, 2.0]))
 
 
-def test_par_reward_weight():
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_par_reward_weight(ddof):
+    """u_Q = sqrt(Var_j Q_j): population variance by default (Algorithm 1 line 189); u_ddof=1 is the
+    sample std."""
     spec = TaskSpec("toy", "mpe", 2, 2, 1, 1, False, 5, ("expert",))
     cls = load_all()["plcql"]
-    algo = cls(spec, make_config(cls, {"n_critics": 3, "hidden": 8, "temperature": 2.0}), 0)
+    over = {"n_critics": 3, "hidden": 8, "temperature": 2.0}
+    if ddof:
+        over["u_ddof"] = 1
+    algo = cls(spec, make_config(cls, over), 0)
     vals = torch.tensor([[4.0, -2.0], [5.0, -2.0], [6.0, -2.0]])  # [E, B]
     algo.critic = lambda s, a, members=None: vals.unsqueeze(-1)
     b = Batch(obs=torch.zeros(2, 2, 2), state=torch.zeros(2, 1), actions=torch.zeros(2, 2, 1),
               rewards=torch.zeros(2), next_obs=torch.zeros(2, 2, 2), next_state=torch.zeros(2, 1),
               next_actions=torch.zeros(2, 2, 1), next_actions_valid=torch.ones(2), terminals=torch.zeros(2))
     r, u, w = algo.par_reward(b, torch.zeros(2, 2, 1))
-    assert torch.allclose(u, torch.tensor([1.0, 0.0]))
-    w_exp = torch.tensor([1 / (1 + math.exp(2.0)) + 0.5, 1.0])
+    u0 = math.sqrt(2 / 3) if ddof == 0 else 1.0  # ((4-5)^2 + 0 + (6-5)^2) / (3 - ddof)
+    assert torch.allclose(u, torch.tensor([u0, 0.0]))
+    w_exp = torch.tensor([1 / (1 + math.exp(2.0 * u0)) + 0.5, 1.0])
     assert torch.allclose(w, w_exp) and torch.allclose(r, w_exp * torch.tensor([4.0, -2.0]))
 
 

@@ -19,7 +19,9 @@ TOY = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=1, act_dim=1, disc
 def _algo(**over):
     cls = load_all()["spacql"]
     algo = cls(TOY, make_config(cls, {"n_critics": 2, "hidden": 8, "target_noise": 0.0, "gamma": 0.5, **over}), 0)
-    algo.target_actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.5)
+    # replaced agents take the current actors' action (0.5) by default, the target actors' (0.25) as an option
+    algo.actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.5)
+    algo.target_actors = lambda obs: torch.full((obs.shape[0], 3, 1), 0.25)
     coefs = torch.tensor([1.0, 2.0])
     # member j: c_j * (sum of the joint action + 4): depends only on how many agents were replaced
     algo.target_critic = lambda s, a, members=None: coefs.view(2, 1, 1) * (a.sum(-1).unsqueeze(0) + 4.0)
@@ -45,11 +47,12 @@ def test_masks_exactly_k_and_uniform():
     assert torch.allclose(big, torch.tensor([1 / 3, 2 / 3, 1.0]).view(3, 1).expand(3, 3), atol=0.02)
 
 
-def test_anchored_agents_keep_dataset_actions():
-    algo = _algo()
+@pytest.mark.parametrize("replace_with, pi", [("online", 0.5), ("target", 0.25)])
+def test_anchored_agents_keep_dataset_actions(replace_with, pi):
+    algo = _algo(replace_with=replace_with)
     joint, masks = algo.par_joint_actions(_batch())
     assert joint.shape == (2, 3, 3)
-    assert torch.equal(joint, torch.where(masks, torch.tensor(0.5), torch.tensor(-1.0)))
+    assert torch.equal(joint, torch.where(masks, torch.tensor(pi), torch.tensor(-1.0)))
     assert masks[0].sum(-1).tolist() == [1, 2, 3] and masks[1].all()
 
 

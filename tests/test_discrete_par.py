@@ -139,7 +139,7 @@ def test_spacql_target_matches_weighted_min(arrays):
     with torch.no_grad():
         tq = algo.target_q_ens.unroll(b)
         qk = algo.member_q_tot(tq, algo.target_mix_ens, info["joint"], b.state)
-        u = qk.std(0)
+        u = qk.std(0, correction=0)
         w = (1 / (u + 1e-6)) / (1 / (u + 1e-6)).sum(-1, keepdim=True)
         v = (w * qk.min(0).values).sum(-1)
     from plcql_bench.algorithms.common.discrete import td_lambda_targets

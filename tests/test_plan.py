@@ -144,7 +144,7 @@ def test_eval_counts_are_per_task_tables():
 
 def test_paper_matrix_is_the_papers_32_combinations():
     """Tasks cross only the tiers they have: 4 continuous tasks x 4 tiers + 4 SMAC maps x 4 tiers."""
-    from plcql_bench.suite.matrix import matrix_datasets
+    from plcql_bench.suite.matrix import matrix_blocks, matrix_datasets
     from plcql_bench.suite.tasks import get_task, task_ids, task_tiers
 
     for name in ("paper", "paper-cpu"):
@@ -154,6 +154,35 @@ def test_paper_matrix_is_the_papers_32_combinations():
         assert ("smax-2s3z", "random") not in combos and ("mpe-cn", "mixed") not in combos
         cells = select_cells(p, parse_only(["task=smax-2s3z,mpe-cn,dataset=random,mixed,seed=0"]))
         assert {(c.task, c.tier) for c in cells} == {("smax-2s3z", "mixed"), ("mpe-cn", "random")}
-        assert len(select_cells(p)) == 32 * len(p.matrix["algos"]) * len(p.matrix["seeds"])
+        blocks = matrix_blocks(p)
+        per_block = [sum(q in task_tiers(t) for t in b["tasks"] for q in b["tiers"]) * len(b["algos"]) * len(b["seeds"])
+                     for b in blocks]
+        assert per_block[0] == 32 * len(p.matrix["algos"]) * len(p.matrix["seeds"])
+        assert len(select_cells(p)) == sum(per_block)  # the blocks do not overlap
     for t in task_ids():  # the prefix rule agrees with every registered task's own tiers
         assert set(task_tiers(t)) == set(get_task(t).spec.tiers), t
+
+
+def test_paper_matrix_covers_every_cell_of_the_papers_tables():
+    """Every algorithm of the paper's main tables on every one of their rows, and every ablation row on
+    its columns, is a cell of the `paper` matrix (SMAC rows run on SMAX)."""
+    import yaml
+    from importlib import resources
+
+    paper = yaml.safe_load(resources.files("plcql_bench.leaderboard").joinpath("paper_results.yaml").read_text())
+    task_of = {v: k for k, v in paper["task_map"].items()}
+    tier_of = {v: k for k, v in paper["tier_map"].items()}
+    cells = {(c.algo, c.task, c.tier) for c in select_cells(load_profile("paper"), parse_only(["seed=0"]))}
+    want = set()
+    for table in ("main_results", "starcraft_results"):
+        t = paper["tables"].get(table)
+        if t is None:
+            continue
+        for row, tiers in t["rows"].items():
+            for tier in tiers:
+                for algo in t["columns"]:
+                    want.add((algo, task_of.get(row, f"smax-{row}"), tier_of[tier]))
+    for v in paper["tables"]["ablation"]["variants"]:
+        for col in paper["tables"]["ablation"]["columns"]:
+            want.add((v["algo"], task_of.get(col["task"], f"smax-{col['task']}"), tier_of[col["tier"]]))
+    assert len(want) > 250 and not want - cells, sorted(want - cells)[:10]

@@ -645,12 +645,13 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
 
     # common pieces ------------------------------------------------------------------------------
     @torch.no_grad()
-    def target_policy_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
+    def target_policy_actions(self, next_obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Target actors at o' plus clipped-to-[-1,1] N(0, target_noise) smoothing (reference
-        `action_noise`, --action_noise_scale 0.05)."""
+        `action_noise`, --action_noise_scale 0.05); the noise comes from `generator` (default self.gen)."""
         a = self.target_actors(next_obs)
         if self.cfg.target_noise > 0:
-            a = a + torch.randn(a.shape, generator=self.gen, device=a.device) * self.cfg.target_noise
+            gen = self.gen if generator is None else generator
+            a = a + torch.randn(a.shape, generator=gen, device=a.device) * self.cfg.target_noise
         return a.clamp(-1.0, 1.0)
 
     def critic_step(self, loss: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,8 @@ tracked and used in eval mode, as `nn.BatchNorm1d` does.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -130,6 +131,19 @@ class StackedMLP(nn.Module):
             x = self.act(layer(x))
         x = self.out(x)
         return torch.tanh(x) if self.tanh_out else x
+
+
+@contextmanager
+def buffers_restored(module: nn.Module) -> Iterator[None]:
+    """Run code that calls `module` in training mode without leaving a trace in its buffers (the input
+    normalisers' running statistics, which evaluation uses): they are restored on exit."""
+    saved = [b.clone() for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in zip(module.buffers(), saved):
+                b.copy_(v)
 
 
 def polyak_(target: nn.Module, online: nn.Module, tau: float) -> None:
