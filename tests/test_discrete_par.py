@@ -19,7 +19,7 @@ from plcql_bench.suite.spec import TaskSpec
 from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged
 
 torch.set_num_threads(1)
-NAMES = ["spacql", "plcql", "plcql-k1", "plcql-kn", "plcql-w1"]
+NAMES = ["spacql", "plcql", "plcql-k1", "plcql-k2", "plcql-kn", "plcql-w1", "plcql-uniform", "plcql-lcb"]
 TINY = {"batch_episodes": 4, "hidden": 8, "mixing_embed": 4, "hypernet_embed": 8, "n_critics": 3,
         "behaviour_max_updates": 3, "softmax_temp": 1.0, "target_update_interval": 2, "par_hidden": 8}
 
@@ -180,8 +180,8 @@ def test_trains_finite_and_acts_available(name, arrays):
     if name.startswith("plcql"):
         assert {"par/E_k", "par/p_k1", "par/p_k3", "par/k_sampled", "par/r_par"} <= keys[0]
         assert abs(sum(m[f"par/p_k{i}"] for i in (1, 2, 3)) - 1.0) < 1e-5
-        assert {"plcql-k1": 1.0, "plcql-kn": 3.0}.get(name, m["par/E_k"]) == m["par/E_k"]
-        assert ("ppo/loss" in m) == (name in ("plcql", "plcql-w1"))
+        assert {"plcql-k1": 1.0, "plcql-k2": 2.0, "plcql-kn": 3.0}.get(name, m["par/E_k"]) == m["par/E_k"]
+        assert ("ppo/loss" in m) == (name in ("plcql", "plcql-w1", "plcql-lcb"))
     else:
         assert {"spacql/E_k_weighted", "spacql/w_k1", "spacql/u_k3"} <= keys[0]
     check_acts_available(algo)
@@ -206,3 +206,17 @@ def test_ablations_resolve_for_smax():
         assert cls.Config().n_critics == 10
         for tid in ("smax-2s3z", "smax-6h_vs_8z", "smac-5m_vs_6m"):
             make_config(cls, cls.task_overrides(mk(tid), "expert"))
+
+
+def test_discrete_diagnostics_keys_and_no_side_effects(arrays):
+    """The probe diagnostics of discrete PLCQL: per-k values for every k, π_par's marginal, and no change
+    to the training generator."""
+    algo = build("plcql")
+    probe = EpisodeSampler(arrays, seed=5)(4)
+    state = algo.gen.get_state()
+    d = algo.diagnostics(probe)
+    assert torch.equal(algo.gen.get_state(), state)
+    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "p") for k in (1, 2, 3)} <= set(d)
+    assert abs(sum(d[f"diag/p_k{k}"] for k in (1, 2, 3)) - 1) < 1e-5
+    assert all(math.isfinite(v) for v in d.values())
+    assert d == algo.diagnostics(probe)  # deterministic on a fixed probe

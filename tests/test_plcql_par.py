@@ -1,0 +1,220 @@
+"""PLCQL's PAR learning against Algorithm 1: one PAR update per critic batch, with that batch's k;
+the fixed/uniform variants; the LCB reward; the probe diagnostics and the collapse warning."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import Batch, load_all, make_config
+from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse, par_reward_terms
+from plcql_bench.datasets.build import build_dataset
+from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.spec import TaskSpec
+
+torch.set_num_threads(1)
+TOY = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=4, act_dim=1, discrete=False,
+               episode_limit=5, tiers=("expert",))
+
+
+def _algo(name="plcql", **over):
+    cls = load_all()[name]
+    return cls(TOY, make_config(cls, {"n_critics": 3, "hidden": 8, "batch_size": 16, **over}), 0)
+
+
+class CountingSampler:
+    """Batch u of a round has next_state filled with u + offset, so a PAR update can be traced to it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, B: int) -> Batch:
+        g = torch.Generator().manual_seed(self.calls)
+        tag = float(self.calls)
+        self.calls += 1
+        return Batch(obs=torch.randn(B, 3, 2, generator=g), state=torch.randn(B, 4, generator=g),
+                     actions=torch.rand(B, 3, 1, generator=g) * 2 - 1, rewards=torch.randn(B, generator=g),
+                     next_obs=torch.randn(B, 3, 2, generator=g), next_state=torch.full((B, 4), tag),
+                     next_actions=torch.rand(B, 3, 1, generator=g) * 2 - 1, next_actions_valid=torch.ones(B),
+                     terminals=torch.zeros(B))
+
+
+def _trace_par(algo, monkeypatch):
+    """Records (batch tag, k drawn for that batch's target) at every compute_target and every par_step."""
+    drawn, updated = [], []
+    real_target, real_step = algo.compute_target, algo.par_step
+
+    def target(batch):
+        y, aux = real_target(batch)
+        drawn.append((float(batch.next_state[0, 0]), aux["k"].clone()))
+        return y, aux
+
+    def step(next_state, k, logp_old, r_par, m):
+        updated.append((float(next_state[0, 0]), k.clone()))
+        return real_step(next_state, k, logp_old, r_par, m)
+
+    monkeypatch.setattr(algo, "compute_target", target)
+    monkeypatch.setattr(algo, "par_step", step)
+    return drawn, updated
+
+
+def test_par_updates_once_per_critic_batch_with_its_own_k(monkeypatch):
+    """Algorithm 1: every critic step is followed by a V and a PPO update on the same batch, with the k
+    drawn for that batch's target (the default, `par_updates: every-batch`)."""
+    algo = _algo()
+    assert algo.cfg.par_updates == "every-batch" and algo.cfg.ca_ratio == 5
+    drawn, updated = _trace_par(algo, monkeypatch)
+    m = algo.update(CountingSampler())
+    assert [t for t, _ in updated] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    for (t_d, k_d), (t_u, k_u) in zip(drawn, updated):
+        assert t_d == t_u and torch.equal(k_d, k_u)
+    assert {"par/value_loss", "ppo/loss", "par/r_par"} <= set(m)
+
+
+def test_first_batch_schedule_updates_par_once(monkeypatch):
+    algo = _algo(par_updates="first-batch")
+    drawn, updated = _trace_par(algo, monkeypatch)
+    algo.update(CountingSampler())
+    assert len(drawn) == 5 and [t for t, _ in updated] == [0.0]
+    assert torch.equal(updated[0][1], drawn[0][1])
+
+
+def test_fixed_and_uniform_k_do_not_learn(monkeypatch):
+    for name, n_updates in (("plcql-kn", 0), ("plcql-k2", 0), ("plcql-uniform", 0), ("plcql", 5)):
+        algo = _algo(name)
+        drawn, updated = _trace_par(algo, monkeypatch)
+        algo.update(CountingSampler())
+        assert len(updated) == n_updates, name
+        ks = torch.cat([k for _, k in drawn])
+        if name == "plcql-kn":
+            assert (ks == 3).all()
+        if name == "plcql-k2":
+            assert (ks == 2).all()
+    uniform = _algo("plcql-uniform")
+    k, logp, probs = uniform.sample_k(torch.zeros(30000, 4))
+    assert torch.allclose(torch.bincount(k, minlength=4)[1:].float() / 30000, torch.full((3,), 1 / 3), atol=0.02)
+    assert torch.allclose(logp, torch.full_like(logp, -math.log(3)))
+
+
+def test_lcb_reward_by_hand():
+    """This suite's variant: r_par = mean_j Q_j - beta * sqrt(Var_j Q_j); w is reported as 1."""
+    cfg = make_config(load_all()["plcql-lcb"], {"lcb_beta": 2.0})
+    q = torch.tensor([[4.0, 1.0], [5.0, 1.0], [6.0, 1.0]])
+    r, u, w = par_reward_terms(q, cfg)
+    torch.testing.assert_close(u, torch.tensor([math.sqrt(2 / 3), 0.0]))
+    torch.testing.assert_close(r, torch.tensor([5.0 - 2.0 * math.sqrt(2 / 3), 1.0]))
+    assert torch.equal(w, torch.ones(2))
+
+
+def test_diagnostics_leave_training_untouched():
+    """Two copies updated identically; one gets a diagnostics call between rounds: same parameters
+    afterwards (the probe has its own generator and the actors' running statistics are restored)."""
+    a, b = _algo(), _algo()
+    probe = CountingSampler()(64)
+    sa, sb = CountingSampler(), CountingSampler()
+    for _ in range(2):
+        a.update(sa)
+        b.update(sb)
+        d = a.diagnostics(probe)
+    for name, mod in a.modules().items():  # parameters and buffers (running statistics) alike
+        for (key, va), vb in zip(mod.state_dict().items(), b.modules()[name].state_dict().values()):
+            assert torch.equal(va, vb), f"{name}.{key}"
+    assert torch.equal(a.gen.get_state(), b.gen.get_state())
+    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "p") for k in (1, 2, 3)} <= set(d)
+    assert abs(sum(d[f"diag/p_k{k}"] for k in (1, 2, 3)) - 1) < 1e-5
+
+
+def test_diagnostics_per_k_by_hand(monkeypatch):
+    """A fake online critic: member j returns (j + 1) * (number of replaced agents). Per k the probe
+    values are then Q_1 = k, mean = 2k, u = k sqrt(2/3), w = sigmoid(-u T) + 0.5, r_par = w k."""
+    algo = _algo(n_critics=3)
+    coefs = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)
+    # replaced agents play 1, the data plays 0
+    monkeypatch.setattr(algo, "replacement_actions", lambda obs, gen: torch.ones(obs.shape[0], 3, 1))
+
+    def fake_critic(state, actions, members=None):
+        return coefs * actions.sum(-1).unsqueeze(0)
+
+    algo.critic = fake_critic
+    probe = CountingSampler()(32)
+    probe.next_actions = torch.zeros_like(probe.next_actions)
+    d = algo.diagnostics(probe)
+    for k in (1, 2, 3):
+        u = k * math.sqrt(2 / 3)
+        w = 1 / (1 + math.exp(u)) + 0.5
+        assert d[f"diag/q1_k{k}"] == pytest.approx(k) and d[f"diag/qmean_k{k}"] == pytest.approx(2 * k)
+        assert d[f"diag/u_k{k}"] == pytest.approx(u, rel=1e-5) and d[f"diag/w_k{k}"] == pytest.approx(w, rel=1e-5)
+        assert d[f"diag/rpar_k{k}"] == pytest.approx(w * k, rel=1e-5)
+
+
+def _history(p_last: list[float], n_points=10, collapsed_from=8):
+    """n_points evaluation points; from `collapsed_from` on, pi_par's marginal is p_last."""
+    out = []
+    for i in range(n_points):
+        p = p_last if i >= collapsed_from else [1 / 3] * 3
+        ent = -sum(x * math.log(x) for x in p if x > 0)
+        out.append({"update": i * 10, **{f"diag/p_k{k + 1}": p[k] for k in range(3)},
+                    "diag/par_marginal_entropy": ent})
+    return out
+
+
+def test_collapse_rule():
+    collapsed = _history([0.0, 0.001, 0.999])
+    info = par_collapse(collapsed, learned=True)
+    assert info["k"] == 3 and info["p_k"] == pytest.approx(0.999)
+    warnings, _ = collapse_warnings(collapsed, True, 3)
+    assert len(warnings) == 1 and "PAR collapsed to k = n" in warnings[0]
+    assert par_collapse(collapsed, learned=False) is None  # a fixed k is no collapse
+    assert par_collapse(_history([0.0, 0.001, 0.999], collapsed_from=9), True) is None  # only the last 10 %
+    assert par_collapse(_history([0.2, 0.3, 0.5]), True) is None
+    assert par_collapse([{"update": 0}], True) is None  # no diagnostics logged
+
+
+PROFILE = """
+name: unit
+description: PLCQL collapse warning
+datasets: {episodes: {default: 6}}
+train: {updates: {default: 10}, eval_every: 2, eval_episodes: 1, final_eval_episodes: 1, checkpoint_every: 10}
+matrix: {algos: [plcql], tasks: [mpe-cn], tiers: [random], seeds: [0]}
+algo_overrides: {batch_size: 32, n_critics: 2, hidden: 16, par_lr: 0.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def unit(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("collapse")
+    (tmp / "p.yaml").write_text(PROFILE)
+    profile = load_profile(str(tmp / "p.yaml"))
+    build_dataset("mpe-cn", "random", 6, tmp / "data" / profile.name, profile=profile.name)
+    return tmp, profile
+
+
+def test_collapse_warning_in_final_json(unit, monkeypatch):
+    """pi_par pinned to k = n (huge bias, lr 0) is flagged in final.json and the run log; the uniform
+    ablation, with the same schedule, is not."""
+    tmp, profile = unit
+    real_build = PLCQL._build_extra
+
+    def pinned(self, gen):
+        real_build(self, gen)
+        with torch.no_grad():
+            self.par_policy.out.bias[..., -1] = 50.0
+
+    monkeypatch.setattr(PLCQL, "_build_extra", pinned)
+    logs: list[str] = []
+    res = {}
+    for algo in ("plcql", "plcql-uniform"):
+        plan = plan_run(Cell(algo, "mpe-cn", "random", 0), profile, tmp / "data", tmp / "results")
+        res[algo] = execute(plan, log=logs.append)
+        on_disk = json.loads(Path(plan.final_path).read_text())
+        assert on_disk["warnings"] == res[algo]["warnings"]
+        lines = [json.loads(x) for x in (plan.run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len(lines) == 6 and all("diag/par_marginal_entropy" in x for x in lines)
+    assert res["plcql"]["par_collapse"]["k"] == 3 and "PAR collapsed to k = n" in res["plcql"]["warnings"][0]
+    assert any("WARNING" in line and "PAR collapsed" in line for line in logs)
+    assert res["plcql-uniform"]["warnings"] == [] and res["plcql-uniform"]["par_collapse"] is None
