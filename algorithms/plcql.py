@@ -370,9 +370,9 @@ class PLCQL(ParLearner, CFCQL):
         return par_probe_stats(per_k, self.par_probs(batch.next_state))
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
-        """Warnings for final.json, and extra fields (par_collapse) for it."""
+        """Warnings for final.json, and extra fields for it (par_collapse, for a learned pi_par only)."""
         warnings, info = collapse_warnings(history, self.learned_par, self.n)
-        return warnings, {"par_collapse": info}
+        return warnings, ({"par_collapse": info} if self.learned_par else {})
 
 
 register_variant(PLCQL, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)

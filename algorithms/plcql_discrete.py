@@ -153,7 +153,7 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
         warnings, info = collapse_warnings(history, self.learned_par, self.n)
-        return warnings, {"par_collapse": info}
+        return warnings, ({"par_collapse": info} if self.learned_par else {})
 
 
 register_variant(PLCQLDiscrete, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
