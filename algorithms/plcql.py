@@ -56,7 +56,10 @@ class ParConfig:
     lcb_beta: float = 1.0  # beta of the "lcb" reward
     ppo_epochs: int = 4  # full-batch PPO gradient steps per PAR update
     ppo_clip: float = 0.2  # epsilon (PPO default)
-    normalize_advantage: bool = True  # per-batch mean/std normalisation of r_par - V
+    # PPO's advantage A = r_par - V(s'): "advantage" = per-batch (A - mean A) / std A (PPO's usual);
+    # "reward" = (A - mean A) / std r_par (keeps the size of the k-effect relative to how much r_par varies
+    # across states: a tiny preference stays a small step); "none" = A as it is (Q units)
+    advantage_norm: str = "advantage"
     entropy_coef: float = 0.01  # entropy bonus on pi_par
     par_lr: float = 3e-4  # Adam lr of pi_par
     value_lr: float = 1e-3  # Adam lr of V
@@ -83,6 +86,8 @@ def check_par_config(cfg, n: int) -> None:
         raise ValueError(f"fixed_k must be None, 'n', 'uniform' or an int in 1..{n}; got {fk!r}")
     if cfg.par_reward not in ("paper", "lcb"):
         raise ValueError(f"par_reward must be 'paper' or 'lcb', got {cfg.par_reward!r}")
+    if cfg.advantage_norm not in ("advantage", "reward", "none"):
+        raise ValueError(f"advantage_norm must be 'advantage', 'reward' or 'none', got {cfg.advantage_norm!r}")
     if cfg.u_ddof not in (0, 1):
         raise ValueError(f"u_ddof must be 0 or 1, got {cfg.u_ddof!r}")
     for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
@@ -169,14 +174,26 @@ class ParLearner:
             self.value_opt.step()
         return loss.detach()
 
+    def normalised_advantage(self, adv: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The advantage PPO sees, per `advantage_norm` (masked mean/std over the rows with m = 1)."""
+        if self.cfg.advantage_norm == "none":
+            return adv
+        denom = m.sum().clamp(min=1)
+
+        def mean_std(x):
+            mean = (x * m).sum() / denom
+            return mean, (((x - mean) ** 2 * m).sum() / denom).sqrt()
+
+        mean, std = mean_std(adv)
+        if self.cfg.advantage_norm == "reward":
+            std = mean_std(r_par)[1]
+        return (adv - mean) / (std + 1e-8)
+
     def ppo_update(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor,
                    adv: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps)."""
+        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps), with
+        the advantage as given."""
         denom = m.sum().clamp(min=1)
-        if self.cfg.normalize_advantage:
-            mean = (adv * m).sum() / denom
-            std = (((adv - mean) ** 2 * m).sum() / denom).sqrt()
-            adv = (adv - mean) / (std + 1e-8)
         idx = (k - 1).unsqueeze(1)
         stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
@@ -204,7 +221,7 @@ class ParLearner:
         with torch.no_grad():
             adv = r_par - self.par_value(next_state)[0, :, 0]
         out["par/adv_raw"] = (adv * m).sum() / m.sum().clamp(min=1)
-        out.update(self.ppo_update(next_state, k, logp_old, adv, m))
+        out.update(self.ppo_update(next_state, k, logp_old, self.normalised_advantage(adv, r_par, m), m))
         return out
 
     def par_stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
@@ -383,5 +400,5 @@ register_variant(PLCQL, "plcql-uniform", "PLCQL ablation: pi_par frozen at unifo
                  fixed_k="uniform")
 register_variant(PLCQL, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
 register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
-register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.",
-                 par_reward="lcb")
+register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q, "
+                 "advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

@@ -165,4 +165,5 @@ register_variant(PLCQLDiscrete, "plcql-uniform", "PLCQL ablation: pi_par frozen 
 register_variant(PLCQLDiscrete, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
 register_variant(PLCQLDiscrete, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
 register_variant(PLCQLDiscrete, "plcql-lcb",
-                 "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.", par_reward="lcb")
+                 "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q, advantages scaled by "
+                 "the spread of r_par.", par_reward="lcb", advantage_norm="reward")

@@ -111,6 +111,18 @@ def test_lcb_reward_by_hand():
     assert torch.equal(w, torch.ones(2))
 
 
+def test_advantage_normalisations_by_hand():
+    """"advantage": (A - mean A) / std A; "reward": (A - mean A) / std r_par; "none": A. Masked rows
+    (m = 0) take no part in the statistics."""
+    adv = torch.tensor([1.0, 3.0, 100.0])
+    r_par = torch.tensor([10.0, 14.0, -50.0])
+    m = torch.tensor([1.0, 1.0, 0.0])
+    got = {norm: _algo(advantage_norm=norm).normalised_advantage(adv, r_par, m) for norm in ("advantage", "reward", "none")}
+    torch.testing.assert_close(got["advantage"][:2], torch.tensor([-1.0, 1.0]))  # mean 2, std 1
+    torch.testing.assert_close(got["reward"][:2], torch.tensor([-0.5, 0.5]))  # std of r_par over rows 0-1: 2
+    assert torch.equal(got["none"], adv)
+
+
 def test_diagnostics_leave_training_untouched():
     """Two copies updated identically; one gets a diagnostics call between rounds: same parameters
     afterwards (the probe has its own generator and the actors' running statistics are restored)."""
