@@ -5,6 +5,7 @@
 #   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
 #   make leaderboard   site/ from results/
 #   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing
+#   make campaign      run ci/campaigns/paper.yaml in the background (resumable), publishing as runs finish
 #   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
 #   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman)
 #   make lint          hadolint on every Dockerfile, pyflakes on the sources (when installed)
@@ -14,7 +15,7 @@ PROFILE ?= smoke
 BIN    := $(VENV)/bin
 EXTRAS ?= mpe,dev
 
-.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint publish-results
+.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint publish-results campaign
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
@@ -50,9 +51,15 @@ NIGHTLY_DIR ?= build/nightly
 NIGHTLY_JOBS ?= 2
 NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
 # Finished runs only (final.json present); checkpoints and logs stay in results/.
-publish-results:
-	cd results && find $(PROFILE) -name final.json -printf '%h\n' | while read d; do \
-	  for f in final.json config.json metrics.jsonl; do install -D -m 644 "$$d/$$f" "../leaderboard/results/$$d/$$f"; done; done
+publish-results: setup
+	$(BIN)/plcql-bench campaign publish --profile $(PROFILE)
+
+# The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
+# resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.
+CAMPAIGN ?= ci/campaigns/paper.yaml
+campaign: setup
+	OMP_NUM_THREADS=1 nohup $(BIN)/plcql-bench campaign run $(CAMPAIGN) --jobs $$(nproc) > campaign.log 2>&1 &
+	@echo "campaign running in the background: tail -f campaign.log; $(BIN)/plcql-bench campaign status $(CAMPAIGN)"
 
 nightly: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)

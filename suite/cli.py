@@ -364,6 +364,7 @@ def _register_subcommands() -> None:
     cli.add_command(datasets)
     cli.add_command(bench_speed)
     from plcql_bench.suite.regress import regress; cli.add_command(regress)  # noqa: E702
+    from plcql_bench.suite.campaign import campaign; cli.add_command(campaign)  # noqa: E702
 
 
 _register_subcommands()
