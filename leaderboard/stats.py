@@ -15,6 +15,8 @@ import numpy as np
 
 __all__ = [
     "cell_stats",
+    "t_interval",
+    "welch_p_summary",
     "best_in_row",
     "welch_p",
     "ties_with_best",
@@ -43,6 +45,31 @@ def cell_stats(values: Iterable[float]) -> dict:
     mean = float(arr.mean())
     std = float(arr.std(ddof=1)) if n > 1 else 0.0
     return {"mean": mean, "std": std, "n": n}
+
+
+def t_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student-t confidence interval of the mean of per-seed values, or None when n < 2.
+    (Honest at small n: with n = 2 the 95% interval is the mean ± 12.7 standard errors.)"""
+    arr = np.asarray(list(values), dtype=np.float64).reshape(-1)
+    if arr.size < 2:
+        return None
+    from scipy import stats as sps
+
+    half = float(sps.t.ppf(0.5 + level / 2, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    return float(arr.mean()) - half, float(arr.mean()) + half
+
+
+def welch_p_summary(values: Sequence[float], mean: float, std: float, n: int) -> float | None:
+    """Two-sided Welch p-value of per-seed ``values`` against a reported mean ± std over ``n``
+    seeds (e.g. a paper's 5 seeds), or None when either side has fewer than 2 values."""
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    if x.size < 2 or n < 2:
+        return None
+    if x.std(ddof=1) == 0.0 and std == 0.0:
+        return 1.0 if x.mean() == mean else 0.0
+    from scipy import stats as sps
+
+    return float(sps.ttest_ind_from_stats(x.mean(), x.std(ddof=1), x.size, mean, std, n, equal_var=False).pvalue)
 
 
 def best_in_row(
