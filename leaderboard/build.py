@@ -79,7 +79,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "views": views, "default_tables": [main, smac, abl],
         "tables_by_key": {k: [v["tables"][i] for v in views] for i, k in enumerate(("main", "smac", "ablation"))},
         "scorings": SCORINGS, "norms": list(NORMS), "norm_labels": NORMS,
-        "coverage_by_table": {k: [c for c in coverage if c["table"] == k and (c["in_paper"] or c["rows"])] for k in ("main", "smac")},
+        "coverage": coverage,
         "paper_claims": paper_claims_check(paper, TARGET, RIVAL), "target_label": label(TARGET), "rival_label": label(RIVAL),
         "n_runs": len(loaded.runs), "n_cells": len(cells), "skipped": loaded.skipped, "unfinished": loaded.unfinished,
         "unfinished_states": dict(Counter(u.state for u in loaded.unfinished)),

@@ -32,25 +32,35 @@ def _compared(tc):
     return next((e for e in tc.entries if e.compared), None)
 
 
-def coverage(tables: list[Table], paper: dict | None) -> list[dict]:
-    """Per algorithm and paper table: how many of the paper's rows have our (compared) results,
-    with how many seeds each."""
-    out = []
+def coverage(tables: list[Table], paper: dict | None) -> dict:
+    """How many of the paper's rows have our (compared) results, per algorithm and table, with
+    the seeds per row; the algorithms without any result are only named."""
+    algos: dict[str, dict] = {}
+    covered: set[tuple] = set()
+    total = 0
     for t in tables:
-        key, label = PAPER_ROWS[t.key]
+        key = PAPER_ROWS[t.key][0]
         n_paper = sum(len(tiers) for tiers in ((paper or {}).get("tables", {}).get(key, {}).get("rows", {}) or {}).values())
+        total += n_paper
         for col in t.columns:
             in_paper = col.id in pp.table_columns(paper, key)
             seeds = []
             for row in t.rows:
                 tc = next(c for c in row.cells if c.algo == col.id)
                 e = _compared(tc)
-                if e is not None and (pp.paper_row(paper, tc.task, tc.dataset) is not None or not in_paper):
+                where = pp.paper_row(paper, tc.task, tc.dataset)
+                if e is not None and (where is not None or not in_paper):
                     seeds.append(e.stats.n)
-            out.append({"table": t.key, "table_label": label, "algo": col.id, "label": col.label, "in_paper": in_paper,
-                        "paper_rows": n_paper if in_paper else None, "rows": len(seeds), "seeds": sorted(seeds, reverse=True),
-                        "rows_min_seeds": sum(s >= MIN_SEEDS for s in seeds), "target": col.target})
-    return out
+                    if where is not None:
+                        covered.add(where)
+            a = algos.setdefault(col.id, {"algo": col.id, "label": col.label, "target": col.target})
+            a[t.key] = {"rows": len(seeds), "of": n_paper if in_paper else None, "seeds": sorted(seeds, reverse=True)}
+    ran = [a for a in algos.values() if any(a.get(k, {}).get("rows") for k in PAPER_ROWS)]
+    for a in ran:
+        a["min_seeds_rows"] = sum(s >= MIN_SEEDS for k in PAPER_ROWS for s in a.get(k, {}).get("seeds", []))
+    ran.sort(key=lambda a: (not a["target"], a["label"]))
+    return {"ran": ran, "not_run": [a["label"] for a in algos.values() if a not in ran],
+            "rows_covered": len(covered), "rows_total": total}
 
 
 @dataclass(frozen=True)
