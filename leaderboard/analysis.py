@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +29,7 @@ from plcql_bench.leaderboard.tables import Table
 __all__ = ["aggregates", "learning_curves", "par_diagnostics", "compute_cost", "read_metrics"]
 
 N_TAUS = 41
-MAX_POINTS = 120  # curves are thinned to this many points for plotting (the downloads keep all)
+MAX_POINTS = 80  # curves are thinned to this many points for plotting (the downloads keep all)
 BENCH_SPEED = Path(__file__).resolve().parent / "bench_speed.yaml"
 
 
@@ -111,24 +110,18 @@ def aggregates(table: Table, label: Callable[[str], str], target: str, *, reps: 
 # ------------------------------------------------------------------ learning curves
 
 
-def _thin(xs: list, *series: list) -> tuple:
-    """Every k-th point (and the last) so that at most MAX_POINTS remain."""
-    if len(xs) <= MAX_POINTS:
-        return (xs, *series)
-    step = math.ceil(len(xs) / MAX_POINTS)
-    idx = list(range(0, len(xs), step))
-    if idx[-1] != len(xs) - 1:
-        idx.append(len(xs) - 1)
-    return ([xs[i] for i in idx], *[[s[i] for i in idx] for s in series])
+def _thin_index(n: int) -> list[int]:
+    """Every k-th index (and the last) so that at most MAX_POINTS + 1 remain."""
+    if n <= MAX_POINTS:
+        return list(range(n))
+    idx = list(range(0, n, math.ceil(n / MAX_POINTS)))
+    return idx if idx[-1] == n - 1 else idx + [n - 1]
 
 
-def _align(series: list[dict]) -> tuple[list, list[list[float]]]:
+def _align(series: list[dict]) -> tuple[list, np.ndarray]:
+    """Updates present in every series, and a (points x series) array of the values there."""
     common = sorted(set.intersection(*(set(s) for s in series))) if series else []
-    return common, [[s[u] for s in series] for u in common]
-
-
-def _mean_std(vals: list[float]) -> tuple[float, float]:
-    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return common, np.array([[s[u] for s in series] for u in common], dtype=np.float64).reshape(len(common), len(series))
 
 
 def learning_curves(tables: list[Table], label: Callable[[str], str], view_key: str = "final-ours") -> list[dict]:
@@ -145,13 +138,15 @@ def learning_curves(tables: list[Table], label: Callable[[str], str], view_key: 
                     xs, vals = _align([s for s in series if s])
                     if not xs:
                         continue
-                    ms = [_mean_std(v) for v in vals]
-                    x, m, s = _thin(xs, [a for a, _ in ms], [b for _, b in ms])
+                    idx = _thin_index(len(xs))
+                    vals = vals[idx]
+                    x, m = [xs[i] for i in idx], vals.mean(axis=1).tolist()
+                    s = (vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else np.zeros(len(idx))).tolist()
                     p = panels.setdefault(tc.task, {}).setdefault(tc.dataset, {
                         "tier": tc.dataset, "lines": [],
                         "score_label": "win rate" if e.cell.score_name == "win_rate" else "normalised score"})
                     if tc.algo not in {ln["algo"] for ln in p["lines"]}:
-                        p["lines"].append({"algo": tc.algo, "label": label(tc.algo), "x": x, "mean": m, "std": s, "n": len(vals[0])})
+                        p["lines"].append({"algo": tc.algo, "label": label(tc.algo), "x": x, "mean": m, "std": s, "n": vals.shape[1]})
     return [{"task": task, "svg": plots.learning_curves_svg(task, list(tiers.values()), f"curve-{i}")}
             for i, (task, tiers) in enumerate(panels.items())]
 
@@ -241,15 +236,22 @@ def _par_item(cell, diags: list[dict], collapsed: list[dict], label, i: int) -> 
     diags = [d for d in diags if d["source"] == source]
     mean: dict[str, Any] = {}
     if diags:
-        xs, _ = _align([{u: 0 for u in d["x"]} for d in diags])
-        idx = [{u: j for j, u in enumerate(d["x"])} for d in diags]
+        xs, _ = _align([{u: 0.0 for u in d["x"]} for d in diags])
+        pos = [{u: j for j, u in enumerate(d["x"])} for d in diags]
+        idx = _thin_index(len(xs))
+        keep = [xs[i] for i in idx]
+        rows = [[p[u] for p in pos] for u in keep]  # per kept update, each run's position
+
+        def avg(series: list[list]) -> list:
+            arr = np.array([[series[r][j] for r, j in enumerate(row)] for row in rows], dtype=np.float64)
+            return arr.mean(axis=1).tolist()
+
         for comp in [c for c in diags[0] if c not in ("x", "source")]:
             if isinstance(diags[0][comp], dict):
-                mean[comp] = {k: [statistics.fmean(d[comp][k][ix[u]] for d, ix in zip(diags, idx)) for u in xs] for k in diags[0][comp]}
-            else:
-                vals = [[d[comp][ix[u]] for d, ix in zip(diags, idx)] for u in xs]
-                mean[comp] = [statistics.fmean(v) if all(x is not None for x in v) else None for v in vals]
-        mean["x"] = xs
+                mean[comp] = {k: avg([d[comp][k] for d in diags]) for k in diags[0][comp]}
+            elif all(v is not None for d in diags for v in d[comp]):
+                mean[comp] = avg([d[comp] for d in diags])
+        mean["x"] = keep
     last_p = [mean["p"][k][-1] for k in sorted(mean["p"])] if mean.get("p") and mean["x"] else []
     entropy = mean.get("entropy", [None])[-1] if mean.get("entropy") else None
     title = f"{label(cell.algo)} \u00b7 {cell.task} \u00b7 {cell.dataset}"

@@ -77,13 +77,20 @@ def algo_color(algo: str) -> str:
     return _FALLBACK[sum(map(ord, algo)) % len(_FALLBACK)]
 
 
-def _svg(fig, salt: str) -> Markup:
+_PATH = re.compile(r' d="([^"]*)"')
+_DECIMALS = re.compile(r"(-?\d+\.\d)\d+")
+
+
+def _svg(fig, salt: str, tight: bool = True) -> Markup:
+    """``tight=False`` for figures laid out with :func:`_grid` (no second draw to find the box)."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+        fig.savefig(buf, format="svg", bbox_inches="tight" if tight else None, metadata={"Date": None, "Creator": None})
     plt.close(fig)
     text = buf.getvalue()
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
+    # Path data at 0.1 pt (far below a pixel) and on one line: about half the bytes.
+    svg = _PATH.sub(lambda m: ' d="' + " ".join(_DECIMALS.sub(r"\1", m.group(1)).split()) + '"', svg)
     # matplotlib's SVG writer escapes every text node and attribute (labels come from result
     # files); refuse anything that would still execute or load when inlined into the page.
     lowered = svg.lower()
@@ -97,13 +104,24 @@ def _figure(ncols: int, width_per: float = 3.2, height: float = 2.4, nrows: int 
     return fig, axes.reshape(-1)
 
 
+def _grid(nrows: int, ncols: int, w: float, h: float, *, top: float = 0.35, bottom: float = 0.9,
+          left: float = 0.6, hspace: float = 0.55):
+    """A fixed subplot grid (inches): panels w x h, a title band on top and a legend band below.
+    Much cheaper than tight_layout / bbox_inches="tight", which draw the figure once more."""
+    width, height = ncols * w + 0.2, nrows * h + top + bottom
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=left / width, right=1 - 0.15 / width, top=1 - top / height, bottom=bottom / height,
+                        wspace=left / w + 0.05, hspace=hspace)
+    return fig, axes.reshape(-1)
+
+
 def learning_curves_svg(task: str, panels: Sequence[dict], salt: str) -> str:
     """One panel per dataset tier: mean score over seeds against update round, shaded ± 1 std.
     One legend for the figure, below the panels (never over a curve).
 
     ``panels``: ``[{"tier", "score_label", "lines": [{"algo", "label", "x", "mean", "std", "n"}]}]``."""
     with matplotlib.rc_context(_RC):
-        fig, axes = _figure(len(panels))
+        fig, axes = _grid(1, len(panels), 3.2, 2.1, top=0.3, bottom=0.85)
         handles: dict[str, object] = {}
         for ax, p in zip(axes, panels):
             for line in p["lines"]:
@@ -116,10 +134,10 @@ def learning_curves_svg(task: str, panels: Sequence[dict], salt: str) -> str:
             ax.set_title(f"{task} · {p['tier']}")
             ax.set_xlabel("update round")
             ax.set_ylabel(p["score_label"])
-        fig.tight_layout()
-        fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+            ax.xaxis.set_major_locator(MaxNLocator(5))
+        fig.legend(list(handles.values()), list(handles), loc="lower center", bbox_to_anchor=(0.5, 0.0),
                    ncols=min(len(handles), 5), frameon=False)
-        return _svg(fig, salt)
+        return _svg(fig, salt, tight=False)
 
 
 _K_COLORS = ["#1f5fbf", "#e67e22", "#c0392b", "#16a085", "#8e44ad", "#7f8c8d"]
@@ -138,7 +156,8 @@ def par_components_svg(title: str, mean: dict, salt: str) -> str:
     with matplotlib.rc_context(_RC):
         n = len(comps) + 1
         ncols = min(n, 3)
-        fig, axes = _figure(ncols, width_per=2.7, height=2.0, nrows=math.ceil(n / ncols))
+        nrows = math.ceil(n / ncols)
+        fig, axes = _grid(nrows, ncols, 2.7, 1.7, top=0.5, bottom=0.75, left=0.5, hspace=0.75)
         x = mean["x"]
         for ax, (c, name) in zip(axes, comps):
             for k, vals in sorted(mean[c].items()):
@@ -150,17 +169,17 @@ def par_components_svg(title: str, mean: dict, salt: str) -> str:
         vals = [v for v in mean.get(scalar, []) if v is not None]
         if vals and len(vals) == len(x):
             ax.plot(x, vals, color="#2c3e50", lw=1.3)
-        ax.set_title("π_par entropy (nats)" if scalar == "entropy" else "E[k]")
+        ax.set_title("\u03c0_par entropy (nats)" if scalar == "entropy" else "E[k]")
         for extra in axes[n:]:
             extra.set_visible(False)
-        for a in axes[:n]:
-            a.set_xlabel("update round")
+        for i, a in enumerate(axes[:n]):
             a.xaxis.set_major_locator(MaxNLocator(4))
+            if i >= n - ncols:
+                a.set_xlabel("update round")
         handles, labels = axes[0].get_legend_handles_labels()
         fig.suptitle(title, fontsize=9.5)
-        fig.tight_layout()
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncols=len(labels), frameon=False)
-        return _svg(fig, salt)
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncols=len(labels), frameon=False)
+        return _svg(fig, salt, tight=False)
 
 
 def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:

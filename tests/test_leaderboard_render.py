@@ -185,8 +185,9 @@ def test_learning_curves_are_thinned_and_legends_outside(tmp_path):
     html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
     curves = section(html, "curves")
     assert curves.count("<svg") == 1 and "BC" in curves
-    x, _m, _s = analysis._thin(list(range(600)), list(range(600)), list(range(600)))
-    assert len(x) <= analysis.MAX_POINTS + 1 and x[-1] == 599
+    idx = analysis._thin_index(600)
+    assert len(idx) <= analysis.MAX_POINTS + 1 and idx[0] == 0 and idx[-1] == 599
+    assert analysis._thin_index(50) == list(range(50))
 
 
 def test_every_table_has_csv_and_json_downloads(site):
@@ -249,6 +250,15 @@ def test_iqm_mean_cis_equal_rliable():
         assert ours[a]["iqm_ci"] == pytest.approx((ci[a][0][0], ci[a][1][0]))
         assert ours[a]["mean_ci"] == pytest.approx((ci[a][0][1], ci[a][1][1]))
     assert stats.iqm_and_mean(FIXED, reps=300, seed=7) == ours  # reproducible
+
+
+def test_interquartile_mean_equals_rliable():
+    from rliable import metrics
+
+    rng = np.random.default_rng(0)
+    for shape in ((3, 2), (5, 16), (4, 7), (1, 1)):
+        x = rng.normal(size=shape)
+        assert stats.interquartile_mean(x) == pytest.approx(metrics.aggregate_iqm(x), rel=1e-12)
 
 
 def test_performance_profiles_equal_rliable():
