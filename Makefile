@@ -53,6 +53,7 @@ NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(
 publish-results:
 	cd results && find $(PROFILE) -name final.json -printf '%h\n' | while read d; do \
 	  for f in final.json config.json metrics.jsonl; do install -D -m 644 "$$d/$$f" "../leaderboard/results/$$d/$$f"; done; done
+	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
 
 nightly: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
