@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 

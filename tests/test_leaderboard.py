@@ -10,11 +10,9 @@ import statistics
 from html.parser import HTMLParser
 from pathlib import Path
 
-import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
 from lb_fixtures import NOW, final_record, write_failed, write_run
 from plcql_bench.leaderboard import build, cells, scoring, summary, tables
@@ -334,26 +332,34 @@ def test_duplicates_older_builds_and_card_mismatch(tmp_path):
     assert built.n_runs == 2
 
 
-def test_cli_strict_exit_codes(tmp_path):
-    from plcql_bench.suite.cli import cli
+def _main(monkeypatch, *args) -> int:
+    """The real entry point (user errors -> one line on stderr, exit status 2), in process."""
+    from plcql_bench.suite.cli import main
 
+    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code)
+    return 0
+
+
+def test_cli_strict_exit_codes(tmp_path, monkeypatch, capsys):
     res = tmp_path / "r"
     write_run(res, "bc", "mpe-cn", "expert", 0, 10.0)
-    runner = CliRunner()
-    ok = runner.invoke(cli, ["leaderboard", "--results", str(res), "--out", str(tmp_path / "s"), "--strict"])
-    assert ok.exit_code == 0, ok.output
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s"), "--strict") == 0
     d = write_run(res, "bc", "mpe-cn", "expert", 1, 11.0)
     (d / "final.json").write_text("{")
-    loose = runner.invoke(cli, ["leaderboard", "--results", str(res), "--out", str(tmp_path / "s")])
-    assert loose.exit_code == 0 and "1 result file(s) skipped" in loose.output
-    strict = subprocess.run([sys.executable, "-c", "from plcql_bench.suite.cli import main; main()", "leaderboard",
-                             "--results", str(res), "--out", str(tmp_path / "s2"), "--strict"], capture_output=True, text=True)
-    assert strict.returncode == 2
-    assert "error: 1 result file skipped (--strict); first: " in strict.stderr and "invalid JSON" in strict.stderr
+    capsys.readouterr()
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s")) == 0
+    assert "1 result file(s) skipped" in capsys.readouterr().out
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s2"), "--strict") == 2
+    err = capsys.readouterr().err
+    assert "error: 1 result file skipped (--strict); first: " in err and "invalid JSON" in err
+    assert err.count("skipped ") == 2  # one line per file, then the error line
     assert (tmp_path / "s2" / "index.html").is_file()  # the site is still written
-    missing = subprocess.run([sys.executable, "-c", "from plcql_bench.suite.cli import main; main()", "leaderboard",
-                              "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "s3")], capture_output=True, text=True)
-    assert missing.returncode == 2 and "results directory not found" in missing.stderr
+    assert _main(monkeypatch, "leaderboard", "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "s3")) == 2
+    assert "results directory not found" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the committed paper-budget results
