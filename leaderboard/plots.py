@@ -120,8 +120,10 @@ def learning_curves_svg(task: str, panels: Sequence[dict], salt: str) -> str:
     One legend for the figure, below the panels (never over a curve).
 
     ``panels``: ``[{"tier", "score_label", "lines": [{"algo", "label", "x", "mean", "std", "n"}]}]``."""
+    n_labels = len({line["label"] for p in panels for line in p["lines"]})
+    ncols = min(max(n_labels, 1), 5)
     with matplotlib.rc_context(_RC):
-        fig, axes = _grid(1, len(panels), 3.2, 2.1, top=0.3, bottom=0.85)
+        fig, axes = _grid(1, len(panels), 3.2, 2.1, top=0.3, bottom=0.6 + 0.19 * math.ceil(n_labels / ncols))
         handles: dict[str, object] = {}
         for ax, p in zip(axes, panels):
             for line in p["lines"]:
@@ -136,7 +138,7 @@ def learning_curves_svg(task: str, panels: Sequence[dict], salt: str) -> str:
             ax.set_ylabel(p["score_label"])
             ax.xaxis.set_major_locator(MaxNLocator(5))
         fig.legend(list(handles.values()), list(handles), loc="lower center", bbox_to_anchor=(0.5, 0.0),
-                   ncols=min(len(handles), 5), frameon=False)
+                   ncols=ncols, frameon=False)
         return _svg(fig, salt, tight=False)
 
 

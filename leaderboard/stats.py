@@ -124,9 +124,13 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
         return None
     if x.var(ddof=1) == 0.0 and y.var(ddof=1) == 0.0:
         return 1.0 if x.mean() == y.mean() else 0.0
+    import warnings
+
     from scipy import stats as sps
 
-    return float(sps.ttest_ind(x, y, equal_var=False).pvalue)
+    with warnings.catch_warnings():  # near-identical seeds: scipy warns about precision, p is still defined
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(sps.ttest_ind(x, y, equal_var=False).pvalue)
 
 
 def ties_with_best(
