@@ -53,6 +53,7 @@ NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(
 # Finished runs only (final.json present); checkpoints and logs stay in results/.
 publish-results: setup
 	$(BIN)/plcql-bench campaign publish --profile $(PROFILE)
+	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
 
 # The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
 # resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.

@@ -347,13 +347,20 @@ def export_cmd(obj, fmt, out, profile) -> None:
 @click.option("--results", "results", type=click.Path(path_type=Path), default=None,
               help="Results folder (default: the global --results-dir).")
 @click.option("--out", type=click.Path(path_type=Path), default="site", show_default=True)
+@click.option("--strict", is_flag=True, help="Exit with status 2 when any result file is skipped (the site is still written).")
 @click.pass_obj
-def leaderboard(obj, results, out) -> None:
+def leaderboard(obj, results, out, strict) -> None:
     """Render the static leaderboard from result files."""
-    from plcql_bench.leaderboard.build import build_site
+    from plcql_bench.leaderboard.build import build
+    from plcql_bench.suite.schema import enforce_strict
 
-    index = build_site(results or obj["results_dir"], out, data_dir=obj["data_dir"])
-    click.echo(f"leaderboard -> {index}")
+    try:
+        built = build(results or obj["results_dir"], out)
+    except FileNotFoundError as exc:
+        raise BenchError(str(exc)) from None
+    skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
+    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
+    enforce_strict(built.skipped, strict, echo=lambda line: click.echo(line, err=True))
 
 
 def _register_subcommands() -> None:
