@@ -23,10 +23,10 @@ def curve_for(score: float, points: int = 12, every: int = 10) -> list[dict]:
 
 def final_record(algo: str, task: str, tier: str, seed: int, score: float, *, profile: str = "paper",
                  curve: list | None = None, commit: str = "0123456789abcdef0123456789abcdef01234567",
-                 updates: int = 110, sha: str = SHA, **extra) -> dict:
+                 updates: int = 110, sha: str = SHA, config: dict | None = None, **extra) -> dict:
     win = task.startswith(("smax", "smac"))
     budget = {"eval_episodes": 10, "eval_every": 10, "final_eval_episodes": 100, "updates": updates}
-    ident = {"algo": algo, "config": {"lr": 0.001}, "task": task, "dataset": tier, "dataset_sha256": sha,
+    ident = {"algo": algo, "config": config if config is not None else {"lr": 0.001}, "task": task, "dataset": tier, "dataset_sha256": sha,
              "seed": seed, "profile": profile, "budget": budget, "protocol_version": 1}
     returns = [score - 1.0, score + 1.0]
     rec = {

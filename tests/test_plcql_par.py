@@ -239,3 +239,27 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
     assert res["plcql"]["par_collapse"]["k"] == 3 and "PAR collapsed to k = n" in res["plcql"]["warnings"][0]
     assert any("WARNING" in line and "PAR collapsed" in line for line in logs)
     assert res["plcql-uniform"]["warnings"] == [] and "par_collapse" not in res["plcql-uniform"]
+
+
+def test_reproduction_table_from_result_files(tmp_path):
+    """The study table: seeds, the six views (final = the recorded score; last 10 / best from the curve;
+    OMAR's scale from the returns) and the PAR collapse count, from valid result files only."""
+    from lb_fixtures import write_run
+
+    from plcql_bench.leaderboard.reproduction import collect, markdown
+
+    root = tmp_path / "results"
+    learned = {"lr": 0.001, "fixed_k": None}
+    write_run(root, "plcql", "mpe-cn", "random", 0, 40.0, par_collapse={"k": 3, "entropy": 0.01, "p_k": 0.99},
+              warnings=["PAR collapsed to k = n"], config=learned)
+    write_run(root, "plcql", "mpe-cn", "random", 1, 60.0, par_collapse=None, config=learned)
+    write_run(root, "cfcql", "mpe-cn", "random", 0, 50.0)
+    (root / "paper" / "cfcql" / "mpe-cn" / "random" / "seed9-broken").mkdir(parents=True)
+    (root / "paper" / "cfcql" / "mpe-cn" / "random" / "seed9-broken" / "final.json").write_text("{")
+    table = collect(root / "paper", ["mpe-cn/random"], ["cfcql", "plcql"])
+    runs = table["mpe-cn/random"]["plcql"]
+    assert [r["final-ours"] for r in runs] == [40.0, 60.0] and [r["best-ours"] for r in runs] == [40.0, 60.0]
+    assert runs[0]["final-omar"] == pytest.approx(100 * (40.0 - 159.8) / (516.8 - 159.8))
+    assert [r["collapsed"] for r in runs] == [True, False] and table["mpe-cn/random"]["cfcql"][0]["collapsed"] is None
+    text = markdown(table)
+    assert "| plcql | 2 | 50.0 ± 14.1 |" in text and "| 1 of 2 |" in text and "| cfcql | 1 | 50.0 |" in text
