@@ -62,7 +62,7 @@ def test_no_table_clipped_at_desktop_widths(pages, width):
         if name == "wide":
             assert "table-smac-final-ours" in shown  # the 12-column table
         for t in report.tables:
-            assert t["rows"] >= 1 and t["width"] > 200
+            assert t["rows"] >= 1 and t["width"] > 100  # visible (an ablation table with no results yet is one label column)
         if shot is not None:
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
 
