@@ -372,22 +372,42 @@ def committed(tmp_path_factory):
     return {"built": built, "html": built.index.read_text(), "out": out}
 
 
+def _committed_finals() -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(COMMITTED.rglob("final.json"))]
+
+
 def test_committed_results_build_strict_and_state_the_finding(committed):
-    assert committed["built"].skipped == [] and committed["built"].n_runs >= 30
+    """Whatever is committed builds without a skipped file, and the comparison table gives a verdict for
+    every committed cell the paper has a number for (CFCQL on CN random: reproduced)."""
+    assert committed["built"].skipped == [] and committed["built"].n_runs == len(_committed_finals())
     comps = {(c["task"], c["dataset"], c["algo"]): c for c in json.loads((committed["out"] / "tables" / "comparisons.json").read_text())["rows"]
              if c["view"] == "final-ours"}
-    assert comps[("mpe-cn", "medium-replay", "plcql")]["verdict"] == "below"
-    assert comps[("mpe-cn", "random", "plcql")]["verdict"] == "below"
     assert comps[("mpe-cn", "random", "cfcql")]["verdict"] == "reproduced"
-    text = " ".join(committed["html"].split())
-    assert "PLCQL: below on 2 of 2 cells compared with the paper" in text
-    assert "52.7 vs 95.4" in text
+    assert {c["verdict"] for c in comps.values()} <= {"reproduced", "below", "above", "not distinguishable", "too few seeds", "not comparable"}
+
+
+def test_the_finding_is_stated_for_plcql_below_the_paper(tmp_path):
+    """The retired PLCQL runs' scores (CN medium-replay 43.8 / 61.2 / 53.0 against the paper's 95.4 ± 6.1):
+    verdict "below", and the summary says so with both means."""
+    root = tmp_path / "res"
+    for seed, score in enumerate((43.8, 61.2, 53.0)):
+        write_run(root, "plcql", "mpe-cn", "medium-replay", seed, score)
+    out = tmp_path / "site"
+    built = build_quick(root, out)
+    comps = {(c["task"], c["dataset"], c["algo"]): c for c in json.loads((out / "tables" / "comparisons.json").read_text())["rows"]
+             if c["view"] == "final-ours"}
+    assert comps[("mpe-cn", "medium-replay", "plcql")]["verdict"] == "below"
+    text = " ".join(built.index.read_text().split())
+    assert "PLCQL: below on 1 of 1 cell compared with the paper" in text and "52.7 vs 95.4" in text
 
 
 def test_committed_results_context(committed):
     html = committed["html"]
+    finals = _committed_finals()
     assert "2,001 rounds · final eval 100 ep" in html and "6,001 rounds · final eval 100 ep" in html
-    assert "5 of 30 runs were trained from a working tree with uncommitted changes" in " ".join(html.split())
+    dirty = sum(str(r.get("git_commit", "")).endswith("-dirty") for r in finals)
+    if dirty:
+        assert f"{dirty} of {len(finals)} runs were trained from a working tree with uncommitted changes" in " ".join(html.split())
     assert 'id="card-paper-mpe-cn-random"' in html  # the committed cards, not a local manifest
     assert "hash mismatch" not in html
     assert "0.959 [0.942, 0.970]" in html and "2026-11-26" in html  # bench-speed's paired measurement

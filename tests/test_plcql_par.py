@@ -233,12 +233,12 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
         plan = plan_run(Cell(algo, "mpe-cn", "random", 0), profile, tmp / "data", tmp / "results")
         res[algo] = execute(plan, log=logs.append)
         on_disk = json.loads(Path(plan.final_path).read_text())
-        assert on_disk["warnings"] == res[algo]["warnings"]
+        assert on_disk.get("warnings", []) == res[algo].get("warnings", [])  # an empty list is not written
         lines = [json.loads(x) for x in (plan.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 6 and all("diag/par_marginal_entropy" in x for x in lines)
     assert res["plcql"]["par_collapse"]["k"] == 3 and "PAR collapsed to k = n" in res["plcql"]["warnings"][0]
     assert any("WARNING" in line and "PAR collapsed" in line for line in logs)
-    assert res["plcql-uniform"]["warnings"] == [] and "par_collapse" not in res["plcql-uniform"]
+    assert not res["plcql-uniform"].get("warnings") and not res["plcql-uniform"].get("par_collapse")
 
 
 def test_reproduction_table_from_result_files(tmp_path):

@@ -17,7 +17,7 @@ COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"
 
 def test_committed_results_round_trip_and_pass_every_check():
     files = sorted(COMMITTED.rglob("final.json"))
-    assert len(files) >= 30
+    assert len(files) >= 20  # BC and CFCQL on CN and 2s3z at least
     for f in files:
         raw = json.loads(f.read_text())
         rec = RunRecord.from_json(raw)
