@@ -254,15 +254,22 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
 
 @cli.command()
 @_matrix_options
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Divide the wall-clock estimate by this many parallel runs.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel runs for the wall-clock estimate (default: the calibrated machine's cores "
+                   "on CPU, 1 on a GPU).")
+@click.option("--machine", default=None, metavar="NAME|FILE",
+              help="Calibration to estimate from: a committed machine (suite/calibrations/) or a file "
+                   "written by `bench-speed --calibrate` (default: " + "cpu-dev-2core" + ").")
 @click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
               help="List every cell, or only the summary.")
 @click.pass_obj
-def plan(obj, profile, only, shard, jobs, show_cells) -> None:
-    """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate.
-    Exit 2 if a config does not resolve; datasets not built yet are listed (`all` builds them)."""
-    from plcql_bench.suite.matrix import cell_state, estimate_seconds, format_seconds, resolve, run_record
+def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
+    """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
+    from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
+    not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
+    here can build them."""
+    from plcql_bench.suite.calibration import DEFAULT_MACHINE, load_calibration
+    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
     from plcql_bench.suite.preflight import check_buildable
 
     prof, cells = _select(obj, profile, only, shard)
@@ -295,17 +302,50 @@ def plan(obj, profile, only, shard, jobs, show_cells) -> None:
             bad.append(item)
         if show_cells:
             click.echo(f"{c.algo:<12} {c.task:<24} {c.tier:<13} {c.seed:>4}  {state:<8} {step:>11}  {note}")
-    seconds, unknown = estimate_seconds(items, obj["results_dir"], prof)
+    calib = load_calibration(machine or DEFAULT_MACHINE)
+    rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
-    left = counts["todo"] + counts["partial"] + counts["failed"]
-    if left:
-        est = f"~{format_seconds(seconds / jobs)} with {jobs} job(s) ({format_seconds(seconds)} serial)"
-        if unknown:
-            est += f"; {unknown} cell(s) have no recorded runtime to estimate from"
-        click.echo(f"estimate: {est}")
+    if rows:
+        if jobs is None:
+            jobs = int(calib.get("default_jobs", 1))
+        _print_estimate(rows, jobs, calib, format_seconds)
     if bad:
         raise BenchError(f"{len(bad)} cell(s) do not resolve; first: {bad[0].cell.label()}: {bad[0].error}")
+
+
+def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
+    """Per-task and per-algorithm totals, serial and with `jobs` parallel runs (longest first)."""
+    from plcql_bench.suite.calibration import makespan
+
+    known = [r for r in rows if r.seconds is not None]
+    about = "; ".join(x for x in (calib.get("description"), calib.get("source"),
+                                  calib.get("measured_at") and f"measured {calib['measured_at']}") if x)
+    click.echo(f"estimate on {calib['machine']}" + (f" ({about})" if about else "") + ":")
+    for axis in ("task", "algo"):
+        groups: dict[str, list] = {}
+        for r in known:
+            groups.setdefault(getattr(r.cell, axis), []).append(r)
+        click.echo(f"  {'per ' + axis:<26} {'cells':>5} {'serial':>10} {'updates':>10} {'evaluation':>10} "
+                   f"{'with ' + str(jobs) + ' job(s)':>14}")
+        for key, rs in groups.items():
+            secs = [r.seconds for r in rs]
+            click.echo(f"  {key:<26} {len(rs):>5} {fmt(sum(secs)):>10} {fmt(sum(r.rounds_s for r in rs)):>10} "
+                       f"{fmt(sum(r.eval_s for r in rs)):>10} {fmt(makespan(secs, jobs)):>14}")
+    total = [r.seconds for r in known]
+    est = f"~{fmt(makespan(total, jobs))} with {jobs} job(s) ({fmt(sum(total))} serial)"
+    proxies = sum(r.source == "proxy" for r in known)
+    if proxies:
+        est += f"; {proxies} cell(s) from stand-in measurements (the calibration's \"proxy\" entries)"
+    recorded = sum(r.source == "recorded" for r in known)
+    if recorded:
+        est += f"; {recorded} cell(s) from recorded runtimes (no calibration for their algo x task)"
+    missing = [r for r in rows if r.seconds is None]
+    if missing:
+        pairs = sorted({f"{r.cell.algo}/{r.cell.task}" for r in missing})
+        est += (f"; {len(missing)} cell(s) not counted: no measured cost on {calib['machine']} and no recorded "
+                f"runtime ({', '.join(pairs[:6])}{', ...' if len(pairs) > 6 else ''})")
+    click.echo(f"estimate: {est}")
 
 
 @cli.command()
