@@ -268,7 +268,7 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
     here can build them."""
-    from plcql_bench.suite.calibration import DEFAULT_MACHINE, load_calibration
+    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
     from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
     from plcql_bench.suite.preflight import check_buildable
 
@@ -302,7 +302,10 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
             bad.append(item)
         if show_cells:
             click.echo(f"{c.algo:<12} {c.task:<24} {c.tier:<13} {c.seed:>4}  {state:<8} {step:>11}  {note}")
-    calib = load_calibration(machine or DEFAULT_MACHINE)
+    if machine is None and DEFAULT_MACHINE not in known_machines():  # an install without calibrations
+        calib = {"machine": "(no calibration)", "costs": {}}
+    else:
+        calib = load_calibration(machine or DEFAULT_MACHINE)
     rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
