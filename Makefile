@@ -56,7 +56,8 @@ bench: setup-dev
 	$(BIN)/plcql-bench datasets bench
 
 # Nightly regression: the fixed `nightly` profile, then the comparison with the committed band.
-# --jobs stays fixed (it sets the torch thread count, which can change the last digits).
+# --jobs stays fixed; each run uses 1 torch thread (`all --threads`), so the last digits do not
+# depend on the machine's core count.
 NIGHTLY_DIR ?= build/nightly
 NIGHTLY_JOBS ?= 2
 NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
