@@ -28,11 +28,14 @@ all: setup
 # so the resolver never pulls a multi-GB CUDA build. pyproject accepts any torch 2.x >= 2.4.
 # One stamp per extras set: `make test` after `make all` adds the dev extras to the same venv
 # (`make all` after `make test` reruns pip, which finds everything installed).
+# setuptools reports every editable install of a package-dir layout like ours with an
+# informational "Editable installation." notice (about folders named like the package, which this
+# repository has none of); it is the only warning the install emits, so it alone is filtered.
 define install
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[$(1)]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e ".[$(1)]"
 	touch $@
 endef
 setup: $(BIN)/.installed-$(EXTRAS)
