@@ -200,10 +200,13 @@ def recorded_runtimes(results_dir: Path) -> list[dict]:
     return out
 
 
-def _recorded_rates(results_dir: Path) -> dict[tuple, list[float]]:
-    """Seconds per update of finished runs, keyed (algo, task, tier), (algo, task), (algo,), ()."""
+def _recorded_rates(results_dir: Path, profile_name: str) -> dict[tuple, list[float]]:
+    """Seconds per update of the profile's finished runs (another profile's batch sizes and
+    evaluation budgets differ), keyed (algo, task, tier), (algo, task), (algo,), ()."""
     per_update: dict[tuple, list[float]] = {}
     for r in recorded_runtimes(results_dir):
+        if r["profile"] != profile_name:
+            continue
         rate = r["seconds"] / max(r["updates"], 1)
         for key in ((r["algo"], r["task"], r["tier"]), (r["algo"], r["task"]), (r["algo"],), ()):
             per_update.setdefault(key, []).append(rate)
@@ -223,11 +226,11 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
                    calib: dict | None = None) -> list[Estimate]:
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
     and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
-    else from recorded runtimes: the median seconds per update of finished runs with the same
-    (algo, task, tier), else (algo, task), else algo, else any run, times the updates left."""
+    else from recorded runtimes: the median seconds per update of the profile's finished runs with
+    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left."""
     from plcql_bench.suite.calibration import cell_cost
 
-    per_update = _recorded_rates(results_dir)
+    per_update = _recorded_rates(results_dir, profile.name)
     out = []
     for item in items:
         c = item.cell
