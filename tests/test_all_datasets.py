@@ -77,3 +77,14 @@ def test_plan_names_the_fix_for_a_dataset_nothing_can_build(tmp_path, monkeypatc
     lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("bc ")}
     assert "dataset not built yet (all builds it)" in lines["random"]
     assert "cannot be built" in lines["medium-replay"] and "train-behaviour mpe-cn" in lines["medium-replay"]
+
+
+def test_a_missing_extra_names_the_pip_extra():
+    from plcql_bench.suite.preflight import diagnose
+
+    p = diagnose("smax-2s3z", "medium", ModuleNotFoundError("No module named 'jax'"), "paper")
+    assert "No module named 'jax'" in p.cause and "plcql-bench[smax]" in p.fix
+    p = diagnose("mamujoco-halfcheetah-2x3", "expert", ModuleNotFoundError("No module named 'mujoco'"), "paper")
+    assert "plcql-bench[mamujoco]" in p.fix
+    p = diagnose("mpe-cn", "expert", RuntimeError("disk full"), "paper")
+    assert p.cause == "RuntimeError: disk full" and "datasets build mpe-cn expert --profile paper" in p.fix
