@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.store import atomic_write_bytes
 
 DEFAULT_MACHINE = "cpu-dev-2core"
 
@@ -68,7 +69,7 @@ def save_calibration(calib: dict, path: Path) -> None:
         calib = {**old, **{k: v for k, v in calib.items() if k != "costs"}, "costs": old["costs"]}
     calib.pop("path", None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(calib, indent=1, sort_keys=True) + "\n")
+    atomic_write_bytes(path, (json.dumps(calib, indent=1, sort_keys=True) + "\n").encode())
 
 
 @dataclass
