@@ -20,9 +20,17 @@ ROOT=$PWD
 
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p .wheels
+  # The versions this checkout's environment runs (datasets and scores must not depend on the machine).
+  pins=$(python3 - <<'PY'
+from importlib.metadata import version
+names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce jaxmarl gymnax".split()  # (the leaderboard is built here)
+print(" ".join(f"{n}=={version(n)}" for n in names))
+PY
+) || { echo "run --prepare with the project's python (make setup first)"; exit 2; }
+  rm -f .wheels/*.whl
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .wheels \
-    mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce "jaxmarl>=0.2,<0.3" gymnax rliable arch
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform any -d .wheels $pins
   grep -qx '/.wheels/' .git/info/exclude 2>/dev/null || echo '/.wheels/' >> .git/info/exclude
   du -sh .wheels
   exit 0
@@ -34,6 +42,7 @@ DEVICE=${DEVICE:-cuda}
 PER_GPU=${PER_GPU:-3}
 GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
 CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
+PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
 CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
 OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
@@ -56,6 +65,30 @@ fi
 BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+# Fail fast (a lent minute is precious): the CLI and the MPE env must import.
+python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
+log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none listed = cannot build images here)"
+
+# Datasets first, one process per tier, then each one's sha256 against its committed card: a run on a
+# dataset that differs from the card's would not be the committed cell (its run key would differ).
+if [[ -n "$PREBUILD" ]]; then
+  for tt in $PREBUILD; do
+    "${BENCH[@]}" datasets build --profile "$PROFILE" "${tt%%:*}" "${tt#*:}" > "$OUT/build.${tt//[:\/]/_}.tmp" 2>&1 &
+  done
+  wait
+  cat "$OUT"/build.*.tmp > "$OUT/build.log"; rm -f "$OUT"/build.*.tmp
+  python3 - "$DATA/$PROFILE/manifest.json" "datasets/cards/$PROFILE" <<'PY' | tee -a "$OUT/build.log"
+import json, sys
+from pathlib import Path
+manifest, cards = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+for key, entry in sorted(manifest.items()):
+    card = cards / f"{key}.json"
+    want = json.loads(card.read_text()).get("sha256") if card.exists() else None
+    verdict = "sha ok" if want == entry["sha256"] else f"SHA DIFFERS from {card}" if want else "no card"
+    print(f"{key}: {verdict} {entry['sha256'][:12]}")
+PY
+  log "datasets built"
+fi
 
 # The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
 export OMP_NUM_THREADS=1
