@@ -5,8 +5,9 @@
 #   * GPU_ONLY cells on the GPU, PER_GPU runs sharing it (the GPU-sized cells: SMAX ensembles, Half-Cheetah);
 #   * CPU_ONLY cells on the remaining cores, one torch thread each;
 # then stops both cleanly (SIGINT: interrupted runs keep their last checkpoint) and packs every run
-# directory they touched (finished runs and checkpoints, so the next loan or a CPU machine resumes
-# them) into $OUT/results.tgz. Unpack it over results/ here and `make publish-results PROFILE=paper`.
+# directory they touched into $OUT/runs.tgz, plus the checkpoints of unfinished runs (so the next loan or a CPU
+# machine resumes them) in ckpt.tgz.part*. Here: tar -xzf runs.tgz -C results; cat ckpt.tgz.part* | tar -xzf - -C results;
+# then `make publish-results PROFILE=paper`.
 #
 # Prepare once on the development machine (what the loan machine lacks, it cannot download):
 #   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
@@ -101,12 +102,18 @@ cpu_pid=$!
 wait $gpu_pid; log "gpu part exit $?"
 wait $cpu_pid; log "cpu part exit $?"
 
-# Pack every run directory (small files + checkpoints; no datasets) for the trip back (<= 16 MiB a file).
+# Pack for the trip back (the tool returns at most 8 files of <= 16 MiB): every run's small files in
+# runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
+# in <= 15 MiB parts ckpt.tgz.part* (cat them | tar -xzf - over results/).
 (cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u > "$OUT/runs.txt"
- tar -czf "$OUT/results.tgz" --files-from=<(while read -r d; do
-   for f in final.json config.json metrics.jsonl status.json run.log ckpt.pt; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
- done < "$OUT/runs.txt"))
+ tar -czf "$OUT/runs.tgz" --files-from=<(while read -r d; do
+   for f in final.json config.json metrics.jsonl status.json run.log; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
+ done < "$OUT/runs.txt")
+ while read -r d; do [[ -e "$d/ckpt.pt" && ! -e "$d/final.json" ]] && echo "$d/ckpt.pt"; done < "$OUT/runs.txt" \
+   > "$OUT/unfinished.txt"
+ [[ -s "$OUT/unfinished.txt" ]] && tar -cf - --files-from="$OUT/unfinished.txt" | gzip -1 \
+   | split -b 15M - "$OUT/ckpt.tgz.part")
 "${BENCH[@]}" status > "$OUT/status.txt" 2>&1
-log "packed $(wc -l < "$OUT/runs.txt") run(s): $(du -h "$OUT/results.tgz" | cut -f1)"
+log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
 for f in "$OUT/gpu.log" "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 rm -rf "$PKG"
