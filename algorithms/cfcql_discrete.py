@@ -39,6 +39,7 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.bc_discrete import bc_step
+from plcql_bench.algorithms.common import discrete_fast as fast
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets)
@@ -178,9 +179,11 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, tq_tot, self.cfg.gamma,
                                  self.cfg.td_lambda)
 
-    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics."""
-        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t])  # [B, T, n, A]
+    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
+                    mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+        """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics (mix_w: the
+        mixer's weights at s_0..s_T-1 when the caller has them)."""
+        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t], mix_w)  # [B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 
     def update(self, sample) -> dict[str, float]:
@@ -192,14 +195,15 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
         q = q_all[:, :T]
         q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
-        q_tot = self.mix(q_taken, batch.state[:, :T])  # [B, T]
+        mix_w = self.mix.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if fast.FUSED else None
+        q_tot = self.mix.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [B, T] (shared weights)
         y = self.compute_target(batch, q_all)
         td = masked_mean(0.5 * (q_tot - y).pow(2), batch.mask)
         loss = td
         stats = {"critic/td_loss": td.detach(), "critic/q_taken": masked_mean(q_tot.detach(), batch.mask),
                  "critic/target": masked_mean(y, batch.mask)}
         if self.cfg.cql_alpha > 0:
-            pen_bt, cst = self.cql_penalty(batch, q, q_tot)
+            pen_bt, cst = self.cql_penalty(batch, q, q_tot, mix_w)
             pen = masked_mean(pen_bt, batch.mask)
             loss = loss + self.cfg.cql_alpha * pen
             stats.update(cst)

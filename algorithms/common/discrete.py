@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch
+from plcql_bench.algorithms.common import discrete_fast as fast
 from plcql_bench.algorithms.common.protocol import Checkpointable
 from plcql_bench.suite.spec import TaskSpec
 
@@ -164,6 +165,14 @@ class RNNAgent(nn.Module):
         """obs [B, L, n, o], last_onehot [B, L, n, A], h0 [B, n, H] (zeros if None)
         -> (outputs [B, L, n, A], last hidden state [B, n, H])."""
         B, L, n, _ = obs.shape
+        if fast.FUSED:  # time-major rows through discrete_fast.fused_gru (one member)
+            H, rnn = self.hidden, self.rnn
+            x = F.relu(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
+            h = None if h0 is None else h0.reshape(1, B * n, H)
+            y = fast.fused_gru(x, rnn.weight_ih_l0.t()[None], rnn.bias_ih_l0[None, None], rnn.weight_hh_l0.t()[None],
+                               rnn.bias_hh_l0[None, None], h, L)  # [1, L, B·n, H]
+            out = self.fc2(y.view(L, B, n, H)).transpose(0, 1)
+            return out, y[0, -1].reshape(B, n, H)
         x = F.relu(self.fc1(self._inputs(obs, last_onehot)))  # [B, L, n, H]
         x = x.permute(0, 2, 1, 3).reshape(B * n, L, self.hidden)
         h = self.init_hidden(B) if h0 is None else h0
@@ -208,12 +217,12 @@ class QMixer(nn.Module):
         b2 = self.hyper_b2(state).view(M, 1, 1)
         return w1, b1, w2, b2
 
-    def mix_many(self, qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def mix_many(self, qs: torch.Tensor, state: torch.Tensor, w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """K joint Q-vectors per state, one hypernetwork pass per state:
-        qs [*L, K, n], state [*L, S] -> Q_tot [*L, K]."""
+        qs [*L, K, n], state [*L, S] -> Q_tot [*L, K]; `w` = weights(state) when the caller has them."""
         lead = state.shape[:-1]
         K = qs.shape[-2]
-        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         h = F.elu(torch.bmm(qs.reshape(-1, K, self.n_agents), w1) + b1)  # [M, K, E]
         return (torch.bmm(h, w2) + b2).reshape(*lead, K)
 
@@ -221,17 +230,22 @@ class QMixer(nn.Module):
         """qs [*L, n], state [*L, S] -> Q_tot [*L]."""
         return self.mix_many(qs.unsqueeze(-2), state)[..., 0]
 
-    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                       w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """Q_tot(s, a_i = j, a_-i) for every agent i and action j, the other agents at `actions`:
         q_all [*L, n, A], actions [*L, n], state [*L, S] -> [*L, n, A] (row i, column actions[i]
         is Q_tot at the data joint action). The first layer is linear in q, so changing agent i's
-        Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents."""
+        Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents
+        (`w` = weights(state) when the caller has them)."""
         lead, (n, A) = state.shape[:-1], q_all.shape[-2:]
-        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         q_all = q_all.reshape(-1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
         pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
         delta = q_all - q_taken  # [M, n, A]
+        if fast.FUSED:  # the [M, n, A, E] intermediate in cache-sized blocks (discrete_fast)
+            out = fast.counterfactual_mix(pre[:, 0], delta, w1, w2[..., 0]) + b2
+            return out.reshape(*lead, n, A)
         pre_cf = pre[:, :, None, :] + delta[..., None] * w1[:, :, None, :]  # [M, n, A, E]
         out = (F.elu(pre_cf) * w2[:, None, :, 0][:, :, None, :]).sum(-1) + b2[:, :, :1]  # [M, n, A]
         return out.reshape(*lead, n, A)
@@ -363,6 +377,8 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
         self.n, self.A = spec.n_agents, spec.act_dim
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed))
         self.rounds = 0
+        if self.device.type == "cpu":
+            fast.keep_heap_memory()
 
     def build(self, offset: int, fn: Callable[[], nn.Module]) -> nn.Module:
         """fn() under `seeded(seed * 1000 + offset)`, moved to the device."""

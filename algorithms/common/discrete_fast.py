@@ -1,0 +1,297 @@
+"""Fused kernels for the discrete-action (SMAX/SMAC) networks: the GRU recurrence and the
+counterfactual mixer, each one autograd Function with a hand-written backward. Same equations as
+the plain paths they replace (`StackedRNNAgent`/`RNNAgent`, `StackedQMixer`/`QMixer.counterfactual`),
+which stay in the code as the readable reference; `tests/test_discrete_fast.py` checks values and
+every gradient against them.
+
+Why (smax-2s3z, 128 episodes x 121 observations x 5 agents, 10 members, 1 thread): the plain
+autograd GRU issues ~25 ops per time step forward and backward (split/cat pairs, per-step weight
+gradients), and the counterfactual mixer materialises an [E, B*T, n, A, embed] tensor (1 GB) several
+times per round under checkpointing. Every large tensor is also a fresh mmap that the kernel faults
+in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
+
+  fused_gru   the recurrence in one Function: ~7 ops per step forward, ~11 backward (tanh/sigmoid
+              backward as single ops, lerp for the state update), gates saved in one buffer, the
+              weight gradients as one GEMM over all steps after the loop. The gate, input-projection
+              and gradient buffers come from a pool kept across rounds (no page faults).
+  counterfactual_mix
+              Q_tot(s, a_i = j, a_-i) for every agent i and action j, forward and backward in row
+              blocks of ~BLOCK_BYTES, so the [rows, n, A, embed] intermediate lives in cache and is
+              recomputed in backward instead of stored.
+
+`FUSED` switches both on (default) or off (the plain paths: `plain_kernels()` in tests and in
+`bench-speed --plain`). Neither is part of an algorithm's config, so run keys do not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+FUSED = True
+BLOCK_BYTES = 1 << 20  # counterfactual_mix: bytes of [rows, n, A, embed] intermediate per block
+
+
+@contextlib.contextmanager
+def plain_kernels(plain: bool = True) -> Iterator[None]:
+    """Run the plain (autograd) paths inside the block, with glibc's default large-allocation
+    behaviour (see `keep_heap_memory`): the code as it was before the fused paths."""
+    global FUSED
+    old, FUSED = FUSED, not plain
+    _set_heap_only(_HEAP_ONLY and not plain)
+    try:
+        yield
+    finally:
+        FUSED = old
+        _set_heap_only(_HEAP_ONLY and FUSED)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: glibc mmaps every allocation above 32 MiB and unmaps it on free, so each of the round's
+# large tensors (a [10, 77440, 192] GRU gate tensor is 595 MB) is faulted in page by page on every
+# round: ~3 million page faults, ~40 % of a PLCQL round's CPU time on smax-2s3z. Serving them from
+# the heap (M_MMAP_MAX = 0) and never trimming it (keep_freed_memory) reuses the same pages from
+# round to round. The process keeps its peak memory; requests the heap cannot grow for still fall
+# back to mmap inside glibc.
+
+_HEAP_ONLY = False
+_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
+
+
+def _set_heap_only(on: bool) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
+    except (OSError, AttributeError):
+        pass
+
+
+def keep_heap_memory() -> None:
+    """Large allocations from the heap, freed memory kept (process-wide, idempotent, CPU only;
+    nothing where glibc is not available). Called by the discrete algorithms' constructors."""
+    global _HEAP_ONLY
+    from plcql_bench.algorithms.common.continuous import keep_freed_memory
+
+    keep_freed_memory()
+    _HEAP_ONLY = True
+    _set_heap_only(FUSED)
+
+
+class _Pool:
+    """Large scratch buffers reused across rounds (fresh ones would be mmapped and faulted in every
+    time). A buffer is handed out once and only comes back through `give`; a buffer never given back
+    (a graph dropped before its backward) is simply freed by Python."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.free: list[torch.Tensor] = []
+        self.keep = keep
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        need = 1
+        for s in shape:
+            need *= s
+        fits = [i for i, b in enumerate(self.free)
+                if b.numel() >= need and b.dtype == like.dtype and b.device == like.device]
+        if fits:
+            buf = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            buf = torch.empty(need, dtype=like.dtype, device=like.device)
+        return buf[:need].view(shape)
+
+    def give(self, *views: torch.Tensor) -> None:
+        for v in views:
+            base = v._base if v._base is not None else v
+            if all(base.data_ptr() != b.data_ptr() for b in self.free):
+                self.free.append(base)
+        if len(self.free) > self.keep:  # drop the smallest (a shape seen once)
+            self.free.sort(key=torch.Tensor.numel)
+            del self.free[: len(self.free) - self.keep]
+
+
+POOL = _Pool()
+
+
+# --------------------------------------------------------------------------------------------
+# GRU
+
+
+def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor | None,
+               hs: torch.Tensor, gates: torch.Tensor | None) -> None:
+    """The recurrence (nn.GRU's equations, gate order r, z, n) over gi [E, L, N, 3H] (input
+    projections with b_ih), writing hs [E, L, N, H]; with `gates` [E, L, N, 4H] it keeps r, z, n and
+    the hidden projection's n part (W_hn h + b_hn) of every step for the backward pass."""
+    E, L, N, H3 = gi.shape
+    H = H3 // 3
+    gh = hs.new_empty(E, N, H3)
+    tmp = None if gates is not None else hs.new_empty(E, N, 3 * H)
+    h = h0 if h0 is not None else hs.new_zeros(E, N, H)
+    for t in range(L):
+        g = gates[:, t] if gates is not None else tmp
+        torch.baddbmm(b_hh, h, w_hh, out=gh)
+        rz = g[..., :2 * H]
+        torch.add(gi[:, t, :, :2 * H], gh[..., :2 * H], out=rz).sigmoid_()
+        n = g[..., 2 * H:3 * H]
+        torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], gh[..., 2 * H:], out=n).tanh_()
+        if gates is not None:
+            g[..., 3 * H:].copy_(gh[..., 2 * H:])
+        torch.lerp(n, h, rz[..., H:], out=hs[:, t])  # (1 - z)·n + z·h
+        h = hs[:, t]
+
+
+class _GRU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, h0, L):
+        E, LN, _ = x.shape
+        H, N = w_hh.shape[1], LN // L
+        gi = POOL.take((E, L, N, 3 * H), x)
+        torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
+        gates = POOL.take((E, L, N, 4 * H), x)
+        hs = x.new_empty(E, L, N, H)
+        _gru_steps(gi, w_hh, b_hh, h0, hs, gates)
+        ctx.save_for_backward(x, w_ih, w_hh, hs, h0)
+        ctx.bufs = [gi, gates]  # gi's buffer holds d gi in backward
+        return hs
+
+    @staticmethod
+    def backward(ctx, dhs):
+        if ctx.bufs is None:
+            raise RuntimeError("fused_gru frees its buffers in backward: no retain_graph")
+        x, w_ih, w_hh, hs, h0 = ctx.saved_tensors
+        dgi, gates = ctx.bufs
+        ctx.bufs = None
+        E, L, N, H = hs.shape
+        dghn = POOL.take((E, L, N, H), hs)  # d(W_hn h + b_hn) = d n_pre · r
+        wt_rz = w_hh[..., :2 * H].transpose(1, 2).contiguous()  # [E, 2H, H]
+        wt_n = w_hh[..., 2 * H:].transpose(1, 2).contiguous()  # [E, H, H]
+        dh, dn = hs.new_empty(E, N, H), hs.new_empty(E, N, H)
+        drz = hs.new_empty(E, N, 2 * H)
+        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1
+        zeros = hs.new_zeros(E, N, H) if h0 is None else None
+        for t in range(L - 1, -1, -1):
+            g = gates[:, t]
+            r, z, n, ghn = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
+            h_prev = hs[:, t - 1] if t > 0 else (h0 if h0 is not None else zeros)
+            torch.add(dhs[:, t], dh_rec, out=dh)
+            torch.sub(h_prev, n, out=drz[..., H:]).mul_(dh)  # dz = dh·(h_prev − n)
+            torch.mul(dh, z, out=dh_rec)  # the direct path z·h_prev
+            torch.sub(dh, dh_rec, out=dn)  # dn = dh·(1 − z)
+            dn_pre = dgi[:, t, :, 2 * H:]
+            torch.ops.aten.tanh_backward.grad_input(dn, n, grad_input=dn_pre)
+            torch.mul(dn_pre, ghn, out=drz[..., :H])  # dr
+            drz_pre = dgi[:, t, :, :2 * H]
+            torch.ops.aten.sigmoid_backward.grad_input(drz, g[..., :2 * H], grad_input=drz_pre)
+            torch.mul(dn_pre, r, out=dghn[:, t])
+            dh_rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, t], wt_n)
+        dgi_f, dghn_f = dgi.view(E, L * N, 3 * H), dghn.view(E, L * N, H)
+        dx = dw_ih = db_ih = dw_hh = db_hh = dh0 = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.bmm(dgi_f, w_ih.transpose(1, 2))
+        if ctx.needs_input_grad[1]:
+            dw_ih = torch.bmm(x.transpose(1, 2), dgi_f)
+        if ctx.needs_input_grad[2]:
+            db_ih = dgi_f.sum(1, keepdim=True)
+        if ctx.needs_input_grad[3]:
+            h_prev = hs[:, :L - 1].reshape(E, (L - 1) * N, H).transpose(1, 2)  # h_0 .. h_{L-2}: steps 1..L-1
+            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, 1:].reshape(E, (L - 1) * N, 3 * H)[..., :2 * H]),
+                               torch.bmm(h_prev, dghn[:, 1:].reshape(E, (L - 1) * N, H))], -1)
+            if h0 is not None:  # step 0 starts from h0
+                dw_hh += torch.cat([torch.bmm(h0.transpose(1, 2), dgi[:, 0, :, :2 * H]),
+                                    torch.bmm(h0.transpose(1, 2), dghn[:, 0])], -1)
+        if ctx.needs_input_grad[4]:
+            db_hh = torch.cat([dgi_f[..., :2 * H].sum(1, keepdim=True), dghn_f.sum(1, keepdim=True)], -1)
+        if ctx.needs_input_grad[5]:
+            dh0 = dh_rec
+        POOL.give(dgi, gates, dghn)
+        return dx, dw_ih, db_ih, dw_hh, db_hh, dh0, None
+
+
+def fused_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
+              h0: torch.Tensor | None, steps: int) -> torch.Tensor:
+    """E GRUs (weights stacked on a leading member axis) over `steps` time steps.
+
+    x [E, L·N, In] time-major rows (step t = rows t·N .. t·N+N−1), w_ih [E, In, 3H], b_ih [E, 1, 3H],
+    w_hh [E, H, 3H], b_hh [E, 1, 3H], h0 [E, N, H] or None (zeros) -> hidden states [E, L, N, H]."""
+    E, LN, _ = x.shape
+    H = w_hh.shape[1]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh, h0)):
+        return _GRU.apply(x, w_ih, b_ih, w_hh, b_hh, h0, steps)
+    gi = POOL.take((E, steps, LN // steps, 3 * H), x)
+    torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
+    hs = x.new_empty(E, steps, LN // steps, H)
+    _gru_steps(gi, w_hh, b_hh, h0, hs, None)
+    POOL.give(gi)
+    return hs
+
+
+# --------------------------------------------------------------------------------------------
+# Counterfactual mixer
+
+
+def _block_rows(row_elems: int, elem_bytes: int) -> int:
+    return max(1, BLOCK_BYTES // max(1, row_elems * elem_bytes))
+
+
+def _cf_block(pre, delta, w1):
+    """elu(pre + delta·w1) for one block: [rb, n, A, Em]."""
+    x = torch.addcmul(pre[:, None, None, :], delta.unsqueeze(-1), w1.unsqueeze(2))
+    return F.elu_(x)
+
+
+class _CounterfactualMix(torch.autograd.Function):
+    """out[r, i, j] = Σ_e w2[r, e] · elu(pre[r, e] + delta[r, i, j] · w1[r, i, e]). With s = elu'(x):
+    d pre = w2 ⊙ Σ_ij dout·s,  d w2 = Σ_ij dout·elu(x),  d w1[r, i] = w2 ⊙ Σ_j dout·delta·s,
+    d delta[r, i, j] = dout · Σ_e s·w1·w2. The sums over (i, j) are batched row-vector × matrix
+    products; the short sums over j and e are a multiply and a sum (faster on CPU than a bmm)."""
+
+    @staticmethod
+    def forward(ctx, pre, delta, w1, w2):
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        out = delta.new_empty(R, n, A)
+        rb = _block_rows(n * A * Em, delta.element_size())
+        for r0 in range(0, R, rb):
+            s = slice(r0, r0 + rb)
+            e = _cf_block(pre[s], delta[s], w1[s])
+            torch.sum(e.mul_(w2[s][:, None, None, :]), -1, out=out[s])
+        ctx.save_for_backward(pre, delta, w1, w2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        pre, delta, w1, w2 = ctx.saved_tensors
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        dout = dout.contiguous()
+        dpre, ddelta = torch.empty_like(pre), torch.empty_like(delta)
+        dw1, dw2 = torch.empty_like(w1), torch.empty_like(w2)
+        w12 = w1 * w2.unsqueeze(1)  # [R, n, Em]
+        gd = dout * delta  # [R, n, A]
+        rb = _block_rows(n * A * Em, delta.element_size())
+        tmp_all = delta.new_empty(min(rb, R), n, A, Em)
+        for r0 in range(0, R, rb):
+            s = slice(r0, r0 + rb)
+            e = _cf_block(pre[s], delta[s], w1[s])
+            k = e.shape[0]
+            go = dout[s].view(k, 1, n * A)
+            torch.bmm(go, e.view(k, n * A, Em), out=dw2[s].view(k, 1, Em))
+            sd = e.clamp_(max=0.0).add_(1.0)  # elu'(x) from elu(x): exp(x) below 0, 1 above
+            torch.bmm(go, sd.view(k, n * A, Em), out=dpre[s].view(k, 1, Em))
+            tmp = tmp_all[:k]
+            torch.sum(torch.mul(sd, gd[s].unsqueeze(-1), out=tmp), 2, out=dw1[s])  # (a bmm with K = A is slower)
+            torch.sum(sd.mul_(w12[s].unsqueeze(2)), -1, out=ddelta[s])
+        dpre.mul_(w2)
+        dw1.mul_(w2.unsqueeze(1))
+        ddelta.mul_(dout)
+        return dpre, ddelta, dw1, dw2
+
+
+def counterfactual_mix(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Σ_e elu(pre_e + delta_ij · w1_ie) · w2_e for every row, agent i and action j, in cache-sized
+    row blocks: pre [R, Em], delta [R, n, A], w1 [R, n, Em], w2 [R, Em] -> [R, n, A] (QMIX's second
+    layer without its bias; see QMixer.counterfactual)."""
+    pre, delta, w1, w2 = (t.contiguous() for t in (pre, delta, w1, w2))
+    return _CounterfactualMix.apply(pre, delta, w1, w2)

@@ -1,0 +1,179 @@
+"""The fused discrete kernels (algorithms/common/discrete_fast.py) against the plain paths they
+replace, which are the code as it was before them (`plain_kernels()`):
+
+  * fused_gru vs the stacked autograd GRU (StackedRNNAgent) and nn.GRU (RNNAgent): outputs, last
+    hidden state, the gradients of every parameter and of h0, with and without h0, one step and many;
+  * counterfactual_mix vs the materialised [rows, n, A, embed] mixer (StackedQMixer / QMixer), with
+    a tiny block size so that several blocks and a ragged last one run;
+  * whole update rounds of CFCQL, MACQL, SPaCQL and PLCQL (discrete), fused vs plain from the same
+    seed: every parameter after three rounds and the logged metrics agree within float tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common import discrete_fast as fast
+from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent
+from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
+from plcql_bench.suite.episodes import EpisodeSampler
+
+from test_discrete_machinery import SPEC, ragged
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _grads(out, params, seed=1):
+    """Gradients of a random linear function of the outputs (every output element matters)."""
+    loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + i), dtype=o.dtype)).sum()
+               for i, o in enumerate(out))
+    return torch.autograd.grad(loss, params)
+
+
+def _run_both(fn):
+    """fn() under the fused and under the plain kernels."""
+    with fast.plain_kernels(False):
+        got = fn()
+    with fast.plain_kernels(True):
+        exp = fn()
+    return got, exp
+
+
+def _close(got, exp, rtol=1e-10, atol=1e-12):
+    for i, (g, e) in enumerate(zip(got, exp)):
+        assert g.shape == e.shape, i
+        assert torch.allclose(g, e, rtol=rtol, atol=atol * max(1.0, float(e.detach().abs().max()))), (i, (g - e).abs().max())
+
+
+@pytest.mark.parametrize("steps", [1, 7])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_fused_gru_matches_stacked_autograd_gru(steps, with_h0):
+    torch.manual_seed(0)
+    E, B, n, o, A, H = 3, 4, 3, 5, 6, 8
+    agent = StackedRNNAgent([RNNAgent(n, o, A, H) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(2)
+    obs = torch.randn(B, steps, n, o, generator=g, dtype=F64)
+    last = torch.randn(B, steps, n, A, generator=g, dtype=F64)
+    h0 = torch.randn(E, B, n, H, generator=g, dtype=F64, requires_grad=True) if with_h0 else None
+    params = list(agent.parameters()) + ([h0] if with_h0 else [])
+
+    def run():
+        out, hT = agent(obs, last, h0)
+        return out, hT, _grads((out, hT), params)
+
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(run)
+    _close([out, hT, *gr], [out_p, hT_p, *gr_p])
+    with torch.no_grad():  # the no-grad path (targets, acting) gives the same values
+        out_ng, hT_ng = agent(obs, last, h0)
+    assert torch.allclose(out_ng, out, rtol=1e-12) and torch.allclose(hT_ng, hT, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_fused_gru_matches_nn_gru_agent(dtype):
+    torch.manual_seed(1)
+    B, L, n, o, A, H = 5, 9, 3, 7, 6, 16
+    agent = RNNAgent(n, o, A, H).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(B, L, n, o, generator=g).to(dtype)
+    last = torch.randn(B, L, n, A, generator=g).to(dtype)
+    h0 = torch.randn(B, n, H, generator=g).to(dtype).requires_grad_()
+    params = list(agent.parameters()) + [h0]
+
+    def run():
+        out, hT = agent(obs, last, h0)
+        return out, hT, _grads((out, hT), params)
+
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(run)
+    rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
+    _close([out, hT, *gr], [out_p, hT_p, *gr_p], rtol, atol)
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """Two rows per block: several blocks and a ragged last one."""
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 2 * 3 * 6 * 4 * 8)
+
+
+def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
+    torch.manual_seed(2)
+    E, M, n, A, S = 3, 11, 3, 6, 9
+    mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(4)
+    q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
+    acts = torch.randint(0, A, (M, n), generator=g)
+    state = torch.randn(M, S, generator=g, dtype=F64)
+    params = [q, *mixer.parameters()]
+
+    def run():
+        cf = mixer.counterfactual(q, acts, state)
+        return cf, _grads((cf,), params)
+
+    (cf, gr), (cf_p, gr_p) = _run_both(run)
+    _close([cf, *gr], [cf_p, *gr_p])
+    # the weights argument (shared with the TD mixer) gives the same values
+    w = mixer.weights(state)
+    assert torch.allclose(mixer.counterfactual(q, acts, state, w), cf, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_counterfactual_mix_matches_the_single_mixer(tiny_blocks, dtype):
+    torch.manual_seed(3)
+    B, T, n, A, S = 2, 5, 3, 6, 9
+    mixer = QMixer(n, S, 4, 8).to(dtype)
+    g = torch.Generator().manual_seed(5)
+    q = (torch.randn(B, T, n, A, generator=g) * 3).to(dtype).requires_grad_()
+    acts = torch.randint(0, A, (B, T, n), generator=g)
+    state = torch.randn(B, T, S, generator=g).to(dtype)
+    params = [q, *mixer.parameters()]
+
+    def run():
+        cf = mixer.counterfactual(q, acts, state)
+        return cf, _grads((cf,), params)
+
+    (cf, gr), (cf_p, gr_p) = _run_both(run)
+    rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
+    _close([cf, *gr], [cf_p, *gr_p], rtol, atol)
+
+
+def test_fused_gru_refuses_a_second_backward():
+    agent = StackedRNNAgent([RNNAgent(2, 3, 4, 5) for _ in range(2)])
+    with fast.plain_kernels(False):
+        out, _ = agent(torch.randn(2, 3, 2, 3), torch.zeros(2, 3, 2, 4))
+        out.sum().backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="retain_graph"):
+            out.sum().backward()
+
+
+TINY = {"batch_episodes": 4, "hidden": 8, "mixing_embed": 4, "hypernet_embed": 8, "behaviour_max_updates": 3,
+        "softmax_temp": 1.0, "target_update_interval": 2}
+ENSEMBLE = {"n_critics": 3}
+
+
+@pytest.mark.parametrize("name", ["cfcql", "macql", "spacql", "plcql", "plcql-lcb"])
+def test_update_rounds_match_the_plain_kernels(name, monkeypatch):
+    """Three update rounds from the same seed: fused and plain give the same parameters (Adam, clipping,
+    target copies and the random draws all included) and the same metrics, within float32 tolerance."""
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)  # several counterfactual blocks per round
+    cls = get_algorithm(name, discrete=True)
+    fields = set(cls.Config.__dataclass_fields__)
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8}.items() if k in fields}
+    arrays = ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
+    runs = {}
+    for plain in (False, True):
+        torch.manual_seed(0)
+        algo = cls(SPEC, make_config(cls, cfg), 0)
+        sampler = EpisodeSampler(arrays, 0, "cpu")
+        with fast.plain_kernels(plain):
+            metrics = [algo.update(sampler) for _ in range(3)]
+        runs[plain] = (algo, metrics)
+    (fa, fm), (pa, pm) = runs[False], runs[True]
+    for key, mod in fa.modules().items():
+        for (pname, p), q in zip(mod.state_dict().items(), pa.modules()[key].state_dict().values()):
+            assert torch.allclose(p.float(), q.float(), rtol=1e-4, atol=1e-5), (key, pname, (p - q).abs().max())
+    for a, b in zip(fm, pm):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert abs(a[k] - b[k]) <= 1e-4 * max(1.0, abs(b[k])), (k, a[k], b[k])
