@@ -350,7 +350,7 @@ class _BlockedLSE(torch.autograd.Function):
     forwarded AND backpropagated block by block of states while the block's activations are in cache.
 
     Inputs as `_FusedTrunk` (h_s [E, B, H] with bias, w1a, w2, b2, w3, b3) plus a [B*R, nA] (rows grouped
-    by state, no gradient), off [B, G, M] or None, w [B, G], T. Every pol_j depends only on member j's
+    by state, no gradient), off [B, G, M] (or [E, B, G, M]: per member) or None, w [B, G], T. Every pol_j depends only on member j's
     parameters and is a mean over states of per-state terms that depend only on that state's rows, so the
     gradient of pol_j with respect to member j's parameters is a sum over state blocks of the blocks'
     gradients, and dpol_j/dh_s[j, b] depends only on block(b)'s forward. These gradients (for an upstream
@@ -405,7 +405,7 @@ class _BlockedLSE(torch.autograd.Function):
             # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
             torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
             if off is not None:
-                z.sub_(off[b0:b1_])
+                z.sub_(off[..., b0:b1_, :, :])  # off [B, G, M], or [E, B, G, M] per member
             if not keep:
                 continue
             # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
