@@ -74,7 +74,12 @@ def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
     """cf [..., B, T, n, A] (Q_tot with agent i's action replaced by each action), λ [..., B, T, n]:
     Σ_i λ_i logsumexp over agent i's AVAILABLE actions, minus q_tot [..., B, T]; and diagnostics."""
     lse = masked_logsumexp(cf, batch.avail[:, :batch.max_t])  # [..., B, T, n]
-    neg = (lam * lse).sum(-1)
+    return cql_from_negative((lam * lse).sum(-1), lam, batch, q_tot)
+
+
+def cql_from_negative(neg: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
+                      q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The penalty neg − q_tot [..., B, T] and diagnostics from the negative term and λ."""
     m = batch.mask
     stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
              "cql/negative": masked_mean(neg.detach(), m)}
@@ -179,10 +184,25 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, tq_tot, self.cfg.gamma,
                                  self.cfg.td_lambda)
 
+    @torch.no_grad()
+    def behaviour_logprob(self, batch: EpisodeBatch) -> torch.Tensor | None:
+        """log(β + 1e-5) [B·T, n, A] for the fused λ (discrete_fast.cf_lambda); None when λ is uniform."""
+        if self.behaviour is None or self.cfg.softmax_temp == 0:
+            return None
+        T = batch.max_t
+        beta = masked_softmax(self.behaviour.unroll(batch)[:, :T], batch.avail[:, :T])
+        return beta.add_(1e-5).log_().flatten(0, 1)
+
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
                     mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics (mix_w: the
         mixer's weights at s_0..s_T-1 when the caller has them)."""
+        if fast.FUSED:  # mixer, λ and logsumexp in one cache-blocked pass (discrete_fast.cf_negative)
+            B, T, n, A = q.shape
+            parts = self.mix.counterfactual_parts(q, batch.actions, batch.state[:, :T], mix_w)
+            neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
+                                        self.cfg.softmax_temp, 1)
+            return cql_from_negative(neg.view(B, T), lam.view(B, T, n), batch, q_tot)
         cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t], mix_w)  # [B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 

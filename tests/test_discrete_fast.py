@@ -152,14 +152,15 @@ TINY = {"batch_episodes": 4, "hidden": 8, "mixing_embed": 4, "hypernet_embed": 8
 ENSEMBLE = {"n_critics": 3}
 
 
-@pytest.mark.parametrize("name", ["cfcql", "macql", "spacql", "plcql", "plcql-lcb"])
-def test_update_rounds_match_the_plain_kernels(name, monkeypatch):
+@pytest.mark.parametrize("name,temp", [("cfcql", 1.0), ("cfcql", 100.0), ("macql", 1.0), ("spacql", 1.0),
+                                       ("plcql", 1.0), ("plcql", 0.0), ("plcql-lcb", 1.0)])
+def test_update_rounds_match_the_plain_kernels(name, temp, monkeypatch):
     """Three update rounds from the same seed: fused and plain give the same parameters (Adam, clipping,
     target copies and the random draws all included) and the same metrics, within float32 tolerance."""
     monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)  # several counterfactual blocks per round
     cls = get_algorithm(name, discrete=True)
     fields = set(cls.Config.__dataclass_fields__)
-    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8}.items() if k in fields}
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8, "softmax_temp": temp}.items() if k in fields}
     arrays = ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
     runs = {}
     for plain in (False, True):
@@ -177,3 +178,39 @@ def test_update_rounds_match_the_plain_kernels(name, monkeypatch):
         assert a.keys() == b.keys()
         for k in a:
             assert abs(a[k] - b[k]) <= 1e-4 * max(1.0, abs(b[k])), (k, a[k], b[k])
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.5, 100.0], ids=["uniform", "soft", "hard"])
+def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
+    """Σ_i λ_i masked-logsumexp_j Q_tot(s, a_i = j, a_-i), λ from the KL to β (CFCQL's formula), in one
+    blocked pass: values, λ, and the gradients of q and every mixer parameter."""
+    from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_softmax
+
+    from test_discrete_machinery import random_masks
+
+    torch.manual_seed(4)
+    E, M, n, A, S = 3, 7, 3, 6, 9
+    mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(6)
+    q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
+    acts = torch.randint(0, A, (M, n), generator=g)
+    state = torch.randn(M, S, generator=g, dtype=F64)
+    avail = random_masks(g, (M, n, A)).to(F64)
+    beta = masked_softmax(torch.randn(M, n, A, generator=g, dtype=F64), avail)
+    logbeta = (beta + 1e-5).log()
+    up = torch.randn(E, M, generator=g, dtype=F64)
+    params = [q, *mixer.parameters()]
+
+    with fast.plain_kernels(True):
+        cf = mixer.counterfactual(q, acts, state)  # [E, M, n, A]
+    mu = masked_softmax(cf.detach(), avail) + 1e-5
+    kl = (mu * (mu.log() - logbeta) * avail).sum(-1)
+    lam_r = {0.0: torch.full_like(kl, 1 / n), 100.0: torch.nn.functional.one_hot(kl.argmax(-1), n).to(F64)}.get(
+        temp, torch.softmax(temp * kl, -1))
+    neg_r = (lam_r * masked_logsumexp(cf, avail)).sum(-1)
+    exp = torch.autograd.grad((neg_r * up).sum(), params)
+
+    neg, lam = fast.cf_negative(*mixer.counterfactual_parts(q, acts, state), avail, logbeta if temp else None, temp, E)
+    assert torch.allclose(neg.view(E, M), neg_r, rtol=1e-10) and torch.allclose(lam.view(E, M, n), lam_r, rtol=1e-10)
+    got = torch.autograd.grad((neg.view(E, M) * up).sum(), params)
+    _close(got, exp)

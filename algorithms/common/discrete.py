@@ -238,17 +238,30 @@ class QMixer(nn.Module):
         Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents
         (`w` = weights(state) when the caller has them)."""
         lead, (n, A) = state.shape[:-1], q_all.shape[-2:]
+        if fast.FUSED:  # the [M, n, A, E] intermediate in cache-sized blocks (discrete_fast)
+            pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
+            out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
+            return out.reshape(*lead, n, A)
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         q_all = q_all.reshape(-1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
         pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
         delta = q_all - q_taken  # [M, n, A]
-        if fast.FUSED:  # the [M, n, A, E] intermediate in cache-sized blocks (discrete_fast)
-            out = fast.counterfactual_mix(pre[:, 0], delta, w1, w2[..., 0]) + b2
-            return out.reshape(*lead, n, A)
         pre_cf = pre[:, :, None, :] + delta[..., None] * w1[:, :, None, :]  # [M, n, A, E]
         out = (F.elu(pre_cf) * w2[:, None, :, 0][:, :, None, :]).sum(-1) + b2[:, :, :1]  # [M, n, A]
         return out.reshape(*lead, n, A)
+
+
+    def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """The inputs of the fused counterfactual kernels (discrete_fast) per state m: QMIX's first layer
+        at the data pre [M, E], the deltas q_all − q_taken [M, n, A], |W1| [M, n, E], |W2| [M, E], b2 [M, 1]."""
+        n, A = q_all.shape[-2:]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
+        q_all = q_all.reshape(-1, n, A)
+        q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
+        pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
+        return pre[:, 0], q_all - q_taken, w1, w2[..., 0], b2[:, 0]
 
 
 def hard_update(target: nn.Module, source: nn.Module) -> None:

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql
+from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql, cql_from_negative
 from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
@@ -169,19 +169,33 @@ class StackedQMixer(nn.Module):
         """QMixer.counterfactual per member: q_all [E, *L, n, A], actions [*L, n], state [*L, S] -> [E, *L, n, A];
         `w` = weights(state) when the caller already has them."""
         E, lead, (n, A) = self.n_members, state.shape[:-1], q_all.shape[-2:]
+        if fast.FUSED:  # the [E, M, n, A, Em] intermediate in cache-sized blocks, never stored
+            pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
+            out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
+            return out.reshape(E, *lead, n, A)
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
         q_all = q_all.reshape(E, -1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
         pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
-        if fast.FUSED:  # the [E, M, n, A, Em] intermediate in cache-sized blocks, never stored
-            M, Em = pre.shape[1], pre.shape[-1]
-            out = fast.counterfactual_mix(pre.reshape(E * M, Em), (q_all - q_taken).reshape(E * M, n, A),
-                                          w1.reshape(E * M, n, Em), w2.reshape(E * M, Em))
-            return (out.view(E, M, n, A) + b2).reshape(E, *lead, n, A)
         pre_cf = pre.unsqueeze(-2) + (q_all - q_taken).unsqueeze(-1) * w1.unsqueeze(-2)  # [E, M, n, A, Em]
         M, Em = pre_cf.shape[1], pre_cf.shape[-1]
         out = torch.bmm(F.elu(pre_cf).view(E * M, n * A, Em), w2.reshape(E * M, Em, 1))  # one bmm, no broadcast copy
         return (out.view(E, M, n, A) + b2).reshape(E, *lead, n, A)
+
+
+    def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """The inputs of the fused counterfactual kernels (discrete_fast), rows r = e·M + m: QMIX's first
+        layer at the data pre [R, Em], the deltas q_all − q_taken [R, n, A], |W1| [R, n, Em], |W2| [R, Em],
+        b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
+        E, (n, A) = self.n_members, q_all.shape[-2:]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
+        q_all = q_all.reshape(E, -1, n, A)
+        q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
+        pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
+        M, Em = pre.shape[1], pre.shape[-1]
+        return (pre.reshape(E * M, Em), (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
+                w2.reshape(E * M, Em), b2.reshape(E * M, 1))
 
 
 @dataclass
@@ -300,6 +314,12 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
                         w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics (`w`: the online
         mixers' weights at the batch's states s_0..s_T-1, when the caller has them)."""
+        if fast.FUSED:  # mixer, λ and logsumexp in one cache-blocked pass (discrete_fast.cf_negative)
+            E, B, T, n, A = q.shape
+            parts = self.mix_ens.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
+                                        self.cfg.softmax_temp, E)
+            return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
         cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t], w)  # [E, B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights_ens(cf.detach(), batch), batch, q_tot)
 

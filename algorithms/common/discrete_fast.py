@@ -295,3 +295,107 @@ def counterfactual_mix(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor,
     layer without its bias; see QMixer.counterfactual)."""
     pre, delta, w1, w2 = (t.contiguous() for t in (pre, delta, w1, w2))
     return _CounterfactualMix.apply(pre, delta, w1, w2)
+
+
+# --------------------------------------------------------------------------------------------
+# CF-CQL's negative term, fused with the counterfactual mixer
+
+
+@torch.no_grad()
+def cf_lambda(cf: torch.Tensor, avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float) -> torch.Tensor:
+    """CFCQL's λ over agents (CFCQLDiscrete.cf_weights' formula): cf [..., n, A], avail [..., n, A],
+    logbeta = log(β + 1e-5) [..., n, A] (None: uniform 1/n) -> [..., n]."""
+    from plcql_bench.algorithms.common.discrete import masked_softmax
+
+    n = cf.shape[-2]
+    if logbeta is None or temp == 0:
+        return cf.new_full(cf.shape[:-1], 1.0 / n)
+    mu = masked_softmax(cf, avail).add_(1e-5)
+    kl = (mu * (mu.log() - logbeta) * avail).sum(-1)
+    if temp >= 100:
+        return F.one_hot(kl.argmax(-1), n).to(cf.dtype)
+    return torch.softmax(temp * kl, -1)
+
+
+class _CFNegative(torch.autograd.Function):
+    """neg[r] = Σ_i λ_i(r) · logsumexp_{j available} cf[r, i, j], cf = counterfactual_mix(...) + b2,
+    λ from cf (detached, `cf_lambda`'s formula). Each row depends only on its own inputs, so the gradient
+    of neg[r] for an upstream gradient of 1 is computed in forward, block by block, while the block's
+    [rows, n, A, embed] activations are in cache (no recomputation), and backward scales it by each
+    row's upstream gradient (as continuous._BlockedLSE). d neg / d cf = λ_i · softmax_avail(cf_i).
+    The per-block softmax, logsumexp and λ share one exp pass (few ops: they run once per block)."""
+
+    @staticmethod
+    def forward(ctx, pre, delta, w1, w2, b2, avail, logbeta, temp, members):
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        M = R // members
+        neg, lam = delta.new_empty(R), delta.new_empty(R, n)
+        dpre, ddelta = torch.empty_like(pre), torch.empty_like(delta)
+        dw1, dw2, db2 = torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(b2)
+        rb = min(M, _block_rows(n * A * Em, delta.element_size()))
+        tmp_all = delta.new_empty(rb, n, A, Em)
+        w12 = w1 * w2.unsqueeze(1)  # [R, n, Em]
+        ok = avail > 0
+        any_ok = ok.any(-1)  # [M, n]: agents with an available action (all of them on real steps)
+        # -inf on unavailable actions; a row with none available counts all (finite), then zeroed by any_ok
+        mask_add = torch.zeros_like(avail).masked_fill_(~ok & any_ok.unsqueeze(-1), float("-inf"))
+        keep = any_ok.to(delta.dtype)
+        uniform = logbeta is None or temp == 0
+        for e in range(members):  # blocks within a member: rows e·M + m share avail[m] and β[m]
+            for m0 in range(0, M, rb):
+                k = min(M, m0 + rb) - m0
+                s, sm = slice(e * M + m0, e * M + m0 + k), slice(m0, m0 + k)
+                x = _cf_block(pre[s], delta[s], w1[s])  # elu(pre_cf) [k, n, A, Em]
+                tmp = tmp_all[:k]
+                cf = torch.sum(torch.mul(x, w2[s][:, None, None, :], out=tmp), -1).add_(b2[s].view(k, 1, 1))
+                z = cf.add_(mask_add[sm])
+                mx = z.amax(-1, keepdim=True)
+                p = z.sub_(mx).exp_()  # cf no longer needed
+                se = p.sum(-1, keepdim=True)
+                p.div_(se)  # masked softmax over the available actions
+                lse = se.log_().add_(mx)[..., 0]  # masked logsumexp
+                kp = keep[sm]
+                if uniform:
+                    lam_b = kp.new_full(kp.shape, 1.0 / n)
+                else:  # KL(μ || β) per agent, μ = the softmax (CFCQLDiscrete.cf_weights)
+                    mu = p + 1e-5
+                    kl = (mu * mu.log().sub_(logbeta[sm]) * avail[sm]).sum(-1)
+                    lam_b = F.one_hot(kl.argmax(-1), n).to(kl.dtype) if temp >= 100 else torch.softmax(temp * kl, -1)
+                lam[s] = lam_b
+                lk = lam_b * kp
+                neg[s] = (lk * lse).sum(-1)
+                go = p.mul_(lk.unsqueeze(-1))  # d neg / d cf [k, n, A]
+                db2[s] = go.sum((1, 2)).view(k, 1)
+                gov = go.view(k, 1, n * A)
+                torch.bmm(gov, x.view(k, n * A, Em), out=dw2[s].view(k, 1, Em))
+                sd = x.clamp_(max=0.0).add_(1.0)  # elu'(pre_cf)
+                torch.bmm(gov, sd.view(k, n * A, Em), out=dpre[s].view(k, 1, Em))
+                torch.sum(torch.mul(sd, (go * delta[s]).unsqueeze(-1), out=tmp), 2, out=dw1[s])
+                torch.sum(sd.mul_(w12[s].unsqueeze(2)), -1, out=ddelta[s])
+                ddelta[s].mul_(go)
+        dpre.mul_(w2)
+        dw1.mul_(w2.unsqueeze(1))
+        ctx.save_for_backward(dpre, ddelta, dw1, dw2, db2)
+        ctx.mark_non_differentiable(lam)
+        return neg, lam
+
+    @staticmethod
+    def backward(ctx, gneg, glam):
+        dpre, ddelta, dw1, dw2, db2 = ctx.saved_tensors
+        g = gneg.view(-1, 1)
+        return (dpre * g, ddelta * g.unsqueeze(-1), dw1 * g.unsqueeze(-1), dw2 * g, db2 * g,
+                None, None, None, None)
+
+
+def cf_negative(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float, members: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) per row, and λ, in one
+    cache-blocked pass (see _CFNegative). Rows r = e·M + m for `members` mixers over M states:
+    pre [R, Em], delta [R, n, A], w1 [R, n, Em], w2 [R, Em], b2 [R, 1] (QMIX's first layer at the data,
+    the counterfactual deltas, |W1|, |W2|, b2; see QMixer.counterfactual), avail [M, n, A],
+    logbeta [M, n, A] = log(β + 1e-5) or None (λ = 1/n) -> neg [R], λ [R, n] (no gradient)."""
+    args = [t.contiguous() for t in (pre, delta, w1, w2, b2)]
+    lb = None if logbeta is None else logbeta.contiguous()
+    return _CFNegative.apply(*args, avail.contiguous(), lb, float(temp), int(members))
