@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ def load_official_omar(path: Path):
     torch.cuda.FloatTensor = lambda *shape: torch.FloatTensor(*shape)  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.distributions.Distribution.set_default_validate_args(False)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # its clip_grad_norm (deprecated alias)
     sys.path.insert(0, str(path))
     from utils.buffer import ReplayBuffer  # noqa: E402  (from the checkout)
 
