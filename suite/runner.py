@@ -35,6 +35,7 @@ from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.schema import RESULT_SCHEMA_VERSION, RunRecord, hardware_info
 from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.versions import git_commit, image_labels, package_versions
 
 
@@ -103,21 +104,25 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
 
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
-    """The cell's algorithm config (task defaults < profile overrides < --set); BenchError when
-    the task, tier, algorithm or a config field does not exist."""
+    """The cell's algorithm config (task defaults < profile overrides < --set), each layer checked
+    against the config's schema (suite/validate.py: field names, types, ranges); BenchError naming
+    the file or flag and the field when the task, tier, algorithm or a config value is not valid."""
     task = get_task(cell.task)
     if cell.tier not in task.spec.tiers:
         raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
-                         f"(tiers: {', '.join(task.spec.tiers)})")
+                         f"(tiers: {', '.join(task.spec.tiers)}){did_you_mean(cell.tier, task.spec.tiers)}")
     try:
         cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     except KeyError as exc:
         raise BenchError(exc.args[0]) from None
+    fields = config_fields(cls)
+    defaults = cls.task_overrides(task.spec, cell.tier)
+    check_config(cls, defaults, f"{cell.algo} defaults for {cell.task}/{cell.tier} (algorithms/configs)")
+    from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
+    check_config(cls, from_profile, profile.source, path="algo_overrides.")
+    check_config(cls, overrides or {}, "--set")
     try:
-        fields = {f.name for f in dataclasses.fields(cls.Config)}
-        from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
-        return make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **from_profile,
-                                 **(overrides or {})})
+        return make_config(cls, {**defaults, **from_profile, **(overrides or {})})
     except (KeyError, TypeError) as exc:
         raise BenchError(str(exc).strip("'\"")) from None
 
