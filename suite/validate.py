@@ -164,6 +164,14 @@ def check_config(cls: type, values: dict[str, Any], where: str, path: str = "") 
             raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
 
 
+def known_task_ids() -> list[str]:
+    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
+    from plcql_bench.suite.tasks import task_ids
+
+    ids = task_ids()
+    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
+
+
 def all_algorithm_classes() -> list[type]:
     """Every registered implementation (both action kinds, variants included)."""
     from plcql_bench.algorithms.base import IMPLEMENTATIONS, load_all

@@ -43,8 +43,8 @@ def load_table(algo: str) -> dict[str, Any]:
 def check_table(table: Any, where: str) -> None:
     """The file's layout (see the module docstring); every field a config field of some algorithm.
     Values are checked against each algorithm's own config when it resolves (suite/validate.py)."""
-    from plcql_bench.suite.tasks import ALL_TIERS, task_ids
-    from plcql_bench.suite.validate import all_algorithm_classes, config_fields
+    from plcql_bench.suite.tasks import ALL_TIERS
+    from plcql_bench.suite.validate import all_algorithm_classes, config_fields, known_task_ids
 
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a mapping with 'source' and 'tasks'")
@@ -56,8 +56,8 @@ def check_table(table: Any, where: str) -> None:
     if not isinstance(tasks, dict):
         raise ConfigError(f"{where}: tasks: must be a mapping of task -> tiers")
     for task, entry in tasks.items():
-        if not any(t.startswith(str(task)) for t in task_ids()):
-            raise unknown_key(where, str(task), task_ids(), what="matches no task id", path="tasks.")
+        if not any(t.startswith(str(task)) for t in known_task_ids()):
+            raise unknown_key(where, str(task), known_task_ids(), what="matches no task id", path="tasks.")
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: tasks.{task}: must be a mapping of tier -> fields")
         for tier, values in entry.items():

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import yaml
 
 from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.validate import check_algo_overrides, is_int, unknown_key
+from plcql_bench.suite.validate import check_algo_overrides, is_int, known_task_ids, unknown_key
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,9 @@ def _count(v: Any, source: str, field: str, minimum: int = 1) -> int:
 
 def _table_keys() -> tuple[set[str], set[str]]:
     """Task ids a per-task table may name (the registered tasks and their StarCraft II twins) and tiers."""
-    from plcql_bench.suite.tasks import ALL_TIERS, task_ids
+    from plcql_bench.suite.tasks import ALL_TIERS
 
-    tasks = set(task_ids())
-    tasks |= {"smac-" + t[len("smax-"):] for t in tasks if t.startswith("smax-")}
-    return tasks, set(ALL_TIERS)
+    return set(known_task_ids()), set(ALL_TIERS)
 
 
 def _table(value: Any, source: str, field: str, minimum: int = 1) -> dict[str, int]:
