@@ -120,8 +120,10 @@ def run_job(job: Job) -> dict:
             return out
         out.update(state="trained", score=result["score"])
     except Exception as exc:  # isolate: the caller records it and goes on with the others
+        from plcql_bench.datasets.format import DatasetError
+
         out.update(state="failed", error=" ".join(f"{type(exc).__name__}: {exc}".split()),
-                   traceback=traceback.format_exc())
+                   traceback=traceback.format_exc(), user_error=isinstance(exc, (BenchError, DatasetError)))
     finally:
         out["seconds"] = time.time() - started
     return out
