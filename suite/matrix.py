@@ -207,6 +207,8 @@ def run_record(run_dir: Path) -> dict:
                              f"the checkpoint at {rec['update']}")
     else:
         rec["state"] = "todo"
+    if final_path.exists() and rec["state"] != "failed":
+        rec["reason"] = "final.json rejected (not this run's valid result); `all` or `run` trains the run again"
     return rec
 
 

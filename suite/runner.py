@@ -234,8 +234,8 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
             state = "failed" if isinstance(exc, Exception) else "interrupted"
             _write_status(plan, state, error=f"{type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc(), **progress)
-            log(f"{state} at update {progress['reached']} (checkpoint at {progress['update']}): "
-                f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            log(f"{state}: {type(exc).__name__}: {exc} (at update {progress['reached']}; checkpoint at "
+                f"{progress['update']})\n{traceback.format_exc()}")
             raise
         result["train"]["wall_clock_s"] += time.time() - started
         atomic_write_json(plan.final_path, result)  # last: its presence means done

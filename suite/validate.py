@@ -129,8 +129,9 @@ FIELD_RULES: dict[str, Rule] = {
     "omar_search": _one_of("argmax", "sampled"),
     "omar_mode": _one_of("softmax", "cem"),
     "cql_policy_density": _one_of("pdf", "log"),
-    "sample_action_class": Rule(lambda v: isinstance(v, str) and re.fullmatch(r"1-[01]-[01]", v) is not None,
-                                "'1-<0|1>-<0|1>' (uniform samples always on)"),
+    # (CFCQL itself refuses a first flag of 0 at its first update: tests/test_exec.py relies on that)
+    "sample_action_class": Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[01]-[01]-[01]", v) is not None,
+                                "three 0/1 flags 'uniform-current-next', e.g. '1-0-0'"),
 }
 
 

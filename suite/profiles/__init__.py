@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import yaml
 
 from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.validate import check_algo_overrides, is_int, known_task_ids, unknown_key
+from plcql_bench.suite.validate import check_algo_overrides, did_you_mean, is_int, known_task_ids, unknown_key
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,9 @@ def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None]:
             raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes', not both")
         data_profile = raw["from"]
         if data_profile not in builtin_profiles():
-            raise unknown_key(source, str(data_profile), builtin_profiles(), what="unknown built-in profile",
-                              path="datasets.from: ")
+            raise BenchError(f"{source}: datasets.from: unknown built-in profile {data_profile!r}"
+                             f"{did_you_mean(str(data_profile), builtin_profiles())} "
+                             f"(built in: {', '.join(builtin_profiles())})")
         other = yaml.safe_load(resources.files(__name__).joinpath(f"{data_profile}.yaml").read_text())
         return _table(other["datasets"]["episodes"], f"builtin:{data_profile}", "datasets.episodes"), data_profile
     if "episodes" not in raw:
