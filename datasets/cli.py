@@ -42,7 +42,7 @@ def datasets_list(obj: dict, profile: str) -> None:
             else:
                 status = "not built" if available(task_id, tier) else "unavailable"
                 n, ret = "", ""
-            src = entry.get("behaviour_policy_id") if entry else available(task_id, tier)
+            src = (entry.get("behaviour_policy_id") or entry.get("source") or "?") if entry else available(task_id, tier)
             if not src:
                 why, fix = unavailable(task_id, tier)
                 src = f"{why}; run: {fix}"
