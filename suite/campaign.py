@@ -72,15 +72,23 @@ def stage_cells(campaign: Campaign, stage: Stage):
     return prof, select_cells(prof, parse_only([stage.only]))
 
 
-def publish(results_dir: Path, profile: str, dest: Path) -> int:
+def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click.echo(line, err=True)) -> int:
     """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
-    paths); returns how many runs were newly published. Files already there are left alone."""
+    paths); returns how many runs were newly published. Files already there are left alone; a
+    final.json that is not a valid result of its run directory is not published (one warning line)."""
+    from plcql_bench.suite.schema import RecordError, check_location, read_record
+
     src_root = Path(results_dir) / profile
     n = 0
     for final in sorted(src_root.rglob("final.json")):
         rel = final.parent.relative_to(Path(results_dir))
         target = Path(dest) / rel
         if (target / "final.json").exists():
+            continue
+        try:
+            check_location(read_record(final), (rel / "final.json").as_posix())
+        except RecordError as exc:
+            warn(f"warning: not published {final}: {exc}")
             continue
         target.mkdir(parents=True, exist_ok=True)
         for name in PUBLISHED_FILES:  # final.json last: its presence marks a complete copy
