@@ -109,8 +109,10 @@ FIELD_RULES: dict[str, Rule] = {
         "ppo_epochs", "value_steps", "update_ema_every", "target_update_interval", "ca_ratio",
         "behaviour_patience", "behaviour_max_updates"), _at_least(1)),
     **dict.fromkeys(("teacher_rounds", "step_start_ema"), _at_least(0)),
-    **dict.fromkeys(("lr", "critic_lr", "behaviour_lr", "par_lr", "value_lr", "optim_eps", "weight_eps",
-                     "ppo_clip", "omar_sigma", "max_weight", "cf_block_mb"), _POSITIVE),
+    **dict.fromkeys(("lr", "critic_lr", "optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight",
+                     "cf_block_mb"), _POSITIVE),
+    # Auxiliary learning rates may be 0: it freezes that part (tests/test_plcql_par.py freezes pi_par).
+    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _at_least(0)),
     "gamma": Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]"),
     **dict.fromkeys(("tau", "target_rate", "ema_decay", "td_lambda", "optim_alpha"), _UNIT),
     "expectile": _OPEN_UNIT,
