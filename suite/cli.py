@@ -317,13 +317,15 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     prof, cells = _select(obj, profile, only, shard)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
-    bad, unbuildable, damaged = [], {}, []
+    bad, unbuildable, done_seeds, damaged = [], {}, {}, []
     if show_cells:
         click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
         counts[state] += 1
+        row = done_seeds.setdefault((c.algo, c.task, c.tier), [0])
+        row[0] += state == "done"
         step, note = "", ""
         if item.plan is not None:
             rec = run_record(item.plan.run_dir) if item.plan.run_dir.exists() else {}
@@ -352,6 +354,7 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
+    _print_coverage(done_seeds)
     if rows:
         if jobs is None:
             jobs = int(calib.get("default_jobs", 1))
@@ -359,6 +362,29 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     _finish(damaged, strict and not bad)
     if bad:
         raise BenchError(f"{len(bad)} cell(s) do not resolve; first: {bad[0].cell.label()}: {bad[0].error}")
+
+
+def coverage_table(c_algo: str, task: str) -> str:
+    """Which of the paper's tables a cell belongs to: SMAC (SMAX/SC2 maps), the ablations (PAR
+    variants, `plcql-*`), or the MPE + MaMuJoCo table."""
+    if c_algo.startswith("plcql-"):
+        return "ablation"
+    return "smac" if task.startswith(("smax-", "smac-")) else "mpe+mamujoco"
+
+
+def _print_coverage(done_seeds: dict) -> None:
+    """Rows (algo x task x tier) with >= 3 finished seeds, with 1-2, and with none, per table and
+    per algorithm: how much of the matrix the results cover."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for (algo, task, _tier), (n,) in done_seeds.items():
+        for key in (("table", coverage_table(algo, task)), ("algo", algo)):
+            counts = groups.setdefault(key, [0, 0, 0])
+            counts[0 if n >= 3 else 1 if n else 2] += 1
+    click.echo(f"  {'coverage (rows = algo x task x tier)':<38} {'>=3 seeds':>9} {'1-2 seeds':>9} {'not run':>8}")
+    for axis in ("table", "algo"):
+        for (a, name), (full, some, none) in groups.items():
+            if a == axis:
+                click.echo(f"  {axis + ' ' + name:<38} {full:>9} {some:>9} {none:>8}")
 
 
 def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
