@@ -328,7 +328,7 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
         return arrays, meta, "random-uniform-avail"
     card = sb.read_card(task_id)
     tiers = card["tiers"]
-    tag = f"{task_id}:{card['algo_version']}"
+    tag = f"{task_id}:{card['algo_version']}:{smax_env.INPUTS_VERSION}"
     if tier in ("expert", "medium"):
         policy, params = sb.load_policy(task_id, tier)
         arrays, meta = collect_smax(task_id, policy, seeds, params=params, batch=batch, log=log)
