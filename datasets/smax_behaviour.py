@@ -51,7 +51,7 @@ ASSETS = Path(__file__).resolve().parent / "assets" / "behaviour"
 CKPT_EVAL_EPISODES = 128
 CKPT_EVAL_SEED_BASE = 5_000_000
 REWARD_SCALE = 10.0
-ALGO_VERSION = "mappo-smax-1"
+ALGO_VERSION = "mappo-smax-2"  # 2: the critic sees the SMAC-scaled state (suite/envs/smax.py)
 REPLAY_LEVELS = 20  # medium-replay parts (epsilon levels)
 REPLAY_EPS = (1.0, 0.05)  # first and last part's epsilon; 0.05 = QMIX's final epsilon
 
@@ -60,7 +60,7 @@ def default_config() -> dict[str, Any]:
     return dict(num_envs=64, rollout=128, epochs=4, minibatches=4, lr=5e-4, gamma=0.99,
                 gae_lambda=0.95, clip=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
                 hidden=128, ckpt_every=100_000, eval_episodes=CKPT_EVAL_EPISODES,
-                max_wall_s=None)
+                max_wall_s=None, stop_win_rate=None)
 
 
 def parse_budget(budget: str | int) -> int:
@@ -360,8 +360,13 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
             f"{ev['return_mean']:.3f}; train win {train_wr:.3f} ({acc['ended']} episodes), "
             f"{entry['wall_s']:.0f}s")
         acc.update(ended=0, won=0, ret_sum=0.0)
+        return ev["win_rate"]
 
-    while steps < total:
+    def reached(win_rate: float) -> bool:  # a ladder run stops once it is past the tier it serves
+        return cfg["stop_win_rate"] is not None and win_rate >= cfg["stop_win_rate"]
+
+    stopped = bool(ckpts) and reached(ckpts[-1]["win_rate"])  # resumed after the stop rule fired
+    while steps < total and not stopped:
         params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key)
         steps += per_update
         acc["ended"] += int(m["ended"])
@@ -369,7 +374,9 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
         acc["ret_sum"] += float(m["ret_sum"])
         out_of_time = cfg["max_wall_s"] is not None and time.time() - t_start > cfg["max_wall_s"]
         if steps >= next_ckpt or steps >= total or out_of_time:
-            checkpoint()
+            if reached(checkpoint()):
+                log(f"{task_id}: greedy win rate reached {cfg['stop_win_rate']}; stopping")
+                break
             next_ckpt = (steps // cfg["ckpt_every"] + 1) * cfg["ckpt_every"]
         if out_of_time:
             log(f"{task_id}: stopping at the wall-clock cap ({cfg['max_wall_s']}s)")
