@@ -54,6 +54,7 @@ class Config:
     lr: float = 1e-3  # lr 0.001, optimizer adam
     gamma: float = 0.99  # gamma 0.99
     reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.6  # td_lambda 0.6 on every map (configs/cfcql_discrete.yaml says why)
     batch_episodes: int = 128  # batch_size 128 episodes
     grad_clip: float = 10.0  # grad_norm_clip 10
