@@ -86,11 +86,29 @@ def test_cfcql_penalty_by_hand(arrays):
     assert torch.allclose(pen[m], expect[m], atol=1e-4)
 
 
+def test_behaviour_trains_for_the_reference_timestep_budget(arrays):
+    """β trains until its batches held `behaviour_timesteps` sampled timesteps, counted as the
+    reference counts them (L + 1 filled entries per episode), with no early stop, before the first
+    Q step; the update count is in the metrics."""
+    budget = 600
+    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=0, behaviour_timesteps=budget)
+    m = algo.update(EpisodeSampler(arrays, seed=0))
+    replay, seen, expect = EpisodeSampler(arrays, seed=0), 0, 0  # the same batches, drawn again
+    while seen < budget:
+        seen += int((replay(4).lengths + 1).sum())
+        expect += 1
+    assert expect > 20  # well past the old 20-step patience: no early stop
+    assert m["behaviour/updates"] == expect and m["behaviour/timesteps"] == seen
+    assert algo.behaviour_state == {**algo.behaviour_state, "updates": expect, "timesteps": seen, "done": True}
+    assert build("cfcql").cfg.behaviour_timesteps == 10_000_000  # max_behaviour_train_steps
+    assert build("cfcql").cfg.behaviour_max_updates == 3 and get_algorithm("cfcql", discrete=True).Config().behaviour_max_updates == 0
+
+
 def test_cfcql_lambda_from_behaviour(arrays):
     s = EpisodeSampler(arrays, seed=0)
-    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50, behaviour_patience=2)
+    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50)
     m = algo.update(s)
-    assert 1 <= m["behaviour/updates"] <= 50 and algo.behaviour_state["done"]
+    assert m["behaviour/updates"] == 50 and algo.behaviour_state["done"]
     steps = algo.behaviour_state["updates"]
     algo.update(s)
     assert algo.behaviour_state["updates"] == steps  # trained once, before the first Q step
