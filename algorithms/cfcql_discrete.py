@@ -73,6 +73,11 @@ class Config:
     behaviour_max_updates: int = 0  # cap on β updates; 0 = none (the reference); smoke profiles set it
 
 
+def new_behaviour_state() -> dict[str, Any]:
+    """β's training progress (checkpointed): updates, sampled timesteps, done, last loss."""
+    return {"updates": 0, "timesteps": 0, "done": False, "loss": 0.0}
+
+
 def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
                        q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """cf [..., B, T, n, A] (Q_tot with agent i's action replaced by each action), λ [..., B, T, n]:
@@ -103,7 +108,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         if self.uses_behaviour():
             self.behaviour = self.build(3, lambda: self.agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
-        self.behaviour_state = {"updates": 0, "timesteps": 0, "done": False, "loss": 0.0}
+        self.behaviour_state = new_behaviour_state()
 
     def uses_behaviour(self) -> bool:
         return self.cfg.softmax_temp != 0 and self.cfg.cql_alpha > 0
