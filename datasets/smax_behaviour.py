@@ -19,17 +19,15 @@ evaluated greedily on CKPT_EVAL_EPISODES episodes (seeds CKPT_EVAL_SEED_BASE + i
 the protocol's evaluation and collection seeds); ``log.jsonl`` records each checkpoint.
 ``resume.pkl`` (not committed) lets an interrupted run continue where it stopped.
 
-Tiers (``card.json`` -> "tiers"), following the references (CFCQL, §2.2 of the notes):
-* expert: the checkpoint with the best greedy win rate (latest on ties): the converged policy;
-* medium: the checkpoint before expert whose win rate is closest to half of expert's (a clearly
-  intermediate win rate), acting greedily like CFCQL's medium/expert collection;
-* medium-replay: a QMIX-like replay up to medium (``replay_sources``): REPLAY_LEVELS equal parts
-  whose exploration rate falls linearly from 1 (uniform) to 0.05 (QMIX's final epsilon), each
-  acting epsilon-greedily with a checkpoint up to medium (earlier parts with earlier
-  checkpoints, the last with medium). CFCQL's SMAC medium-replay is the replay buffer of an
-  epsilon-greedy QMIX learner stopped at medium; sampling the stochastic MAPPO checkpoints
-  instead gave near-uniform play without a single win (docs/smax.md, "Medium-replay");
-* mixed: equal halves of medium and expert episodes (done by the dataset builder).
+Tiers: ``datasets/smax_tiers.py`` picks, per map, which checkpoints play expert, medium and
+medium-replay (by the reference's yardstick) and writes the map's ``card.json``; a training run
+writes its own card (``card.json`` in its output folder, the map's ``expert_run.json`` for the
+expert run) with its best checkpoint. Medium-replay plays ``replay_sources``: one part per
+checkpoint up to medium, in training order, acting epsilon-greedily with epsilon falling linearly
+from 1 (uniform) to 0.05 (QMIX's final epsilon); CFCQL's SMAC medium-replay is the replay buffer of
+an epsilon-greedy QMIX learner, and sampling the stochastic MAPPO checkpoints instead gave
+near-uniform play without a single win (docs/smax.md, "Medium-replay"). Expert and medium act
+greedily, as CFCQL's QMIX collections did.
 """
 
 from __future__ import annotations
@@ -52,7 +50,6 @@ CKPT_EVAL_EPISODES = 128
 CKPT_EVAL_SEED_BASE = 5_000_000
 REWARD_SCALE = 10.0
 ALGO_VERSION = "mappo-smax-2"  # 2: the critic sees the SMAC-scaled state (suite/envs/smax.py)
-REPLAY_LEVELS = 20  # medium-replay parts (epsilon levels)
 REPLAY_EPS = (1.0, 0.05)  # first and last part's epsilon; 0.05 = QMIX's final epsilon
 
 
@@ -285,19 +282,6 @@ def evaluate(task_id: str, actor, episodes: int = CKPT_EVAL_EPISODES, greedy: bo
             "len_mean": float(meta["lengths"].mean())}
 
 
-def select_tiers(log: list[dict]) -> dict[str, Any]:
-    """expert = best greedy win rate (latest on ties); medium = earlier checkpoint closest to
-    half of expert's win rate (ties -> earlier); medium-replay = checkpoints up to medium."""
-    if not log:
-        raise ValueError("no checkpoints")
-    best = max(range(len(log)), key=lambda i: (log[i]["win_rate"], i))
-    target = log[best]["win_rate"] / 2
-    before = list(range(best)) or [best]
-    med = min(before, key=lambda i: (abs(log[i]["win_rate"] - target), i))
-    return {"expert": log[best]["ckpt"], "medium": log[med]["ckpt"],
-            "medium-replay": [e["ckpt"] for e in log[: med + 1]]}
-
-
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -382,8 +366,7 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
             log(f"{task_id}: stopping at the wall-clock cap ({cfg['max_wall_s']}s)")
             break
 
-    tiers = select_tiers(ckpts)
-    by = {e["ckpt"]: e for e in ckpts}
+    best = max(reversed(ckpts), key=lambda e: e["win_rate"])  # latest on ties
     card = {
         "task_id": task_id, "algorithm": "MAPPO (shared actor + agent id, centralised V(s))",
         "algo_version": ALGO_VERSION, "config": cfg, "seed": seed, "budget_env_steps": total,
@@ -391,14 +374,12 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
         "env_versions": smax_env.env_versions(map_name),
         "eval": {"episodes": cfg["eval_episodes"], "seeds": f"{CKPT_EVAL_SEED_BASE} + i",
                  "policy": "greedy"},
-        "tiers": tiers,
-        "expert": by[tiers["expert"]], "medium": by[tiers["medium"]],
-        "medium_replay_checkpoints": len(tiers["medium-replay"]),
+        "best": best, "checkpoints": len(ckpts),
         "note": "SMAX (JaxMARL) numbers; not comparable with StarCraft II / SMAC.",
     }
     _write_json(out_dir / "card.json", card)
-    log(f"{task_id}: expert {tiers['expert']} win {card['expert']['win_rate']:.3f}, "
-        f"medium {tiers['medium']} win {card['medium']['win_rate']:.3f}")
+    log(f"{task_id}: {len(ckpts)} checkpoints, best {best['ckpt']} greedy win {best['win_rate']:.3f}; "
+        f"tiers: python -m plcql_bench.datasets.smax_tiers {task_id}")
     return card
 
 
@@ -427,11 +408,17 @@ def load_policy(task_id: str, tier: str):
     return greedy_policy, load_actor(behaviour_dir(task_id) / f"{card['tiers'][tier]}.npz")
 
 
+def replay_levels(checkpoints: list[str]) -> int:
+    """Parts of a medium-replay: one per checkpoint up to medium (at least 2: the ramp's ends)."""
+    return max(2, len(checkpoints))
+
+
 def replay_schedule(checkpoints: list[str], levels: int | None = None) -> list[tuple[str, float]]:
     """[(checkpoint, epsilon)] per medium-replay part: epsilon falls linearly from REPLAY_EPS[0]
     to REPLAY_EPS[1]; part i uses checkpoint round(i (m-1) / (levels-1)) of the m up to medium,
-    so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium."""
-    levels = REPLAY_LEVELS if levels is None else levels
+    so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium.
+    The default ``levels`` is one part per checkpoint (``replay_levels``)."""
+    levels = replay_levels(checkpoints) if levels is None else levels
     hi, lo = REPLAY_EPS
     m = len(checkpoints)
     if m == 0 or levels < 2:
@@ -440,11 +427,25 @@ def replay_schedule(checkpoints: list[str], levels: int | None = None) -> list[t
             for i in range(levels)]
 
 
+def policy_id(card: dict, tier: str) -> str:
+    """The behaviour-policy id of a tier (one place for the builder hook and the collector): task,
+    tier recipe, input version, checkpoints, and the card's label (5m_vs_6m's expert says it is
+    the best reachable on SMAX, not an expert in the reference's sense)."""
+    t = card["tiers"]
+    expert = f"{t['expert']}:greedy"
+    if card.get("labels", {}).get("expert"):
+        expert += f"[{card['labels']['expert']}]"
+    desc = {"expert": expert, "medium": f"{t['medium']}:greedy",
+            "mixed": f"mixed({t['medium']}:greedy+{expert})",
+            "medium-replay": replay_description(card)}[tier]
+    return f"{card['task_id']}:{card['algo_version']}:{smax_env.INPUTS_VERSION}:{desc}"
+
+
 def replay_description(card: dict) -> str:
     """The medium-replay part of the behaviour-policy id (one place for builder and hook)."""
     ck = card["tiers"]["medium-replay"]
     return (f"replay({ck[0]}..{ck[-1]}):eps-greedy({REPLAY_EPS[0]:g}->{REPLAY_EPS[1]:g},"
-            f"{REPLAY_LEVELS} parts)")
+            f"{replay_levels(ck)} parts)")
 
 
 def replay_sources(task_id: str) -> list[tuple[str, Callable, Any]]:

@@ -8,14 +8,43 @@ import pytest
 pytest.importorskip("jaxmarl")
 
 from plcql_bench.datasets import smax_behaviour as sb  # noqa: E402
+from plcql_bench.datasets import smax_tiers as st  # noqa: E402
 from plcql_bench.suite.envs import smax  # noqa: E402
 
 
-def test_select_tiers():
-    log = [{"ckpt": f"c{i}", "win_rate": w} for i, w in enumerate([0.0, 0.2, 0.45, 0.7, 0.9, 0.9])]
-    t = sb.select_tiers(log)
-    assert t["expert"] == "c5" and t["medium"] == "c2"
-    assert t["medium-replay"] == ["c0", "c1", "c2"]
+def _log(prefix, wins, step=10):
+    return [{"ckpt": f"{prefix}c{i}", "win_rate": w, "env_steps": step * (i + 1)} for i, w in enumerate(wins)]
+
+
+def test_tiers_by_the_reference_yardstick():
+    """medium = the ladder checkpoint closest to expert's win rate x BC(medium) / BC(expert) of the
+    reference (2s3z: 0.16 / 0.97); medium-replay = the ladder up to medium; the expert is the best
+    of all runs, the expert run's on ties."""
+    expert_run = _log("", [0.0, 0.66, 1.0, 1.0])
+    ladder = _log("ladder/", [0.0, 0.0, 0.05, 0.12, 0.2, 0.41], step=1)
+    sel = st.select("2s3z", expert_run, ladder)
+    assert sel["expert"]["ckpt"] == "c3"  # latest of the ties
+    assert sel["target"] == pytest.approx(0.16 / 0.97)
+    assert sel["medium"]["ckpt"] == "ladder/c4"  # |0.2 - 0.165| < |0.12 - 0.165|
+    assert [e["ckpt"] for e in sel["replay"]] == [f"ladder/c{i}" for i in range(5)]
+    # no ladder: the expert run's checkpoints before its expert
+    sel = st.select("6h_vs_8z", _log("", [0.0, 0.7, 0.93, 1.0]), [])
+    assert sel["target"] == pytest.approx(0.4 / 0.6) and sel["medium"]["ckpt"] == "c1"
+    assert [e["ckpt"] for e in sel["replay"]] == ["c0", "c1"]
+
+
+def test_labels_say_what_a_weak_expert_is():
+    assert st.labels("5m_vs_6m", {"win_rate": 0.125}) == {
+        "expert": "best reachable on SMAX, greedy win rate 0.125"}
+    assert st.labels("2s3z", {"win_rate": 1.0}) == {}
+    card = {"task_id": "smax-5m_vs_6m", "algo_version": st.TIERS_VERSION,
+            "tiers": {"expert": "e", "medium": "m", "medium-replay": ["a", "m"]},
+            "labels": st.labels("5m_vs_6m", {"win_rate": 0.125})}
+    assert "best reachable on SMAX" in sb.policy_id(card, "expert")
+    assert "best reachable on SMAX" in sb.policy_id(card, "mixed")
+    assert "best reachable" not in sb.policy_id(card, "medium")
+    assert sb.policy_id(card, "medium-replay").endswith("replay(a..m):eps-greedy(1->0.05,2 parts)")
+    assert smax.INPUTS_VERSION in sb.policy_id(card, "medium")
 
 
 def test_parse_budget():
@@ -29,6 +58,9 @@ def test_committed_checkpoints_load(m):
     card = sb.read_card(tid)
     n, obs_dim, _, n_act = smax.SHAPES[m]
     assert card["expert"]["win_rate"] >= card["medium"]["win_rate"]
+    assert card["algo_version"] == st.TIERS_VERSION
+    target = card["selection"]["medium_target_win_rate"]
+    assert target == pytest.approx(card["expert"]["win_rate"] * st.relative(m, "medium"), abs=1e-4)
     for tier in ("expert", "medium"):
         policy, params = sb.load_policy(tid, tier)
         assert params[0]["w"].shape == (obs_dim + n, params[0]["w"].shape[1])
@@ -38,7 +70,7 @@ def test_committed_checkpoints_load(m):
         a = np.asarray(policy(params, np.zeros((n, obs_dim), np.float32), avail, None))
         assert (a == smax.STOP_ACTION).all()  # masked argmax respects avail
     src = sb.replay_sources(tid)
-    assert len(src) == sb.REPLAY_LEVELS
+    assert len(src) == max(2, len(card["tiers"]["medium-replay"]))  # one part per checkpoint
     assert src[-1][0] == f"{card['tiers']['medium']}@eps0.050"
     assert float(src[0][2][1]) == 1.0
     with pytest.raises(ValueError):
@@ -54,6 +86,7 @@ def test_replay_schedule_ramps_to_medium():
     used = [c for c, _ in sched]
     assert used[-1] == "c3" and used[0] == "c1" and used == sorted(used)  # training order
     assert [c for c, _ in sb.replay_schedule(["m"], levels=3)] == ["m"] * 3
+    assert [c for c, _ in sb.replay_schedule(ck)] == ck  # default: one part per checkpoint
     with pytest.raises(ValueError):
         sb.replay_schedule([], levels=3)
 

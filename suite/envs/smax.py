@@ -320,13 +320,7 @@ def _behaviour(task_id: str, tier: str):
         card = sb.read_card(task_id)
     except FileNotFoundError:
         return None
-    t = card["tiers"]
-    desc = {
-        "expert": f"{t['expert']}:greedy", "medium": f"{t['medium']}:greedy",
-        "mixed": f"mixed({t['medium']}+{t['expert']}):greedy",
-        "medium-replay": sb.replay_description(card),
-    }[tier]
-    return Behaviour(f"{task_id}:{card['algo_version']}:{INPUTS_VERSION}:{desc}", lambda rng: tier,
+    return Behaviour(sb.policy_id(card, tier), lambda rng: tier,
                      f"MAPPO checkpoints, {tier} (see docs/smax.md)")
 
 

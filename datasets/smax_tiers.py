@@ -1,0 +1,182 @@
+"""SMAX tiers by the reference's yardstick: which behaviour checkpoint plays which tier, and why.
+
+    python -m plcql_bench.datasets.smax_tiers smax-2s3z      # writes the map's card.json
+
+The reference's SMAC tiers (CFCQL) are QMIX checkpoints on StarCraft II: expert a converged
+policy, medium an earlier checkpoint, medium-replay the replay buffer of a QMIX learner, mixed
+half medium and half expert. SMAX is not SC2 (docs/smax.md, "the differences"), so a tier keeps
+its *relative* quality, measured by the benchmark's metric, the greedy win rate:
+
+* **Yardstick.** The only per-tier win rates the references give are BC's in the paper's SMAC table
+  (BC on greedy data recovers about the data's policy). Relative to BC on expert they are, per map,
+  the quality of medium, medium-replay and mixed that ``REFERENCE`` records. The reference *returns*
+  (OG-MARL's cards of CFCQL's datasets) are shown beside ours but are not the yardstick: on SC2 a
+  win is only 2.7-7.5 of a return of 20 and damage to regenerating shields counts again (3s_vs_5z's
+  medium averages 20.9 of expert's 21.2 while BC on it wins 8 %), on SMAX a win is half the return.
+* **expert:** the best greedy win rate any run reached (latest on ties).
+* **medium:** the checkpoint whose greedy win rate is closest to
+  ``expert win rate x BC(medium) / BC(expert)`` (ties: the earlier), taken from a *ladder* run (a
+  MAPPO run at a small learning rate with a checkpoint after every update; the greedy win rate of
+  a MAPPO policy jumps within a few updates, datasets/assets/behaviour/<task>/ladder/) or, where the
+  expert run already has it, from the expert run.
+* **medium-replay:** the learner's replay up to medium: one part per checkpoint of that run up to
+  medium, in training order, each acting epsilon-greedily with epsilon falling linearly from 1 to
+  QMIX's final 0.05 (``smax_behaviour.replay_schedule``), so early parts are near-uniform play and
+  the last is medium with QMIX's exploration. Its size is the reference's (``REFERENCE``
+  "episodes": 1,976 on 2s3z, 5,000 elsewhere), set by the paper profile.
+* **mixed:** half medium, half expert (the dataset builder).
+
+``card.json`` (one per map) records the tiers, the yardstick, the targets and what was reached,
+the runs the checkpoints come from, and labels (5m_vs_6m's expert is "best reachable on SMAX",
+not an expert in the reference's sense).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from plcql_bench.datasets import smax_behaviour as sb
+
+TIERS_VERSION = "smax-tiers-2"  # 1: mappo-smax-1 cards (medium = half expert's win rate)
+
+# The reference's tiers per map. bc_win: BC's test win rate on each dataset (the PLCQL paper's SMAC
+# table, which repeats CFCQL's); return / episodes / transitions: OG-MARL's cards of CFCQL's
+# datasets (docs/dataset_cards/cfcql.md at og-marl f4eb8f0; research notes §2.2).
+REFERENCE: dict[str, dict[str, dict[str, float]]] = {
+    "2s3z": {"bc_win": {"medium": 0.16, "medium-replay": 0.33, "expert": 0.97, "mixed": 0.44},
+             "return": {"medium": 12.76, "medium-replay": 7.94, "expert": 19.97, "mixed": 16.39},
+             "episodes": {"medium": 5000, "medium-replay": 1976, "expert": 5000, "mixed": 5000}},
+    "3s_vs_5z": {"bc_win": {"medium": 0.08, "medium-replay": 0.01, "expert": 0.98, "mixed": 0.21},
+                 "return": {"medium": 20.86, "medium-replay": 18.85, "expert": 21.19, "mixed": 21.04},
+                 "episodes": {"medium": 5000, "medium-replay": 5000, "expert": 5000, "mixed": 5000}},
+    "5m_vs_6m": {"bc_win": {"medium": 0.28, "medium-replay": 0.13, "expert": 0.82, "mixed": 0.21},
+                 "return": {"medium": 12.05, "medium-replay": 9.02, "expert": 18.17, "mixed": 15.11},
+                 "episodes": {"medium": 5000, "medium-replay": 5000, "expert": 5000, "mixed": 5000}},
+    "6h_vs_8z": {"bc_win": {"medium": 0.40, "medium-replay": 0.11, "expert": 0.60, "mixed": 0.27},
+                 "return": {"medium": 16.63, "medium-replay": 12.97, "expert": 19.01, "mixed": 17.81},
+                 "episodes": {"medium": 5000, "medium-replay": 5000, "expert": 5000, "mixed": 5000}},
+}
+REFERENCE_SOURCES = ("PLCQL paper, SMAC table (BC column), as in CFCQL's paper; "
+                     "OG-MARL docs/dataset_cards/cfcql.md (returns, episodes)")
+
+
+def relative(map_name: str, tier: str, what: str = "bc_win") -> float:
+    """The reference's tier quality relative to its expert (BC win rates or returns)."""
+    ref = REFERENCE[map_name][what]
+    return ref[tier] / ref["expert"]
+
+
+def read_log(run_dir: Path, prefix: str = "") -> list[dict[str, Any]]:
+    """A run's checkpoint log (training order) with checkpoint names relative to the map's
+    behaviour directory (``prefix`` = the run's subfolder, e.g. "ladder/")."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines() if line]
+    return [{**r, "ckpt": prefix + r["ckpt"]} for r in rows]
+
+
+def pick_expert(log: list[dict]) -> dict:
+    """The best greedy win rate, the latest checkpoint on ties."""
+    return max(reversed(log), key=lambda e: e["win_rate"]) if log else _no_checkpoints()
+
+
+def pick_medium(log: list[dict], target: float) -> int:
+    """Index of the checkpoint whose greedy win rate is closest to ``target`` (ties: the earlier)."""
+    if not log:
+        _no_checkpoints()
+    return min(range(len(log)), key=lambda i: (abs(log[i]["win_rate"] - target), i))
+
+
+def _no_checkpoints():
+    raise ValueError("no checkpoints")
+
+
+def select(map_name: str, expert_log: list[dict], ladder_log: list[dict]) -> dict[str, Any]:
+    """Tiers from the expert run's and the ladder run's logs (checkpoint names relative to the
+    map's directory). The medium comes from the ladder; the replay is the ladder up to medium. An
+    empty ladder uses the expert run's checkpoints before its expert as the ladder."""
+    expert = pick_expert(ladder_log + expert_log)  # ties: the expert run's
+    target = expert["win_rate"] * relative(map_name, "medium")
+    ladder = ladder_log or [e for e in expert_log if e["env_steps"] < expert["env_steps"]]
+    on_disk = [e for e in ladder if e.get("saved", True)]
+    m = pick_medium(on_disk, target)
+    return {"expert": expert, "medium": on_disk[m], "replay": on_disk[: m + 1], "target": target}
+
+
+def labels(map_name: str, expert: dict) -> dict[str, str]:
+    """What each tier is, in words (used on the card and in the behaviour-policy id)."""
+    ref_expert = REFERENCE[map_name]["bc_win"]["expert"]
+    out = {}
+    if expert["win_rate"] < 0.5 * ref_expert:  # not an expert in the reference's sense
+        out["expert"] = f"best reachable on SMAX, greedy win rate {expert['win_rate']:.3f}"
+    return out
+
+
+def card(task_id: str, expert_log: list[dict], ladder_log: list[dict], runs: dict[str, Any],
+         note: str = "") -> dict[str, Any]:
+    """The map's card.json: tiers, yardstick, targets, what was reached, runs, labels."""
+    map_name = task_id.split("-", 1)[1]
+    sel = select(map_name, expert_log, ladder_log)
+    expert, medium = sel["expert"], sel["medium"]
+    ref = REFERENCE[map_name]
+    ours_rel = medium["win_rate"] / expert["win_rate"] if expert["win_rate"] > 0 else float("nan")
+    return {
+        "task_id": task_id, "algo_version": TIERS_VERSION,
+        "tiers": {"expert": expert["ckpt"], "medium": medium["ckpt"],
+                  "medium-replay": [e["ckpt"] for e in sel["replay"]]},
+        "expert": expert, "medium": medium, "medium_replay_checkpoints": len(sel["replay"]),
+        "selection": {
+            "yardstick": "greedy win rate relative to expert, matched to BC's win rate on the "
+                         "reference's tier relative to BC's on its expert (datasets/smax_tiers.py)",
+            "medium_target_win_rate": round(sel["target"], 4),
+            "medium_relative": {"ours": round(ours_rel, 4),
+                                "reference_bc": round(relative(map_name, "medium"), 4)},
+            "reference": {**ref, "source": REFERENCE_SOURCES},
+            "replay": f"one part per checkpoint up to medium ({len(sel['replay'])}), epsilon "
+                      f"{sb.REPLAY_EPS[0]:g} -> {sb.REPLAY_EPS[1]:g} linearly",
+        },
+        "labels": labels(map_name, expert),
+        "runs": runs,
+        "note": ("SMAX (JaxMARL) numbers; not comparable with StarCraft II / SMAC. " + note).strip(),
+    }
+
+
+def run_summary(run_card: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a training run's own card that say where its checkpoints come from."""
+    keep = ("algorithm", "algo_version", "config", "seed", "env_steps", "wall_clock_s", "env_versions",
+            "eval", "trained_on")
+    return {k: run_card[k] for k in keep if k in run_card}
+
+
+def build_card(task_id: str, note: str = "") -> dict[str, Any]:
+    """card.json from the expert run (``expert_run.json`` + ``log.jsonl`` in the map's directory)
+    and the ladder run (``ladder/``, if any); checkpoints missing on disk are never chosen."""
+    d = sb.behaviour_dir(task_id)
+    expert_log = [{**e, "saved": (d / f"{e['ckpt']}.npz").exists()} for e in read_log(d)]
+    runs = {"expert": run_summary(json.loads((d / "expert_run.json").read_text()))}
+    ladder_log = []
+    if (d / "ladder" / "log.jsonl").exists():
+        ladder_log = read_log(d / "ladder", "ladder/")
+        runs["ladder"] = run_summary(json.loads((d / "ladder" / "card.json").read_text()))
+    c = card(task_id, [e for e in expert_log if e["saved"]] or expert_log, ladder_log, runs, note)
+    for tier in ("expert", "medium"):
+        if not (d / f"{c['tiers'][tier]}.npz").exists():
+            raise FileNotFoundError(f"{task_id}: the {tier} checkpoint {c['tiers'][tier]} is not on disk")
+    return c
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Write a SMAX map's tier card (card.json)")
+    p.add_argument("task_id")
+    p.add_argument("--note", default="")
+    a = p.parse_args(argv)
+    c = build_card(a.task_id, a.note)
+    sb._write_json(sb.behaviour_dir(a.task_id) / "card.json", c)
+    print(f"{a.task_id}: expert {c['tiers']['expert']} (win {c['expert']['win_rate']:.3f}), medium "
+          f"{c['tiers']['medium']} (win {c['medium']['win_rate']:.3f}, target "
+          f"{c['selection']['medium_target_win_rate']:.3f}), {c['medium_replay_checkpoints']} replay checkpoints")
+
+
+if __name__ == "__main__":
+    main()
