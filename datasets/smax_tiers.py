@@ -19,6 +19,10 @@ its *relative* quality, measured by the benchmark's metric, the greedy win rate:
   MAPPO run at a small learning rate with a checkpoint after every update; the greedy win rate of
   a MAPPO policy jumps within a few updates, datasets/assets/behaviour/<task>/ladder/) or, where the
   expert run already has it, from the expert run.
+  When the target lies between two consecutive ladder checkpoints that are both far from it
+  (more than ``REFINE_TOLERANCE``), ``refine`` adds policies on the straight line between their
+  parameters (``interp_<a>_<b>_<alpha>``, one PPO update apart, evaluated like checkpoints) and the
+  closest of all is medium; the card says so.
 * **medium-replay:** the learner's replay up to medium: one part per checkpoint of that run up to
   medium, in training order, each acting epsilon-greedily with epsilon falling linearly from 1 to
   QMIX's final 0.05 (``smax_behaviour.replay_schedule``), so early parts are near-uniform play and
@@ -69,11 +73,68 @@ def relative(map_name: str, tier: str, what: str = "bc_win") -> float:
     return ref[tier] / ref["expert"]
 
 
-def read_log(run_dir: Path, prefix: str = "") -> list[dict[str, Any]]:
-    """A run's checkpoint log (training order) with checkpoint names relative to the map's
-    behaviour directory (``prefix`` = the run's subfolder, e.g. "ladder/")."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines() if line]
+def read_log(run_dir: Path, prefix: str = "", name: str = "log.jsonl") -> list[dict[str, Any]]:
+    """A run's checkpoint log with checkpoint names relative to the map's behaviour directory
+    (``prefix`` = the run's subfolder, e.g. "ladder/"), plus its interpolated policies
+    (``refine.jsonl``), in training order (by env steps)."""
+    rows = []
+    for f in (name, REFINE_LOG):
+        path = Path(run_dir) / f
+        if path.exists():
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line]
+    rows.sort(key=lambda r: r["env_steps"])
     return [{**r, "ckpt": prefix + r["ckpt"]} for r in rows]
+
+
+REFINE_LOG = "refine.jsonl"
+REFINE_TOLERANCE = 0.03  # refine when no policy's greedy win rate is this close to the target
+REFINE_ALPHAS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+
+
+def bracket(log: list[dict], target: float) -> tuple[int, int] | None:
+    """The first consecutive pair whose greedy win rates straddle ``target`` (a < target <= b), or
+    None when some policy is already within REFINE_TOLERANCE of it or none straddles it."""
+    if any(abs(e["win_rate"] - target) <= REFINE_TOLERANCE for e in log):
+        return None
+    for i in range(len(log) - 1):
+        if log[i]["win_rate"] < target <= log[i + 1]["win_rate"]:
+            return i, i + 1
+    return None
+
+
+def interpolate(actor_a, actor_b, alpha: float):
+    """Parameters (1 - alpha) a + alpha b, layer by layer."""
+    return [{k: (1 - alpha) * la[k] + alpha * lb[k] for k in la} for la, lb in zip(actor_a, actor_b)]
+
+
+def refine(task_id: str, run: str = "ladder", rounds: int = 2, log=print) -> list[dict]:
+    """Add interpolated policies between the run's two checkpoints that bracket the medium target
+    (see the module docstring), up to ``rounds`` times (each round narrows the bracket); they are
+    saved next to the run's checkpoints and logged in its refine.jsonl. Returns the new entries."""
+    d = sb.behaviour_dir(task_id)
+    run_dir = d / run
+    expert_log = [e for e in read_log(d) if (d / f"{e['ckpt']}.npz").exists()]
+    added: list[dict] = []
+    for _ in range(rounds):
+        ladder = read_log(run_dir)
+        target = pick_expert(ladder + expert_log)["win_rate"] * relative(task_id.split("-", 1)[1], "medium")
+        pair = bracket(ladder, target)
+        if pair is None:
+            break
+        a, b = (ladder[i] for i in pair)
+        actor_a, actor_b = (sb.load_actor(run_dir / f"{e['ckpt']}.npz") for e in (a, b))
+        for alpha in REFINE_ALPHAS:
+            name = f"interp_{a['env_steps']:09d}_{b['env_steps']:09d}_{alpha:.3f}"
+            steps = a["env_steps"] + alpha * (b["env_steps"] - a["env_steps"])
+            actor = interpolate(actor_a, actor_b, alpha)
+            sb.save_actor(run_dir / f"{name}.npz", actor)
+            entry = {"ckpt": name, "env_steps": steps, "interpolated": [a["ckpt"], b["ckpt"], alpha],
+                     **sb.evaluate(task_id, actor)}
+            with open(run_dir / REFINE_LOG, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+            added.append(entry)
+            log(f"{task_id}: {name} greedy win {entry['win_rate']:.3f} (target {target:.3f})")
+    return added
 
 
 def pick_expert(log: list[dict]) -> dict:
@@ -130,6 +191,7 @@ def card(task_id: str, expert_log: list[dict], ladder_log: list[dict], runs: dic
             "yardstick": "greedy win rate relative to expert, matched to BC's win rate on the "
                          "reference's tier relative to BC's on its expert (datasets/smax_tiers.py)",
             "medium_target_win_rate": round(sel["target"], 4),
+            "medium_interpolated": medium.get("interpolated"),  # [a, b, alpha] or None
             "medium_relative": {"ours": round(ours_rel, 4),
                                 "reference_bc": round(relative(map_name, "medium"), 4)},
             "reference": {**ref, "source": REFERENCE_SOURCES},
@@ -170,7 +232,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Write a SMAX map's tier card (card.json)")
     p.add_argument("task_id")
     p.add_argument("--note", default="")
+    p.add_argument("--refine", action="store_true",
+                   help="first add interpolated policies where the ladder jumps over the medium target")
     a = p.parse_args(argv)
+    if a.refine:
+        refine(a.task_id)
     c = build_card(a.task_id, a.note)
     sb._write_json(sb.behaviour_dir(a.task_id) / "card.json", c)
     print(f"{a.task_id}: expert {c['tiers']['expert']} (win {c['expert']['win_rate']:.3f}), medium "
@@ -180,3 +246,49 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# --------------------------------------------------------------------------- dataset cards
+
+
+def card_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rows for a SMAX dataset's card (datasets/cards.py): how its tier was chosen and the
+    reference's tier beside it. Empty when the entry was built by another recipe than the
+    committed card's (its behaviour-policy id differs), so a card never explains other data."""
+    task_id, tier = entry["task_id"], entry["quality"]
+    map_name = task_id.split("-", 1)[1]
+    try:
+        c = sb.read_card(task_id)
+    except FileNotFoundError:
+        return []
+    if c.get("algo_version") != TIERS_VERSION or entry.get("behaviour_policy_id") != sb.policy_id(c, tier):
+        return []
+    ref = REFERENCE[map_name]
+    e, m = c["expert"], c["medium"]
+    target = c["selection"]["medium_target_win_rate"]
+    chosen = {
+        "expert": f"the best greedy win rate reached: `{e['ckpt']}` ({e['win_rate']:.3f})",
+        "medium": (f"`{m['ckpt']}`, the {'policy' if m.get('interpolated') else 'checkpoint'} whose greedy "
+                   f"win rate ({m['win_rate']:.3f}) is closest "
+                   f"to expert's {e['win_rate']:.3f} x {ref['bc_win']['medium']:.2f} / "
+                   f"{ref['bc_win']['expert']:.2f} (BC on the reference's medium / expert) = {target:.3f}"
+                   + (f"; it interpolates the parameters of `{m['interpolated'][0]}` and `{m['interpolated'][1]}` "
+                      f"(one PPO update apart) at {m['interpolated'][2]:g}, because the greedy win rate jumps "
+                      f"over the target within that update" if m.get("interpolated") else "")),
+        "medium-replay": (f"the learner's replay up to medium: {c['medium_replay_checkpoints']} checkpoints "
+                          f"(`{c['tiers']['medium-replay'][0]}` .. `{m['ckpt']}`), one part each, "
+                          f"epsilon-greedy with epsilon {sb.REPLAY_EPS[0]:g} -> {sb.REPLAY_EPS[1]:g}"),
+        "mixed": "half medium, half expert episodes",
+    }[tier]
+    label = c.get("labels", {}).get("expert") if tier in ("expert", "mixed") else None
+    rel = (f"BC wins {ref['bc_win'][tier]:.2f} on it ({relative(map_name, tier):.2f} of BC on its expert); "
+           f"return {ref['return'][tier]:.2f} ({relative(map_name, tier, 'return'):.2f} of its expert's "
+           f"{ref['return']['expert']:.2f} of 20); {ref['episodes'][tier]:,} episodes")
+    rows = [("tier chosen as", chosen + " (datasets/smax_tiers.py, docs/smax.md)"),
+            ("the reference's tier (CFCQL, SC2)", rel)]
+    if entry.get("win_rate") is not None and tier != "expert":
+        rows.append(("win rate / expert's (this map's expert checkpoint)",
+                     f"{float(entry['win_rate']) / e['win_rate']:.2f}" if e["win_rate"] > 0 else "—"))
+    if label:
+        rows.append(("note", f"the expert here is the {label}, not an expert in the reference's sense"))
+    return rows

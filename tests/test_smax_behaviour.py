@@ -117,3 +117,25 @@ def test_replay_parts_keep_the_ramp_for_small_tiers():
     small = _replay_parts(np.arange(5), 20)
     assert [lv for lv, c in enumerate(small) if len(c)] == [0, 5, 10, 14, 19]  # both ends kept
     assert np.concatenate(small).tolist() == list(range(5))  # every seed once, in order
+
+
+def test_refine_brackets_jumps_and_interpolates(tmp_path):
+    """Where the greedy win rate jumps over the medium target between two consecutive checkpoints,
+    interpolated policies fill the gap; their log entries sort between the two checkpoints."""
+    log = _log("", [0.0, 0.016, 0.328, 0.6], step=4096)
+    assert st.bracket(log, 0.165) == (1, 2)
+    assert st.bracket(log, 0.31) is None  # 0.328 is within the tolerance
+    assert st.bracket(log, 0.9) is None  # nothing straddles it
+    a = [{"w": np.zeros((2, 3)), "b": np.ones(3)}]
+    b = [{"w": np.full((2, 3), 4.0), "b": np.full(3, 3.0)}]
+    mid = st.interpolate(a, b, 0.25)
+    assert np.allclose(mid[0]["w"], 1.0) and np.allclose(mid[0]["b"], 1.5)
+    (tmp_path / "log.jsonl").write_text("".join(
+        f'{{"ckpt": "{e["ckpt"]}", "env_steps": {e["env_steps"]}, "win_rate": {e["win_rate"]}}}\n' for e in log))
+    (tmp_path / st.REFINE_LOG).write_text(
+        '{"ckpt": "interp_a_b_0.500", "env_steps": 10240.0, "win_rate": 0.17, "interpolated": ["c1", "c2", 0.5]}\n')
+    merged = st.read_log(tmp_path, "ladder/")
+    assert [e["ckpt"] for e in merged] == ["ladder/c0", "ladder/c1", "ladder/interp_a_b_0.500", "ladder/c2",
+                                           "ladder/c3"]
+    sel = st.select("2s3z", _log("", [1.0], step=10**7), merged)
+    assert sel["medium"]["ckpt"] == "ladder/interp_a_b_0.500" and len(sel["replay"]) == 3
