@@ -230,11 +230,20 @@ def build_card(task_id: str, note: str = "") -> dict[str, Any]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Write a SMAX map's tier card (card.json)")
-    p.add_argument("task_id")
+    p.add_argument("task_id", nargs="?", help="the map to write card.json for")
+    p.add_argument("--table", metavar="DATA_DIR",
+                   help="print the tier table of the SMAX datasets in DATA_DIR/manifest.json instead")
     p.add_argument("--note", default="")
     p.add_argument("--refine", action="store_true",
                    help="first add interpolated policies where the ladder jumps over the medium target")
     a = p.parse_args(argv)
+    if a.table:
+        from plcql_bench.datasets import manifest
+
+        print(tier_table(manifest.read_manifest(Path(a.table))), end="")
+        return
+    if not a.task_id:
+        p.error("a task id or --table")
     if a.refine:
         refine(a.task_id)
     c = build_card(a.task_id, a.note)
@@ -244,11 +253,34 @@ def main(argv=None) -> None:
           f"{c['selection']['medium_target_win_rate']:.3f}), {c['medium_replay_checkpoints']} replay checkpoints")
 
 
-if __name__ == "__main__":
-    main()
-
 
 # --------------------------------------------------------------------------- dataset cards
+
+TABLE_TIERS = ("expert", "mixed", "medium", "medium-replay")
+
+
+def tier_table(entries: dict[str, dict[str, Any]]) -> str:
+    """Markdown table of built SMAX tiers (manifest entries, any keys) with the reference's tier
+    beside each: episodes, return (and / expert's), win rate (and / expert's); the reference's
+    episodes, return (and / its expert's) and BC's win rate (and / BC on its expert)."""
+    by = {(e["task_id"], e["quality"]): e for e in entries.values() if str(e.get("task_id", "")).startswith("smax-")}
+    lines = ["| map | tier | episodes | return (/ expert's) | win rate (/ expert's) | reference: episodes | "
+             "reference: return (/ expert's) | reference: BC win rate (/ BC on expert) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for task in sorted({t for t, _ in by}):
+        m = task.split("-", 1)[1]
+        ref, exp = REFERENCE[m], by.get((task, "expert"))
+        for tier in TABLE_TIERS:
+            e = by.get((task, tier))
+            if e is None:
+                continue
+            rel_r = f" ({e['return_mean'] / exp['return_mean']:.2f})" if exp else ""
+            rel_w = (f" ({e['win_rate'] / exp['win_rate']:.2f})" if exp and exp.get("win_rate") else "")
+            lines.append(
+                f"| {m} | {tier} | {e['n_episodes']:,} | {e['return_mean']:.2f}{rel_r} | "
+                f"{e['win_rate']:.3f}{rel_w} | {ref['episodes'][tier]:,} | {ref['return'][tier]:.2f} "
+                f"({relative(m, tier, 'return'):.2f}) | {ref['bc_win'][tier]:.2f} ({relative(m, tier):.2f}) |")
+    return "\n".join(lines) + "\n"
 
 
 def card_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
@@ -292,3 +324,7 @@ def card_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
     if label:
         rows.append(("note", f"the expert here is the {label}, not an expert in the reference's sense"))
     return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -139,3 +139,15 @@ def test_refine_brackets_jumps_and_interpolates(tmp_path):
                                            "ladder/c3"]
     sel = st.select("2s3z", _log("", [1.0], step=10**7), merged)
     assert sel["medium"]["ckpt"] == "ladder/interp_a_b_0.500" and len(sel["replay"]) == 3
+
+
+def test_tier_table_puts_the_reference_beside_ours():
+    def entry(tier, ret, win, n=5000):
+        return {"task_id": "smax-2s3z", "quality": tier, "n_episodes": n, "return_mean": ret, "win_rate": win}
+
+    text = st.tier_table({"a": entry("expert", 2.0, 1.0), "b": entry("medium", 1.0, 0.15),
+                          "c": entry("medium-replay", 0.5, 0.01, 1976), "x": {"task_id": "mpe-cn"}})
+    rows = text.splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == ["expert", "medium", "medium-replay"]
+    assert "| 2s3z | medium | 5,000 | 1.00 (0.50) | 0.150 (0.15) | 5,000 | 12.76 (0.64) | 0.16 (0.16) |" in text
+    assert "1,976 | 0.50 (0.25) | 0.010 (0.01) | 1,976 | 7.94 (0.40) | 0.33 (0.34) |" in text
