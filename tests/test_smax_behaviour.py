@@ -134,11 +134,15 @@ def test_refine_brackets_jumps_and_interpolates(tmp_path):
         f'{{"ckpt": "{e["ckpt"]}", "env_steps": {e["env_steps"]}, "win_rate": {e["win_rate"]}}}\n' for e in log))
     (tmp_path / st.REFINE_LOG).write_text(
         '{"ckpt": "interp_a_b_0.500", "env_steps": 10240.0, "win_rate": 0.17, "interpolated": ["c1", "c2", 0.5]}\n')
+    (tmp_path / st.CONFIRM_LOG).write_text('{"ckpt": "c2", "win_rate": 0.2, "eval_episodes": 512}\n')
     merged = st.read_log(tmp_path, "ladder/")
+    assert merged[3]["win_rate"] == 0.2 and merged[3]["eval_episodes"] == 512  # the longer evaluation wins
     assert [e["ckpt"] for e in merged] == ["ladder/c0", "ladder/c1", "ladder/interp_a_b_0.500", "ladder/c2",
                                            "ladder/c3"]
     sel = st.select("2s3z", _log("", [1.0], step=10**7), merged)
     assert sel["medium"]["ckpt"] == "ladder/interp_a_b_0.500" and len(sel["replay"]) == 3
+    sel = st.select("2s3z", _log("", [1.0], step=10**7), [e for e in merged if "interp" not in e["ckpt"]])
+    assert sel["medium"]["ckpt"] == "ladder/c2"  # 0.2 after confirmation, not its first 0.328
 
 
 def test_tier_table_puts_the_reference_beside_ours():
