@@ -199,7 +199,18 @@ def select(map_name: str, expert_log: list[dict], ladder_log: list[dict]) -> dic
     ladder = ladder_log or [e for e in expert_log if e["env_steps"] < expert["env_steps"]]
     on_disk = [e for e in ladder if e.get("saved", True)]
     m = pick_medium(on_disk, target)
-    return {"expert": expert, "medium": on_disk[m], "replay": on_disk[: m + 1], "target": target}
+    return {"expert": expert, "medium": on_disk[m], "replay": spread(on_disk[: m + 1]), "target": target}
+
+
+REPLAY_MAX_PARTS = 40  # a long ladder (3s_vs_5z: ~900 checkpoints) replays this many, evenly spaced
+
+
+def spread(run: list[dict], most: int = REPLAY_MAX_PARTS) -> list[dict]:
+    """At most ``most`` entries evenly spaced over the run, the first and the last kept."""
+    if len(run) <= most:
+        return run
+    idx = sorted({round(i * (len(run) - 1) / (most - 1)) for i in range(most)})
+    return [run[i] for i in idx]
 
 
 def labels(map_name: str, expert: dict) -> dict[str, str]:
@@ -232,7 +243,8 @@ def card(task_id: str, expert_log: list[dict], ladder_log: list[dict], runs: dic
             "medium_relative": {"ours": round(ours_rel, 4),
                                 "reference_bc": round(relative(map_name, "medium"), 4)},
             "reference": {**ref, "source": REFERENCE_SOURCES},
-            "replay": f"one part per checkpoint up to medium ({len(sel['replay'])}), epsilon "
+            "replay": f"one part per checkpoint up to medium ({len(sel['replay'])}, at most "
+                      f"{REPLAY_MAX_PARTS} evenly spaced), epsilon "
                       f"{sb.REPLAY_EPS[0]:g} -> {sb.REPLAY_EPS[1]:g} linearly",
         },
         "labels": labels(map_name, expert),
@@ -256,7 +268,7 @@ def build_card(task_id: str, note: str = "") -> dict[str, Any]:
     runs = {"expert": run_summary(json.loads((d / "expert_run.json").read_text()))}
     ladder_log = []
     if (d / "ladder" / "log.jsonl").exists():
-        ladder_log = read_log(d / "ladder", "ladder/")
+        ladder_log = [{**e, "saved": (d / f"{e['ckpt']}.npz").exists()} for e in read_log(d / "ladder", "ladder/")]
         runs["ladder"] = run_summary(json.loads((d / "ladder" / "card.json").read_text()))
     c = card(task_id, [e for e in expert_log if e["saved"]] or expert_log, ladder_log, runs, note)
     for tier in ("expert", "medium"):
@@ -265,9 +277,23 @@ def build_card(task_id: str, note: str = "") -> dict[str, Any]:
     return c
 
 
+def prune(task_id: str, run: str = "ladder") -> list[Path]:
+    """Delete the run's checkpoint files that the map's card does not use (their evaluations stay
+    in the logs), so a long ladder commits only its replay and medium. Returns the deleted paths."""
+    d = sb.behaviour_dir(task_id)
+    used = {d / f"{c}.npz" for c in [*sb.read_card(task_id)["tiers"]["medium-replay"],
+                                     sb.read_card(task_id)["tiers"]["medium"]]}
+    gone = [p for p in sorted((d / run).glob("*.npz")) if p not in used]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Write a SMAX map's tier card (card.json)")
     p.add_argument("task_id", nargs="?", help="the map to write card.json for")
+    p.add_argument("--prune", action="store_true",
+                   help="after writing the card, delete the ladder checkpoints it does not use")
     p.add_argument("--table", metavar="DATA_DIR",
                    help="print the tier table of the SMAX datasets in DATA_DIR/manifest.json instead")
     p.add_argument("--note", default="")
@@ -289,6 +315,8 @@ def main(argv=None) -> None:
         confirm(a.task_id, run)
     c = build_card(a.task_id, a.note)
     sb._write_json(sb.behaviour_dir(a.task_id) / "card.json", c)
+    if a.prune:
+        print(f"{a.task_id}: deleted {len(prune(a.task_id))} unused ladder checkpoints")
     print(f"{a.task_id}: expert {c['tiers']['expert']} (win {c['expert']['win_rate']:.3f}), medium "
           f"{c['tiers']['medium']} (win {c['medium']['win_rate']:.3f}, target "
           f"{c['selection']['medium_target_win_rate']:.3f}), {c['medium_replay_checkpoints']} replay checkpoints")

@@ -155,3 +155,13 @@ def test_tier_table_puts_the_reference_beside_ours():
     assert [r.split(" | ")[1] for r in rows] == ["expert", "medium", "medium-replay"]
     assert "| 2s3z | medium | 5,000 | 1.00 (0.50) | 0.150 (0.15) | 5,000 | 12.76 (0.64) | 0.16 (0.16) |" in text
     assert "1,976 | 0.50 (0.25) | 0.010 (0.01) | 1,976 | 7.94 (0.40) | 0.33 (0.34) |" in text
+
+
+def test_long_ladders_replay_evenly_spaced_checkpoints():
+    run = _log("ladder/", [0.0] * 99 + [0.08], step=4096)
+    sel = st.select("3s_vs_5z", _log("", [1.0], step=10**8), run)
+    assert sel["medium"]["ckpt"] == "ladder/c99"
+    names = [e["ckpt"] for e in sel["replay"]]
+    assert len(names) == st.REPLAY_MAX_PARTS and names[0] == "ladder/c0" and names[-1] == "ladder/c99"
+    assert names == sorted(names, key=lambda n: int(n.split("c")[-1]))  # training order
+    assert st.spread(run[:5]) == run[:5]
