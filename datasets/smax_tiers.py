@@ -148,22 +148,32 @@ def refine(task_id: str, run: str = "ladder", rounds: int = 2, log=print) -> lis
     return added
 
 
-def confirm(task_id: str, run: str = "ladder", log=print) -> list[dict]:
-    """Re-evaluate the CONFIRM_CANDIDATES policies of the run nearest the medium target on
-    REFINE_EVAL_EPISODES episodes (checkpoints were evaluated on 128 or 256), logged in its
-    confirm.jsonl; ``read_log`` then uses these numbers. Returns the new evaluations."""
+def confirm(task_id: str, run: str = "ladder", log=print, rounds: int = 6) -> list[dict]:
+    """Re-evaluate the policies of the run nearest the medium target on REFINE_EVAL_EPISODES
+    episodes (checkpoints were evaluated on 128 or 256), CONFIRM_CANDIDATES at a time, until the
+    nearest one has the longer evaluation (at most ``rounds`` times: the first numbers of the
+    nearest are biased towards the target); logged in the run's confirm.jsonl, which ``read_log``
+    then uses. Returns the new evaluations."""
     d = sb.behaviour_dir(task_id)
     run_dir = d / run if run else d
     expert_log = [e for e in read_log(d) if (d / f"{e['ckpt']}.npz").exists()]
-    runs_log = [e for e in read_log(run_dir) if (run_dir / f"{e['ckpt']}.npz").exists()]
-    expert = pick_expert(runs_log + expert_log) if run else pick_expert(expert_log)
-    target = expert["win_rate"] * relative(task_id.split("-", 1)[1], "medium")
-    pool = runs_log if run else [e for e in runs_log if e["env_steps"] < expert["env_steps"]]
-    near = sorted(pool, key=lambda e: abs(e["win_rate"] - target))[:CONFIRM_CANDIDATES]
     out = []
-    for e in near:
-        if e.get("eval_episodes", 0) >= REFINE_EVAL_EPISODES:
-            continue
+    for _ in range(rounds):
+        runs_log = [e for e in read_log(run_dir) if (run_dir / f"{e['ckpt']}.npz").exists()]
+        expert = pick_expert(runs_log + expert_log) if run else pick_expert(expert_log)
+        target = expert["win_rate"] * relative(task_id.split("-", 1)[1], "medium")
+        pool = runs_log if run else [e for e in runs_log if e["env_steps"] < expert["env_steps"]]
+        near = sorted(pool, key=lambda e: abs(e["win_rate"] - target))
+        if not near or near[0].get("eval_episodes", 0) >= REFINE_EVAL_EPISODES:
+            break
+        out += _confirm_batch(task_id, run_dir, [e for e in near if e.get("eval_episodes", 0)
+                                                 < REFINE_EVAL_EPISODES][:CONFIRM_CANDIDATES], target, log)
+    return out
+
+
+def _confirm_batch(task_id: str, run_dir: Path, entries: list[dict], target: float, log) -> list[dict]:
+    out = []
+    for e in entries:
         ev = {"ckpt": e["ckpt"], "eval_episodes": REFINE_EVAL_EPISODES, "win_rate_first": e["win_rate"],
               **sb.evaluate(task_id, sb.load_actor(run_dir / f"{e['ckpt']}.npz"), REFINE_EVAL_EPISODES)}
         with open(run_dir / CONFIRM_LOG, "a") as f:
