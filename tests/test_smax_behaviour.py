@@ -165,3 +165,17 @@ def test_long_ladders_replay_evenly_spaced_checkpoints():
     assert len(names) == st.REPLAY_MAX_PARTS and names[0] == "ladder/c0" and names[-1] == "ladder/c99"
     assert names == sorted(names, key=lambda n: int(n.split("c")[-1]))  # training order
     assert st.spread(run[:5]) == run[:5]
+
+
+def test_docs_tier_table_is_the_committed_cards():
+    """docs/smax.md's tier table is the one `smax_tiers --table` prints from the committed paper
+    cards (their .json files are manifest entries): every map, every tier, no stale number."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cards = {str(f): json.loads(f.read_text()) for f in (root / "datasets/cards/paper").glob("smax-*/*.json")}
+    table = st.tier_table(cards)
+    assert {(e["task_id"], e["quality"]) for e in cards.values()} == {
+        (f"smax-{m}", t) for m in st.REFERENCE for t in st.TABLE_TIERS}
+    assert table in (root / "docs/smax.md").read_text()
