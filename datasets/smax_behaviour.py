@@ -37,6 +37,7 @@ import json
 import os
 import pickle
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -90,10 +91,17 @@ def _init_mlp(key, sizes, last_scale):
 
 
 def _mlp(layers, x):
+    """ReLU MLP; a hidden layer with "ln_g"/"ln_b" is layer-normalised before its ReLU (the
+    value-based learner's networks, datasets/smax_pqn.py; MAPPO's have none)."""
     import jax
 
     for layer in layers[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+        x = x @ layer["w"] + layer["b"]
+        if "ln_g" in layer:
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+            x = (x - mu) * jax.lax.rsqrt(var + 1e-6) * layer["ln_g"] + layer["ln_b"]
+        x = jax.nn.relu(x)
     return x @ layers[-1]["w"] + layers[-1]["b"]
 
 
@@ -148,11 +156,34 @@ def init_params(key, core, hidden: int):
     }
 
 
+# --------------------------------------------------------------------------- learners
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What `train` needs from an online learner. Its params hold the greedy policy's network
+    under "actor" (checkpointed and evaluated as `greedy_policy`: argmax of the masked outputs,
+    logits for MAPPO, Q-values for a value-based learner)."""
+    name: str
+    version: str
+    defaults: Callable[[], dict]
+    init: Callable  # (key, core, cfg) -> params
+    make_update: Callable  # (core, cfg, optimizer) -> jitted (params, opt, env, ep_ret, key, frac)
+    optimizer: Callable  # (cfg, total_updates) -> optax transformation
+
+
+def _mappo_optimizer(cfg, total_updates):
+    import optax
+
+    return optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), optax.adam(cfg["lr"]))
+
+
 # --------------------------------------------------------------------------- training step
 
 
 def make_update(core, cfg, optimizer):
-    """One jitted MAPPO iteration: rollout (NUM_ENVS x ROLLOUT) + PPO epochs."""
+    """One jitted MAPPO iteration: rollout (NUM_ENVS x ROLLOUT) + PPO epochs. `frac` (the share
+    of the budget done) is unused: MAPPO has no schedule."""
     import jax
     import jax.numpy as jnp
 
@@ -211,7 +242,7 @@ def make_update(core, cfg, optimizer):
         total = pg + cfg["vf_coef"] * vloss - cfg["ent_coef"] * ent
         return total, dict(pg=pg, vloss=vloss, ent=ent)
 
-    def update(params, opt_state, env_c, ep_ret, key):
+    def update(params, opt_state, env_c, ep_ret, key, frac):
         key, kr, ks = jax.random.split(key, 3)
         env_c, ep_ret, traj, stats = rollout(params, env_c, ep_ret, kr)
         adv, ret = gae(traj)
@@ -247,6 +278,10 @@ def make_update(core, cfg, optimizer):
     return jax.jit(update)
 
 
+MAPPO = Learner("MAPPO (shared actor + agent id, centralised V(s))", ALGO_VERSION, default_config,
+                lambda key, core, cfg: init_params(key, core, cfg["hidden"]), make_update, _mappo_optimizer)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -257,8 +292,11 @@ def _flatten(actor) -> dict[str, np.ndarray]:
 def _unflatten(z) -> list[dict[str, Any]]:
     import jax.numpy as jnp
 
-    n = len({k.split("_")[0] for k in z.files})
-    return [{"w": jnp.asarray(z[f"l{i}_w"]), "b": jnp.asarray(z[f"l{i}_b"])} for i in range(n)]
+    layers: dict[int, dict[str, Any]] = {}
+    for k in z.files:  # l<i>_<name>: w, b, and ln_g / ln_b where a layer is normalised
+        i, name = k.split("_", 1)
+        layers.setdefault(int(i[1:]), {})[name] = jnp.asarray(z[k])
+    return [layers[i] for i in range(len(layers))]
 
 
 def save_actor(path: Path, actor) -> None:
@@ -289,20 +327,20 @@ def _write_json(path: Path, obj) -> None:
 
 
 def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
-          log: Callable[[str], None] = print, config: dict | None = None) -> dict:
-    """Train MAPPO on a SMAX task for `budget` env steps; resumable. Returns the card."""
+          log: Callable[[str], None] = print, config: dict | None = None, learner: Learner = MAPPO) -> dict:
+    """Train `learner` (MAPPO by default) on a SMAX task for `budget` env steps; resumable.
+    Returns the card."""
     import jax
-    import optax
 
     map_name = smax_env.map_of(task_id)
-    cfg = default_config() | (config or {})
+    cfg = learner.defaults() | (config or {})
     total = parse_budget(budget)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     core = smax_env._core(map_name)
-    optimizer = optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), optax.adam(cfg["lr"]))
-    update = make_update(core, cfg, optimizer)
     per_update = cfg["num_envs"] * cfg["rollout"]
+    optimizer = learner.optimizer(cfg, max(1, -(-total // per_update)))
+    update = learner.make_update(core, cfg, optimizer)
 
     resume = out_dir / "resume.pkl"
     if resume.exists():
@@ -314,7 +352,7 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
     else:
         key = jax.random.PRNGKey(seed)
         key, kp = jax.random.split(key)
-        params = init_params(kp, core, cfg["hidden"])
+        params = learner.init(kp, core, cfg)
         opt_state = optimizer.init(params)
         steps, ckpts, wall0 = 0, [], 0.0
     key, ke = jax.random.split(key)
@@ -351,7 +389,8 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
 
     stopped = bool(ckpts) and reached(ckpts[-1]["win_rate"])  # resumed after the stop rule fired
     while steps < total and not stopped:
-        params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key)
+        params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key,
+                                                          jax.numpy.float32(steps / total))
         steps += per_update
         acc["ended"] += int(m["ended"])
         acc["won"] += int(m["won"])
@@ -368,8 +407,8 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
 
     best = max(reversed(ckpts), key=lambda e: e["win_rate"])  # latest on ties
     card = {
-        "task_id": task_id, "algorithm": "MAPPO (shared actor + agent id, centralised V(s))",
-        "algo_version": ALGO_VERSION, "config": cfg, "seed": seed, "budget_env_steps": total,
+        "task_id": task_id, "algorithm": learner.name,
+        "algo_version": learner.version, "config": cfg, "seed": seed, "budget_env_steps": total,
         "env_steps": steps, "wall_clock_s": ckpts[-1]["wall_s"],
         "env_versions": smax_env.env_versions(map_name),
         "eval": {"episodes": cfg["eval_episodes"], "seeds": f"{CKPT_EVAL_SEED_BASE} + i",

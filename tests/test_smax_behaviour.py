@@ -179,3 +179,50 @@ def test_docs_tier_table_is_the_committed_cards():
     assert {(e["task_id"], e["quality"]) for e in cards.values()} == {
         (f"smax-{m}", t) for m in st.REFERENCE for t in st.TABLE_TIERS}
     assert table in (root / "docs/smax.md").read_text()
+
+
+def test_pqn_lambda_returns_by_hand():
+    """Q(lambda) on one env: an episode ends in a terminal at t=1 (no bootstrap), a new one is cut
+    by the rollout at t=3 (bootstrap from max Q_tot of the next state)."""
+    import jax.numpy as jnp
+
+    from plcql_bench.datasets.smax_pqn import lambda_returns
+
+    g0, lam = 0.9, 0.5
+    r = jnp.array([[1.0], [2.0], [0.5], [0.25]])
+    term = jnp.array([[0.0], [1.0], [0.0], [0.0]])
+    done = term > 0
+    qn = jnp.array([[10.0], [7.0], [4.0], [8.0]])
+    g = np.asarray(lambda_returns(r, term, done, qn, g0, lam))[:, 0]
+    g3 = 0.25 + g0 * 8.0
+    g2 = 0.5 + g0 * ((1 - lam) * 4.0 + lam * g3)
+    g1 = 2.0  # terminal: neither Q nor the next episode's return
+    g0_ = 1.0 + g0 * ((1 - lam) * 10.0 + lam * g1)
+    np.testing.assert_allclose(g, [g0_, g1, g2, g3], rtol=1e-6)
+    timeout = np.asarray(lambda_returns(r, term * 0, done, qn, g0, lam))[:, 0]
+    assert timeout[1] == pytest.approx(2.0 + g0 * 7.0)  # a time-limit cut bootstraps from its next state
+
+
+def test_pqn_checkpoint_is_a_greedy_behaviour_policy(tmp_path):
+    """A PQN-VDN Q-network (LayerNorm layers) saves and loads like a MAPPO actor, and the greedy
+    behaviour policy is the argmax of its masked Q-values."""
+    import jax
+    import jax.numpy as jnp
+
+    from plcql_bench.datasets import smax_pqn
+
+    core = smax._core("3s_vs_5z")
+    q = smax_pqn.init_params(jax.random.PRNGKey(0), core, dict(hidden=16))["actor"]
+    q[0]["ln_g"] = q[0]["ln_g"] * 2.0  # a trained gain, so a lost LayerNorm would show
+    sb.save_actor(tmp_path / "q.npz", q)
+    back = sb.load_actor(tmp_path / "q.npz")
+    assert [sorted(layer) for layer in back] == [["b", "ln_b", "ln_g", "w"]] * 2 + [["b", "w"]]
+    obs = jax.random.normal(jax.random.PRNGKey(1), (core.n_agents, core.obs_dim))
+    avail = jnp.ones((core.n_agents, core.n_actions), jnp.uint8).at[:, 5:].set(0)
+    qv = sb.actor_logits(back, obs, avail)
+    np.testing.assert_allclose(qv[:, :5], sb.actor_logits(q, obs, avail)[:, :5], rtol=1e-5)
+    act = sb.greedy_policy(back, obs, avail, None)
+    assert (act < 5).all() and (act == jnp.argmax(qv, -1)).all()
+    mappo = sb.init_params(jax.random.PRNGKey(0), core, 16)["actor"]
+    sb.save_actor(tmp_path / "a.npz", mappo)
+    assert [sorted(layer) for layer in sb.load_actor(tmp_path / "a.npz")] == [["b", "w"]] * 3
