@@ -107,8 +107,9 @@ FIELD_RULES: dict[str, Rule] = {
         "n_sampled_actions", "n_timesteps", "omar_iters", "omar_num_elites", "omar_num_samples", "layers",
         "heads", "embed", "hypernet_embed", "mixing_embed", "mixing_embed_dim", "context", "time_dim",
         "ppo_epochs", "value_steps", "update_ema_every", "target_update_interval", "ca_ratio",
-        "behaviour_patience", "behaviour_max_updates"), _at_least(1)),
-    **dict.fromkeys(("teacher_rounds", "step_start_ema"), _at_least(0)),
+        "behaviour_patience"), _at_least(1)),
+    # behaviour_max_updates: 0 = no cap (beta trains for the reference's timestep budget).
+    **dict.fromkeys(("teacher_rounds", "step_start_ema", "behaviour_max_updates"), _at_least(0)),
     **dict.fromkeys(("lr", "critic_lr", "optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight",
                      "cf_block_mb"), _POSITIVE),
     # Auxiliary learning rates may be 0: it freezes that part (tests/test_plcql_par.py freezes pi_par).
