@@ -19,6 +19,7 @@ after each stage copies the finished runs' small files (final.json, config.json,
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -99,6 +100,18 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     return n
 
 
+def _run_stage(cmd: list[str]) -> int:
+    """Run one stage's `all`; a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs
+    stop cleanly (interrupted, last checkpoint kept) instead of running on without the campaign."""
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
+
+
 def _all_command(data_dir: Path, results_dir: Path, profile: str, only: str, jobs: int | None) -> list[str]:
     cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
            str(results_dir), "all", "--profile", profile, "--only", only]
@@ -133,7 +146,7 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, no_publish) -> None:
     failed = []
     for s in stages:
         click.echo(f"== stage {s.name}: {s.only}", err=True)
-        rc = subprocess.call(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
+        rc = _run_stage(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
         if rc != 0:
             failed.append(s.name)
             click.echo(f"== stage {s.name}: exit {rc} (continuing)", err=True)

@@ -67,6 +67,9 @@ def _results_root(obj) -> Path:
 @click.pass_context
 def cli(ctx: click.Context, data_dir: Path, results_dir: Path) -> None:
     """Offline multi-agent RL benchmark: PLCQL and its baselines."""
+    from plcql_bench.suite.executors import restore_interrupts
+
+    restore_interrupts()
     ctx.obj = {"data_dir": data_dir, "results_dir": results_dir}
 
 
