@@ -63,18 +63,18 @@ def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
     return SyntheticBuffer(spec, size, device, seed)
 
 
-# The discrete CFCQL family trains its behaviour model for up to 2,000 steps before its first round (a
-# one-time cost of minutes on SMAX that no round repeats); timing stops it after this many.
+# The discrete CFCQL family trains its behaviour model on 10M sampled timesteps before its first round
+# (a one-time cost of minutes on SMAX that no round repeats); timing stops it after this many updates.
 TIMING_BEHAVIOUR_UPDATES = 20
 
 
 def timing_config(cls: type, overrides: dict[str, Any]):
     """The algorithm's config for timing: `overrides`, with the behaviour model's one-time training
-    capped at TIMING_BEHAVIOUR_UPDATES steps (a round's cost does not depend on it)."""
+    capped at TIMING_BEHAVIOUR_UPDATES updates (a round's cost does not depend on it)."""
     ov = dict(overrides)
     if "behaviour_max_updates" in getattr(cls.Config, "__dataclass_fields__", {}):
-        ov["behaviour_max_updates"] = min(int(ov.get("behaviour_max_updates", cls.Config.behaviour_max_updates)),
-                                          TIMING_BEHAVIOUR_UPDATES)
+        cap = int(ov.get("behaviour_max_updates", cls.Config.behaviour_max_updates))  # 0 = no cap
+        ov["behaviour_max_updates"] = TIMING_BEHAVIOUR_UPDATES if cap <= 0 else min(cap, TIMING_BEHAVIOUR_UPDATES)
     return make_config(cls, ov)
 
 
