@@ -18,9 +18,13 @@ in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
               Q_tot(s, a_i = j, a_-i) for every agent i and action j, forward and backward in row
               blocks of ~BLOCK_BYTES, so the [rows, n, A, embed] intermediate lives in cache and is
               recomputed in backward instead of stored.
+  cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
+              blocks, the gradient computed in forward while the block is in cache (no recomputation).
+  keep_heap_memory
+              large allocations from the heap, freed memory kept (no per-round page faults).
 
-`FUSED` switches both on (default) or off (the plain paths: `plain_kernels()` in tests and in
-`bench-speed --plain`). Neither is part of an algorithm's config, so run keys do not change.
+`FUSED` switches all of them on (default) or off (the plain paths: `plain_kernels()` in the tests and
+in `bench-speed --compare-plain`). None is part of an algorithm's config, so run keys do not change.
 """
 
 from __future__ import annotations
