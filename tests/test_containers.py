@@ -157,5 +157,30 @@ def test_sc2_image_sha256_and_maps_from_pinned_smac():
 
 
 def test_image_test_script_is_valid_bash():
-    proc = subprocess.run(["bash", "-n", str(CONTAINERS / "image_test.sh")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    for script in (CONTAINERS / "image_test.sh", ROOT / ".ci" / "run"):
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, (script, proc.stderr)
+
+
+def test_ci_builds_and_smoke_runs_the_cpu_image():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("make test") < ci.index("bash containers/image_test.sh")
+    assert "RM_IMAGE=1" in ci  # its own tag, removed afterwards
+    script = (CONTAINERS / "image_test.sh").read_text()
+    for piece in ("Dockerfile.cpu", "run all --profile smoke", "IMAGE-TEST OK", "STORAGE_DRIVER=vfs", "flock"):
+        assert piece in script, piece
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_image_test_reports_a_machine_that_cannot_build_images(tmp_path):
+    """Not root: exit 3 (nothing tested, said on stderr), before touching anything."""
+    import os  # noqa: PLC0415
+
+    cmd = ["bash", str(CONTAINERS / "image_test.sh")]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "WORK": str(tmp_path / "w")})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "IMAGE-TEST NOT RUN: needs root" in proc.stderr
+    assert not (tmp_path / "w").exists()
