@@ -3,10 +3,12 @@
 #   make test   venv + install + the test suite
 #   make bench  throughput (bench-speed) and the datasets benchmark
 #   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
+#   make nightly-band  regenerate ci/reference_band.json from a real nightly run
+#   make nightly-selftest  prove the band: seed noise passes, an injected regression fails (slow)
 #   make leaderboard   site/ from results/
 #   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing
 #   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
-#   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman)
+#   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman; .ci/run does too)
 #   make lint          hadolint on every Dockerfile, pyflakes on the sources (when installed)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,7 +16,7 @@ PROFILE ?= smoke
 BIN    := $(VENV)/bin
 EXTRAS ?= mpe,dev
 
-.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band images image-test lint publish-results
+.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band nightly-selftest images image-test lint publish-results
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
@@ -64,6 +66,13 @@ nightly-band: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
 	$(NIGHTLY_RUN) regress --profile nightly --band ci/reference_band.json --update-band \
 	  --note "make nightly-band, $$(git rev-parse --short HEAD), jobs $(NIGHTLY_JOBS), $$(nproc) cores"
+
+# The band's self-test (slow: three more nightly-sized runs): two other seed sets must pass, and
+# cql_alpha x 100 on CFCQL/PLCQL must fail. Records every score in ci/band_evidence.json, which
+# tests/test_regress.py checks against the committed band; rerun it after `make nightly-band`.
+nightly-selftest: setup
+	$(BIN)/python ci/nightly_selftest.py --jobs $(NIGHTLY_JOBS) --data-dir $(NIGHTLY_DIR)/data \
+	  --work build/nightly-selftest --record ci/band_evidence.json
 
 DOCKER ?= docker
 IMAGE  ?= plcql-bench
