@@ -47,10 +47,11 @@ bench: setup
 	$(BIN)/plcql-bench datasets bench
 
 # Nightly regression: the fixed `nightly` profile, then the comparison with the committed band.
-# --jobs stays fixed (it sets the torch thread count, which can change the last digits).
+# One torch thread per run on any machine (OMP_NUM_THREADS caps `all`'s cores // jobs): the
+# thread count changes the last digits, and the band was made at 1.
 NIGHTLY_DIR ?= build/nightly
 NIGHTLY_JOBS ?= 2
-NIGHTLY_RUN = $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
+NIGHTLY_RUN = OMP_NUM_THREADS=1 $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
 # Finished runs only (final.json present); checkpoints and logs stay in results/.
 publish-results:
 	cd results && find $(PROFILE) -name final.json -printf '%h\n' | while read d; do \
@@ -65,13 +66,13 @@ nightly: setup
 nightly-band: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)
 	$(NIGHTLY_RUN) regress --profile nightly --band ci/reference_band.json --update-band \
-	  --note "make nightly-band, $$(git rev-parse --short HEAD), jobs $(NIGHTLY_JOBS), $$(nproc) cores"
+	  --note "make nightly-band at $$(git rev-parse --short HEAD): jobs $(NIGHTLY_JOBS), 1 torch thread per run, $$(nproc) cores, torch $$($(BIN)/python -c 'import torch; print(torch.__version__)')"
 
 # The band's self-test (slow: three more nightly-sized runs): two other seed sets must pass, and
 # cql_alpha x 100 on CFCQL/PLCQL must fail. Records every score in ci/band_evidence.json, which
 # tests/test_regress.py checks against the committed band; rerun it after `make nightly-band`.
 nightly-selftest: setup
-	$(BIN)/python ci/nightly_selftest.py --jobs $(NIGHTLY_JOBS) --data-dir $(NIGHTLY_DIR)/data \
+	OMP_NUM_THREADS=1 $(BIN)/python ci/nightly_selftest.py --jobs $(NIGHTLY_JOBS) --data-dir $(NIGHTLY_DIR)/data \
 	  --work build/nightly-selftest --record ci/band_evidence.json
 
 DOCKER ?= docker

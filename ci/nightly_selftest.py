@@ -7,7 +7,7 @@ on seed noise. This script measures both with real runs of the nightly profile:
   each other), each compared with the band: both must PASS;
 * injected: the profile at the band's own seeds with a learning regression injected by config
   (default: cql_alpha x 100 for every algorithm that has the field, i.e. CFCQL and PLCQL): it must
-  FAIL, every injected algorithm must have a regressed cell, and no other algorithm may regress.
+  FAIL, every injected algorithm must have a flagged cell, and no other algorithm's cell may be flagged.
 
 Each variant is a copy of the nightly profile (same name, so results land under `nightly/` in the
 variant's own results folder; same datasets) with its seeds or algo_overrides changed. Every run's
@@ -82,7 +82,7 @@ def injected_variant(raw: dict, field: str, change) -> list[tuple[dict, list[str
 def run_variant(name: str, calls: list[tuple[dict, list[str]]], work: Path, data_dir: Path, jobs: int,
                 band_path: Path) -> dict:
     """Run every call of a variant into work/name/results, then compare with the band."""
-    from plcql_bench.suite.regress import collect, compare, failed, report
+    from plcql_bench.suite.regress import collect, compare, failed, failing, report
 
     vdir = work / name
     results = vdir / "results"
@@ -96,7 +96,7 @@ def run_variant(name: str, calls: list[tuple[dict, list[str]]], work: Path, data
         for o in only:
             cmd += ["--only", o]
         print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # as make nightly-band
     band = json.loads(band_path.read_text())
     cells = collect(results, band["profile"])
     rows = compare(band, cells)
@@ -104,8 +104,8 @@ def run_variant(name: str, calls: list[tuple[dict, list[str]]], work: Path, data
     (vdir / "report.md").write_text(text)
     print(text, flush=True)
     return {"cells": {k: [round(s, 4) for s in v] for k, v in sorted(cells.items())},
-            "verdict": "fail" if failed(rows) else "pass",
-            "regressed": [r.cell for r in rows if r.verdict in ("regressed", "missing")],
+            "verdict": "fail" if failed(rows, band) else "pass",
+            "flagged": {r.cell: r.verdict for r in rows if r.verdict in failing(band)},
             "minutes": round((time.time() - t0) / 60, 1)}
 
 
@@ -113,13 +113,13 @@ def check(name: str, expect: str, got: dict, injected_algos: set[str]) -> list[s
     """The expectations; returns the failed ones (empty: all hold)."""
     bad = []
     if got["verdict"] != expect:
-        bad.append(f"{name}: expected {expect.upper()}, got {got['verdict'].upper()} ({got['regressed']})")
+        bad.append(f"{name}: expected {expect.upper()}, got {got['verdict'].upper()} ({got['flagged']})")
     if expect == "fail":
-        hit = {c.split("/")[0] for c in got["regressed"]}
+        hit = {c.split("/")[0] for c in got["flagged"]}
         if injected_algos - hit:
-            bad.append(f"{name}: no regressed cell for {sorted(injected_algos - hit)}")
+            bad.append(f"{name}: no flagged cell for {sorted(injected_algos - hit)}")
         if hit - injected_algos:
-            bad.append(f"{name}: cells of algorithms without the injection regressed: {sorted(hit - injected_algos)}")
+            bad.append(f"{name}: cells of algorithms without the injection flagged: {sorted(hit - injected_algos)}")
     return bad
 
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         args.record.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.record}")
     for name, got in out["variants"].items():
-        print(f"{name}: {got['verdict'].upper()} (expected {got['expect'].upper()}), regressed {got['regressed']}, "
+        print(f"{name}: {got['verdict'].upper()} (expected {got['expect'].upper()}), flagged {got['flagged']}, "
               f"{got['minutes']} min")
     print("NIGHTLY-SELFTEST " + ("OK" if not problems else "FAILED:\n  " + "\n  ".join(problems)))
     return 1 if problems else 0

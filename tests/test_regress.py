@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from plcql_bench.suite.cli import cli
-from plcql_bench.suite.regress import compare, failed, make_band
+from plcql_bench.suite.regress import compare, failed, failing, make_band
 
 ROOT = Path(__file__).resolve().parent.parent
 BAND = ROOT / "ci" / "reference_band.json"
@@ -74,11 +74,18 @@ def test_synthetic_regression_fails_and_is_reported(tmp_path):
     assert f"**{cell}**: regressed" in text and "1 regressed" in text
 
 
-def test_missing_cell_fails_and_rise_is_not_a_failure(tmp_path):
+def test_missing_cell_fails_and_a_rise_fails_a_two_sided_band(tmp_path):
     band = _band()
+    assert band["fail_on"] == "both"
     cells = sorted(band["cells"])
     _write_results(tmp_path / "results", band, {cells[0]: band["cells"][cells[0]]["tolerance"] + 5.0})
     res = _regress(tmp_path)
+    assert res.exit_code == 1 and f"**{cells[0]}**: improved" in res.output
+    # A one-sided band (no fail_on) reports the rise without failing.
+    one_sided = {k: v for k, v in band.items() if k != "fail_on"}
+    (tmp_path / "one.json").write_text(json.dumps(one_sided))
+    res = CliRunner().invoke(cli, ["--results-dir", str(tmp_path / "results"), "regress",
+                                   "--band", str(tmp_path / "one.json")])
     assert res.exit_code == 0 and "improved" in res.output
     # Remove one cell's runs entirely: missing fails.
     algo, task, dataset = cells[1].split("/")
@@ -89,12 +96,15 @@ def test_missing_cell_fails_and_rise_is_not_a_failure(tmp_path):
 
 
 def test_make_band_tolerance_rule():
-    band = make_band({"a/t/d": [10.0, 30.0], "b/t/d": [5.0, 5.0]}, "p")
-    assert band["cells"]["a/t/d"]["mean"] == 20.0
-    assert band["cells"]["a/t/d"]["tolerance"] == pytest.approx(2 * 14.1421, abs=1e-3)
-    assert band["cells"]["b/t/d"]["tolerance"] == 10.0
-    rows = compare(band, {"a/t/d": [20.0 - 30.0], "b/t/d": [5.0]})
-    assert failed(rows) and [r.verdict for r in rows] == ["regressed", "ok"]
+    # a: seeds 10/30 and 0/20 (pooled std 14.14); b: constant (pooled std 0 -> the floor).
+    band = make_band({"a/t/d": [10.0, 30.0], "a/t/e": [0.0, 20.0], "b/t/d": [5.0, 5.0]}, "p")
+    a = band["cells"]["a/t/d"]
+    assert a["mean"] == 20.0 and a["pooled_std"] == pytest.approx(14.1421, abs=1e-3)
+    assert a["tolerance"] == pytest.approx(3.5 * 14.1421 * (2 / 2) ** 0.5, abs=1e-3)
+    assert band["cells"]["b/t/d"]["tolerance"] == 10.0 and band["fail_on"] == "both"
+    rows = compare(band, {"a/t/d": [20.0 - 50.0], "a/t/e": [10.0 + 50.0], "b/t/d": [5.0]})
+    assert [r.verdict for r in rows] == ["regressed", "improved", "ok"]
+    assert failed(rows, band) and failed(rows[1:], band) and not failed(rows[1:], {})
 
 
 # ------------------------------------------------ the band's self-test (ci/nightly_selftest.py)
@@ -163,11 +173,11 @@ def test_band_catches_the_recorded_injected_regression_and_not_seed_noise():
         assert set(variant["cells"]) == set(band["cells"]), name
         assert all(len(s) == band["cells"][c]["n"] for c, s in variant["cells"].items()), name
         rows = compare(band, variant["cells"])
-        regressed = {r.cell.split("/")[0] for r in rows if r.verdict in ("regressed", "missing")}
+        flagged = {r.cell.split("/")[0] for r in rows if r.verdict in failing(band)}
         if variant["expect"] == "pass":
-            assert not failed(rows), (name, regressed)
+            assert not failed(rows, band), (name, flagged)
         else:
-            assert failed(rows) and regressed == set(evidence["injection"]["algos"]), (name, regressed)
+            assert failed(rows, band) and flagged == set(evidence["injection"]["algos"]), (name, flagged)
         expects.append(variant["expect"])
     assert sorted(expects) == ["fail", "pass", "pass"]
     assert set(evidence["injection"]["algos"]) == {"cfcql", "plcql"}
