@@ -1,12 +1,14 @@
 # plcql-bench: every task a user or maintainer runs.
-#   make all    venv + install + smoke datasets + default matrix + site/index.html (the main job)
-#   make test   venv + install + the test suite
+#   make all    venv + install (extras of the default matrix only) + smoke datasets + default matrix
+#               + site/index.html (the main job)
+#   make test   venv + install (the dev extras: every task family, Ray, Parquet) + the test suite
 #   make bench  throughput (bench-speed) and the datasets benchmark
 #   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
 #   make nightly-band  regenerate ci/reference_band.json from a real nightly run
 #   make nightly-selftest  prove the band: seed noise passes, an injected regression fails (slow)
 #   make leaderboard   site/ from results/
 #   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing
+#   make campaign      run ci/campaigns/paper.yaml in the background (resumable), publishing as runs finish
 #   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
 #   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman; .ci/run does too)
 #   make lint          hadolint on every Dockerfile, pyflakes on the sources (when installed)
@@ -14,9 +16,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PROFILE ?= smoke
 BIN    := $(VENV)/bin
-EXTRAS ?= mpe,dev
+# `make all` installs only what the default (smoke) matrix needs: MPE. `make test` installs dev.
+EXTRAS ?= mpe
+TEST_EXTRAS ?= dev
 
-.PHONY: all setup test bench datasets run leaderboard version clean nightly nightly-band nightly-selftest images image-test lint publish-results
+.PHONY: all setup setup-dev test bench datasets run leaderboard version clean nightly nightly-band nightly-selftest images image-test lint publish-results campaign
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
@@ -25,15 +29,26 @@ all: setup
 
 # torch==2.13.0 first: on this project's machines that spec resolves to the local CPU wheel,
 # so the resolver never pulls a multi-GB CUDA build. pyproject accepts any torch 2.x >= 2.4.
-setup: $(BIN)/.installed
-$(BIN)/.installed: pyproject.toml
+# One stamp per extras set: `make test` after `make all` adds the dev extras to the same venv
+# (`make all` after `make test` reruns pip, which finds everything installed).
+# setuptools reports every editable install of a package-dir layout like ours with an
+# informational "Editable installation." notice (about folders named like the package, which this
+# repository has none of); it is the only warning the install emits, so it alone is filtered.
+define install
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e ".[$(1)]"
 	touch $@
+endef
+setup: $(BIN)/.installed-$(EXTRAS)
+$(BIN)/.installed-$(EXTRAS): pyproject.toml
+	$(call install,$(EXTRAS))
+setup-dev: $(BIN)/.installed-$(TEST_EXTRAS)
+$(BIN)/.installed-$(TEST_EXTRAS): pyproject.toml
+	$(call install,$(TEST_EXTRAS))
 
-test: setup
+test: setup-dev
 	$(BIN)/python -m pytest tests
 
 datasets: setup
@@ -42,20 +57,28 @@ datasets: setup
 leaderboard: setup
 	$(BIN)/plcql-bench leaderboard --out site
 
-bench: setup
+bench: setup-dev
 	$(BIN)/plcql-bench bench-speed
 	$(BIN)/plcql-bench datasets bench
 
 # Nightly regression: the fixed `nightly` profile, then the comparison with the committed band.
-# One torch thread per run on any machine (OMP_NUM_THREADS caps `all`'s cores // jobs): the
-# thread count changes the last digits, and the band was made at 1.
+# --jobs stays fixed; each run uses 1 torch thread (`all --threads`, and OMP_NUM_THREADS=1 for the
+# other native libraries), so the last digits do not depend on the machine's core count: the band
+# was made at 1 thread per run.
 NIGHTLY_DIR ?= build/nightly
 NIGHTLY_JOBS ?= 2
 NIGHTLY_RUN = OMP_NUM_THREADS=1 $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/data --results-dir $(NIGHTLY_DIR)/results
 # Finished runs only (final.json present); checkpoints and logs stay in results/.
-publish-results:
-	cd results && find $(PROFILE) -name final.json -printf '%h\n' | while read d; do \
-	  for f in final.json config.json metrics.jsonl; do install -D -m 644 "$$d/$$f" "../leaderboard/results/$$d/$$f"; done; done
+publish-results: setup
+	$(BIN)/plcql-bench campaign publish --profile $(PROFILE)
+	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
+
+# The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
+# resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.
+CAMPAIGN ?= ci/campaigns/paper.yaml
+campaign: setup
+	OMP_NUM_THREADS=1 nohup $(BIN)/plcql-bench campaign run $(CAMPAIGN) --jobs $$(nproc) > campaign.log 2>&1 &
+	@echo "campaign running in the background: tail -f campaign.log; $(BIN)/plcql-bench campaign status $(CAMPAIGN)"
 
 nightly: setup
 	$(NIGHTLY_RUN) all --profile nightly --jobs $(NIGHTLY_JOBS)

@@ -15,15 +15,34 @@ import click
 @click.option("--warmup", default=3, show_default=True, help="Untimed rounds before the timed ones.")
 @click.option("--batch", type=int, default=None,
               help="Override the batch (transitions, or episodes for episode-batch algorithms).")
-@click.option("--threads", default=2, show_default=True, help="torch.set_num_threads")
+@click.option("--threads", default=1, show_default=True,
+              help="torch.set_num_threads (runs train with 1 by default: `all --threads`)")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="cpu = this process's CPU time (stable on a shared machine; use with --threads 1).")
-def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock) -> None:
+@click.option("--calibrate", "machine", default=None, metavar="MACHINE",
+              help="Measure round and evaluation costs of every algorithm x task of --profile's matrix "
+                   "(or --algo/--task) and write the calibration `plan` reads: "
+                   "suite/calibrations/MACHINE.json, or --out.")
+@click.option("--profile", default="paper", show_default=True, help="With --calibrate: whose matrix.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="With --calibrate: the file.")
+@click.option("--description", default="", help="With --calibrate: what machine this is.")
+@click.option("--seconds", default=20.0, show_default=True,
+              help="With --calibrate: timed rounds per algorithm x task (3 to --rounds of them).")
+def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
+                description, seconds) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone. Prints the load average:
-    on a shared machine compare numbers taken in the same minute only."""
+    on a shared machine compare numbers taken in the same minute only. With --calibrate, writes
+    the per-machine costs that `plan` estimates from."""
     import torch
+
+    if machine:
+        torch.set_num_threads(threads)
+        given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT
+        calibrate(machine, algos, tasks if given else (), tier, profile, rounds, threads, device, clock, out,
+                  description, seconds)
+        return
 
     from plcql_bench.algorithms.base import get_algorithm, load_all
     from plcql_bench.algorithms.base import implementations
@@ -82,3 +101,54 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
     click.echo(f"# {task_id}: target construction PLCQL/SPaCQL "
                f"{p['target_median_ms']:.2f}/{s['target_median_ms']:.2f} ms"
                f" = {p['target_median_ms'] / s['target_median_ms']:.2f}")
+
+
+def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device, clock, out, description,
+              seconds) -> None:
+    """bench-speed --calibrate: round and evaluation costs per algorithm x task, written (merged)
+    into a calibration file (suite/calibration.py)."""
+    import datetime
+    import os
+    import platform
+
+    from plcql_bench.algorithms.base import get_algorithm, implementations
+    from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
+    from plcql_bench.suite.calibration import calibrations_dir, save_calibration
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.tasks import get_task, task_tiers
+
+    prof = load_profile(profile)
+    algos = list(algos) or [str(a) for a in prof.matrix["algos"]]
+    tasks = list(tasks) or [str(t) for t in prof.matrix["tasks"]]
+    path = out or str(calibrations_dir() / f"{machine}.json")
+    load = os.getloadavg()
+    click.echo(f"# calibrating {machine}: torch threads {threads}, device {device}, clock {clock}, "
+               f"load average {load[0]:.2f} -> {path}")
+    click.echo(f"{'algo':<12} {'task':<26} {'rounds':>6} {'ms/round':>9} {'eval s (a + b*E)':>18}")
+    costs: dict = {}
+    for task_id in tasks:
+        task = get_task(task_id)
+        spec = task.spec
+        t = tier if tier in task_tiers(task_id) else task_tiers(task_id)[0]
+        for name in algos:
+            if ("discrete" if spec.discrete else "continuous") not in implementations(name):
+                continue
+            ov = get_algorithm(name, discrete=spec.discrete).task_overrides(spec, t)
+            r = time_rounds_within(name, spec, ov, max_rounds=max_rounds, seconds=seconds, device=device,
+                                   clock=clock)
+            ev = time_evaluation(name, task, ov, device=device, clock=clock)
+            costs.setdefault(name, {})[task_id] = {"round_ms": round(r["median_ms"], 3), "rounds": r["rounds"],
+                                                   "eval_s": [round(ev[0], 4), round(ev[1], 5)]}
+            click.echo(f"{name:<12} {task_id:<26} {r['rounds']:>6} {r['median_ms']:>9.1f} "
+                       f"{ev[0]:>8.3f} + {ev[1]:.4f}*E")
+            save_calibration({"machine": machine, "costs": {name: {task_id: costs[name][task_id]}}}, path)
+    save_calibration({
+        "machine": machine, "description": description or f"{platform.processor() or platform.machine()}, "
+                                                           f"{os.cpu_count()} cores",
+        "device": device, "torch_threads": threads, "clock": clock,
+        # plan's default --jobs: one run per `threads` cores on a CPU; one run per GPU
+        "default_jobs": max(1, (os.cpu_count() or 1) // threads) if device == "cpu" else 1,
+        "source": f"plcql-bench bench-speed --calibrate {machine} --clock {clock} --threads {threads} "
+                  f"(tier {tier}, synthetic 100k buffer, untrained policies for evaluation)",
+        "measured_at": datetime.date.today().isoformat(), "load_average_at_start": round(load[0], 2),
+        "costs": costs}, path)

@@ -52,11 +52,16 @@ class ParConfig:
     # None = learned PAR; an int 1..n or "n" = fixed k (ablations); "uniform" = k ~ U{1..n}, pi_par frozen
     fixed_k: Union[int, str, None] = None
     u_ddof: int = 0  # u_Q = sqrt(Var_j) (Algorithm 1 line 189: population variance); 1 = sample std
-    par_reward: str = "paper"  # "paper": w * Q_1; "lcb": mean_j Q_j - lcb_beta * u_Q (this suite's)
+    # "paper": w * Q_1; "lcb" (this suite's): a lower confidence bound on the improvement over the dataset's
+    # next action, mean_j D_j - lcb_beta * std_j D_j with D_j = Q_j(s', a'^(k)) - Q_j(s', a'_D)
+    par_reward: str = "paper"
     lcb_beta: float = 1.0  # beta of the "lcb" reward
     ppo_epochs: int = 4  # full-batch PPO gradient steps per PAR update
     ppo_clip: float = 0.2  # epsilon (PPO default)
-    normalize_advantage: bool = True  # per-batch mean/std normalisation of r_par - V
+    # PPO's advantage A = r_par - V(s'): "advantage" = per-batch (A - mean A) / std A (PPO's usual);
+    # "reward" = (A - mean A) / std r_par (keeps the size of the k-effect relative to how much r_par varies
+    # across states: a tiny preference stays a small step); "none" = A as it is (Q units)
+    advantage_norm: str = "advantage"
     entropy_coef: float = 0.01  # entropy bonus on pi_par
     par_lr: float = 3e-4  # Adam lr of pi_par
     value_lr: float = 1e-3  # Adam lr of V
@@ -83,6 +88,8 @@ def check_par_config(cfg, n: int) -> None:
         raise ValueError(f"fixed_k must be None, 'n', 'uniform' or an int in 1..{n}; got {fk!r}")
     if cfg.par_reward not in ("paper", "lcb"):
         raise ValueError(f"par_reward must be 'paper' or 'lcb', got {cfg.par_reward!r}")
+    if cfg.advantage_norm not in ("advantage", "reward", "none"):
+        raise ValueError(f"advantage_norm must be 'advantage', 'reward' or 'none', got {cfg.advantage_norm!r}")
     if cfg.u_ddof not in (0, 1):
         raise ValueError(f"u_ddof must be 0 or 1, got {cfg.u_ddof!r}")
     for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
@@ -103,15 +110,22 @@ def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Gene
     return mask | (valid < 0.5).unsqueeze(1)
 
 
-def par_reward_terms(q: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [E, ...]: the online members' Q at (s', a'^(k)). Returns (r_par, u_Q, w), each [...].
+def par_reward_terms(q: torch.Tensor, cfg, q_data: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [E, ...]: the online members' Q at (s', a'^(k)); q_data [E, ...] at the dataset's (s', a'_D), needed
+    by "lcb" only. Returns (r_par, u, w), each [...].
 
-    paper: r_par = w * Q_1, w = sigmoid(-u_Q T) + 0.5 (or 1), u_Q = sqrt(Var_j Q_j) (Algorithm 1, 189-191).
-    lcb (this suite's variant): r_par = mean_j Q_j - beta * u_Q, a lower confidence bound; w reported as 1.
+    paper: r_par = w * Q_1, w = sigmoid(-u_Q T) + 0.5 (or 1), u = u_Q = sqrt(Var_j Q_j) (Algorithm 1, 189-191).
+    lcb (this suite's variant): D_j = Q_j(s', a'^(k)) - Q_j(s', a'_D), the improvement member j expects from
+    replacing the k agents; r_par = mean_j D_j - beta * u with u = sqrt(Var_j D_j), a lower confidence bound
+    on it (the members' disagreement about the replacement, without the disagreement about the state's value
+    that every k shares); w reported as 1.
     """
-    u = q.std(dim=0, correction=cfg.u_ddof)
     if cfg.par_reward == "lcb":
-        return q.mean(0) - cfg.lcb_beta * u, u, torch.ones_like(u)
+        d = q - q_data
+        u = d.std(dim=0, correction=cfg.u_ddof)
+        return d.mean(0) - cfg.lcb_beta * u, u, torch.ones_like(u)
+    u = q.std(dim=0, correction=cfg.u_ddof)
     w = torch.sigmoid(-u * cfg.temperature) + 0.5 if cfg.uncertainty_weight else torch.ones_like(u)
     return w * q[0], u, w
 
@@ -169,14 +183,26 @@ class ParLearner:
             self.value_opt.step()
         return loss.detach()
 
+    def normalised_advantage(self, adv: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The advantage PPO sees, per `advantage_norm` (masked mean/std over the rows with m = 1)."""
+        if self.cfg.advantage_norm == "none":
+            return adv
+        denom = m.sum().clamp(min=1)
+
+        def mean_std(x):
+            mean = (x * m).sum() / denom
+            return mean, (((x - mean) ** 2 * m).sum() / denom).sqrt()
+
+        mean, std = mean_std(adv)
+        if self.cfg.advantage_norm == "reward":
+            std = mean_std(r_par)[1]
+        return (adv - mean) / (std + 1e-8)
+
     def ppo_update(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor,
                    adv: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps)."""
+        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps), with
+        the advantage as given."""
         denom = m.sum().clamp(min=1)
-        if self.cfg.normalize_advantage:
-            mean = (adv * m).sum() / denom
-            std = (((adv - mean) ** 2 * m).sum() / denom).sqrt()
-            adv = (adv - mean) / (std + 1e-8)
         idx = (k - 1).unsqueeze(1)
         stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
@@ -204,7 +230,7 @@ class ParLearner:
         with torch.no_grad():
             adv = r_par - self.par_value(next_state)[0, :, 0]
         out["par/adv_raw"] = (adv * m).sum() / m.sum().clamp(min=1)
-        out.update(self.ppo_update(next_state, k, logp_old, adv, m))
+        out.update(self.ppo_update(next_state, k, logp_old, self.normalised_advantage(adv, r_par, m), m))
         return out
 
     def par_stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
@@ -217,13 +243,22 @@ class ParLearner:
         return out
 
 
+def probe_terms(q: torch.Tensor, q_data: torch.Tensor, cfg) -> dict[str, torch.Tensor]:
+    """Per-row probe values for one k: Q_1, mean_j Q_j, the configured (r_par, u, w), and the improvement
+    over the dataset's next action D_j = Q_j(s', a'^(k)) - Q_j(s', a'_D) (its mean and std over members)."""
+    r_par, u, w = par_reward_terms(q, cfg, q_data)
+    d = q - q_data
+    return {"q1": q[0], "qmean": q.mean(0), "u": u, "w": w, "rpar": r_par, "dmean": d.mean(0),
+            "dstd": d.std(0, correction=cfg.u_ddof)}
+
+
 def par_probe_stats(per_k: list[dict[str, torch.Tensor]], probs: torch.Tensor) -> dict[str, float]:
-    """The evaluation-point diagnostics from per-k probe values (each dict: q1, u, w, r_par [B]) and
+    """The evaluation-point diagnostics from per-k probe values (each dict: `probe_terms`) and
     pi_par's probabilities [B, n] on the probe states: per-k means, p(k), pi_par's mean per-state entropy
     and the entropy of its marginal over the probe states (0 when every state gets the same k)."""
     out: dict[str, float] = {}
     for i, d in enumerate(per_k):
-        for name in ("q1", "qmean", "u", "w", "rpar"):
+        for name in ("q1", "qmean", "u", "w", "rpar", "dmean", "dstd"):
             out[f"diag/{name}_k{i + 1}"] = float(d[name].mean())
     marginal = probs.mean(0)
     for i in range(probs.shape[1]):
@@ -321,8 +356,9 @@ class PLCQL(ParLearner, CFCQL):
 
     @torch.no_grad()
     def par_reward(self, batch: Batch, joint_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(r_par, u_Q, w) at (s', a'^(k)) with the online ensemble (see `par_reward_terms`)."""
-        return par_reward_terms(self.online_q(batch, joint_next), self.cfg)
+        """(r_par, u, w) at (s', a'^(k)) with the online ensemble (see `par_reward_terms`)."""
+        q_data = self.online_q(batch, batch.next_actions) if self.cfg.par_reward == "lcb" else None
+        return par_reward_terms(self.online_q(batch, joint_next), self.cfg, q_data)
 
     # -- one round -----------------------------------------------------------------------------------------
     def update(self, sample: BatchSampler) -> dict[str, float]:
@@ -360,13 +396,12 @@ class PLCQL(ParLearner, CFCQL):
         rows = probe.next_actions_valid > 0.5
         batch = Batch(**{f: (v[rows] if torch.is_tensor(v) else v) for f, v in vars(probe).items()})
         gen = torch.Generator(device=self.device).manual_seed(12345)
+        q_data = self.online_q(batch, batch.next_actions)
         per_k = []
         with buffers_restored(self.actors):  # the actors' running input statistics stay as training left them
             for kk in range(1, self.n + 1):
                 joint, _ = self.par_next_actions(batch, torch.full((batch.size,), kk, device=self.device), gen)
-                q = self.online_q(batch, joint)
-                r_par, u_q, w = par_reward_terms(q, self.cfg)
-                per_k.append({"q1": q[0], "qmean": q.mean(0), "u": u_q, "w": w, "rpar": r_par})
+                per_k.append(probe_terms(self.online_q(batch, joint), q_data, self.cfg))
         return par_probe_stats(per_k, self.par_probs(batch.next_state))
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
@@ -383,5 +418,5 @@ register_variant(PLCQL, "plcql-uniform", "PLCQL ablation: pi_par frozen at unifo
                  fixed_k="uniform")
 register_variant(PLCQL, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
 register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
-register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.",
-                 par_reward="lcb")
+register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
+                 "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

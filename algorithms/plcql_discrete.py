@@ -45,6 +45,7 @@ from plcql_bench.algorithms.plcql import (
     par_mask,
     par_probe_stats,
     par_reward_terms,
+    probe_terms,
 )
 
 
@@ -109,7 +110,10 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         if q.shape[0] < 2:  # one member: no disagreement to measure
             u = torch.zeros_like(q[0])
             return q[0], u, torch.ones_like(u)
-        return par_reward_terms(q, self.cfg)
+        q_data = None
+        if self.cfg.par_reward == "lcb":  # the dataset's a_t' (0 where unknown: those rows are masked out)
+            q_data = self.online_q_tot(batch, q_all, self.next_action_data(batch)[0])
+        return par_reward_terms(q, self.cfg, q_data)
 
     def before_step(self, batch: EpisodeBatch, q_all: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
         r_par, u, w = self.par_reward(batch, q_all, info["joint"])
@@ -142,13 +146,13 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         greedy = self.greedy_actions(probe, q_all)
         rows = (valid * boot) > 0.5
         gen = torch.Generator(device=self.device).manual_seed(12345)
+        q_data = self.online_q_tot(probe, q_all, data)[:, rows]
         per_k = []
         for kk in range(1, n + 1):
             k = torch.full((B * T1,), kk, dtype=torch.long, device=self.device)
             mask = par_mask(k, valid.reshape(-1), n, gen).view(B, T1, n)
             q = self.online_q_tot(probe, q_all, torch.where(mask, greedy, data))[:, rows]  # [E, R]
-            r_par, u_q, w = par_reward_terms(q, self.cfg)
-            per_k.append({"q1": q[0], "qmean": q.mean(0), "u": u_q, "w": w, "rpar": r_par})
+            per_k.append(probe_terms(q, q_data, self.cfg))
         return par_probe_stats(per_k, self.par_probs(probe.state[rows]))
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
@@ -165,4 +169,5 @@ register_variant(PLCQLDiscrete, "plcql-uniform", "PLCQL ablation: pi_par frozen 
 register_variant(PLCQLDiscrete, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
 register_variant(PLCQLDiscrete, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
 register_variant(PLCQLDiscrete, "plcql-lcb",
-                 "This suite's PAR variant (not the paper's): r_par = mean_j Q_j - beta u_Q.", par_reward="lcb")
+                 "This suite's PAR variant (not the paper's): LCB on the improvement over the dataset action, "
+                 "advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

@@ -5,14 +5,17 @@ Lookup order for (task, tier), see `behaviour_for`:
 1. Trained MATD3 checkpoints (datasets/matd3.py), when `<behaviour dir>/<task>/index.json` exists
    (default `datasets/assets/behaviour/`, override with PLCQL_BEHAVIOUR_DIR): expert / medium /
    random run the selected actor checkpoints with Gaussian action noise (EXPLORATION_NOISE, "noise
-   added for diversity" as in OMAR), and medium-replay replays the training replay up to the
-   medium checkpoint (kind="replay"; only where that replay file exists). Ids start "matd3:".
+   added for diversity" as in OMAR). medium-replay rebuilds the training replay up to the medium
+   checkpoint from the committed checkpoint sequence (kind="parts", matd3.replay_parts), or reads
+   the training replay file where the index names no sequence and the file exists (kind="replay").
+   Ids start "matd3:".
 2. A task's own behaviours: `task.extras["behaviours"](tier) -> Behaviour | None` (SMAX).
 3. Scripted fallbacks (datasets/scripted.py): CN landmark assignment + PD controller, PP/World a
    predator chase heuristic; medium = the same with heavy action noise; random = uniform. Ids
    start "scripted-" / "uniform-random".
 
-Tiers without any behaviour policy are listed as unavailable by `datasets list`.
+Tiers without any behaviour policy are listed as unavailable by `datasets list`, with the reason
+and the command that fixes it (`unavailable`).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ class Behaviour:
     policy_id: str
     make: Callable[[np.random.Generator], Policy]
     note: str = ""
-    kind: str = "policy"  # "policy": roll out make(rng); "replay": read `replay` (medium-replay)
-    replay: dict | None = None  # kind="replay": {"file", "episodes", "up_to_env_step", ...}
+    # "policy": roll out make(rng); "replay": read the training replay file `replay["file"]`;
+    # "parts": roll out `replay["parts"]` in order (medium-replay rebuilt from checkpoints)
+    kind: str = "policy"
+    replay: dict | None = None  # medium-replay: {"episodes", "up_to_env_step", "file" | "parts", ...}
 
 
 EXPLORATION_NOISE = 0.1  # Gaussian action noise of the trained behaviour policies
@@ -111,15 +116,7 @@ def trained_behaviour(task_id: str, tier: str, noise: float = EXPLORATION_NOISE)
         return None
     index, d = found
     if tier == "medium-replay":
-        from plcql_bench.datasets.matd3 import resolve_replay
-
-        rep = index.get("medium_replay")
-        if not rep or not resolve_replay(rep["file"]).is_file():
-            return None
-        rep = {**rep, "file": str(resolve_replay(rep["file"]))}
-        return Behaviour(f"matd3:{task_id}/replay-to-step-{rep['up_to_env_step']}",
-                         lambda rng: None, "MATD3 training replay up to the medium checkpoint",
-                         kind="replay", replay=rep)
+        return _medium_replay(task_id, index.get("medium_replay") or {}, d)
     entry = index.get("tiers", {}).get(tier)
     if entry is None:
         return None
@@ -133,6 +130,67 @@ def trained_behaviour(task_id: str, tier: str, noise: float = EXPLORATION_NOISE)
     return Behaviour(f"matd3:{task_id}/{tier}@{_file_tag(ckpt)}(noise={noise})", make,
                      f"MATD3 checkpoint at {entry['env_steps']} env steps, eval return "
                      f"{entry['return']:.2f}")
+
+
+def _medium_replay(task_id: str, rep: dict, d: Path) -> Behaviour | None:
+    """medium-replay: rebuilt from the committed checkpoint sequence (index "parts", see
+    matd3.replay_parts), or else the training replay file where it is on disk."""
+    if rep.get("parts"):
+        parts = [{**p, "checkpoint": str(d / p["checkpoint"])} if "checkpoint" in p else dict(p)
+                 for p in rep["parts"]]
+        missing = [p["checkpoint"] for p in parts if "checkpoint" in p and not Path(p["checkpoint"]).is_file()]
+        if missing:
+            return None
+        tags = [_file_tag(Path(p["checkpoint"])) if "checkpoint" in p else p["policy"] for p in parts]
+        recipe = json.dumps([rep["recipe"], rep["train_seed"], rep["noise"],
+                             [(p["from_step"], p["to_step"]) for p in parts], tags])
+        tag = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+        return Behaviour(f"matd3:{task_id}/replay-rollout-to-{rep['up_to_env_step']}@{tag}(noise={rep['noise']})",
+                         lambda rng: None,
+                         f"the MATD3 training replay up to the medium checkpoint, rebuilt: {len(parts)} "
+                         "parts, each checkpoint rolled out with the trainer's noise for the env steps "
+                         "it was in charge of", kind="parts", replay={**rep, "parts": parts})
+    from plcql_bench.datasets.matd3 import resolve_replay
+
+    if not rep.get("file") or not resolve_replay(rep["file"]).is_file():
+        return None
+    rep = {**rep, "file": str(resolve_replay(rep["file"]))}
+    return Behaviour(f"matd3:{task_id}/replay-to-step-{rep['up_to_env_step']}",
+                     lambda rng: None, "MATD3 training replay up to the medium checkpoint",
+                     kind="replay", replay=rep)
+
+
+def replay_part_policy(part: dict, noise: float, act_dim: int, rng: np.random.Generator) -> Policy:
+    """The policy of one part of a rebuilt medium-replay: uniform actions (the trainer's warm-up)
+    or a checkpoint with the trainer's Gaussian exploration noise."""
+    if part.get("policy") == "uniform":
+        return scripted.random_policy(rng, act_dim)
+    from plcql_bench.datasets.matd3 import load_actor, noisy_policy
+
+    return noisy_policy(load_actor(part["checkpoint"])[0], noise, rng)
+
+
+def unavailable(task_id: str, tier: str) -> tuple[str, str] | None:
+    """(why nothing can build task/tier, the command that fixes it), or None when it can be built."""
+    if available(task_id, tier):
+        return None
+    from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir
+    from plcql_bench.suite.tasks import get_task
+
+    spec = get_task(task_id).spec
+    if spec.discrete:
+        return (f"no behaviour policy for {tier}",
+                f"plcql-bench datasets import {task_id} {tier} <official dataset file>")
+    train = f"plcql-bench datasets train-behaviour {task_id} --profile cpu"
+    where = behaviour_dir() / task_id
+    shown = where.relative_to(ASSETS_DIR.parents[2]) if where.is_relative_to(ASSETS_DIR.parents[2]) else where
+    if _trained_index(task_id) is None:
+        return f"no trained MATD3 behaviour policy in {shown}", train
+    if tier == "medium-replay":
+        return (f"{shown}/index.json has no checkpoint sequence for medium-replay (or a checkpoint "
+                "file is missing), and the training replay is not on this machine",
+                f"{train} (publishes the checkpoint sequence)")
+    return f"{shown}/index.json has no {tier} checkpoint", train
 
 
 def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:

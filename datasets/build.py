@@ -42,6 +42,17 @@ from plcql_bench.suite.tasks import ALL_TIERS, get_task
 COLLECT_BATCH = 256
 
 
+class DatasetUnavailable(BenchError):
+    """Nothing can build task/tier here; `reason` says why and `fix` is the command that helps."""
+
+    def __init__(self, task_id: str, tier: str):
+        from plcql_bench.datasets.behaviour import unavailable
+
+        self.reason, self.fix = unavailable(task_id, tier) or ("no behaviour policy", "")
+        super().__init__(f"{task_id}/{tier}: no behaviour policy available: {self.reason}"
+                         + (f" (fix: {self.fix})" if self.fix else ""))
+
+
 def collect(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarray]:
     """Roll out one episode per seed; return format-v1 arrays, episode-major."""
     parts = [_collect_batch(task, policy, seeds[i : i + COLLECT_BATCH])
@@ -153,6 +164,31 @@ def _from_replay(behaviour: Behaviour, episodes: int) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _from_parts(task: Task, behaviour: Behaviour, episodes: int, generator_seed: int,
+                tier_index: int) -> dict[str, np.ndarray]:
+    """A medium-replay rebuilt from its checkpoint sequence: training episode j is rolled out on
+    the trainer's env seed j with the policy of the part that holds it (parts in training order).
+    All episodes when the profile asks for at least that many (paper), else evenly spaced ones
+    (smoke), as `_from_replay` picks them. Each part's noise has its own generator, so a part
+    collects the same episodes whatever the others do."""
+    from plcql_bench.datasets.behaviour import replay_part_policy
+    from plcql_bench.datasets.matd3 import training_env_seeds
+
+    rep = behaviour.replay
+    total = int(rep["episodes"])
+    chosen = np.unique(np.linspace(0, total - 1, min(int(episodes), total)).round().astype(np.int64))
+    seeds = training_env_seeds(int(rep["train_seed"]), 0, total)
+    out, first = [], 0
+    for i, part in enumerate(rep["parts"]):
+        idx = chosen[(chosen >= first) & (chosen < first + part["episodes"])]
+        first += part["episodes"]
+        if len(idx):
+            rng = np.random.default_rng([generator_seed, tier_index, i])
+            policy = replay_part_policy(part, float(rep["noise"]), task.spec.act_dim, rng)
+            out.append(collect(task, policy, seeds[idx]))
+    return _concat_episodes(out)
+
+
 def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.random.Generator):
     hook = task.extras.get("collect")
     if hook is not None:
@@ -180,9 +216,12 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
                                    _collect_tier(task, halves[1], seeds[k:], rng)])
         policy_id = f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
     elif behaviour is None:
-        raise BenchError(f"{task_id}/{tier}: no behaviour policy available yet")
+        raise DatasetUnavailable(task_id, tier)
     elif behaviour.kind == "replay":
         arrays, policy_id = _from_replay(behaviour, episodes), behaviour.policy_id
+    elif behaviour.kind == "parts":
+        arrays = _from_parts(task, behaviour, episodes, generator_seed, tier_index)
+        policy_id = behaviour.policy_id
     else:
         arrays, policy_id = _collect_tier(task, behaviour, seeds, rng), behaviour.policy_id
     won = arrays.pop("episode_won", None)

@@ -14,9 +14,10 @@ def datasets() -> None:
 @click.pass_obj
 def datasets_list(obj: dict, profile: str) -> None:
     """Every task x tier with its status under the profile's data directory ("stale": built by an
-    older collection recipe; `datasets build --force` rebuilds it)."""
+    older collection recipe; `datasets build --force` rebuilds it; "unavailable": nothing here can
+    build it, with the reason and the command that fixes it)."""
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import available, stale
+    from plcql_bench.datasets.behaviour import available, stale, unavailable
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
@@ -36,7 +37,10 @@ def datasets_list(obj: dict, profile: str) -> None:
                 status = "not built" if available(task_id, tier) else "unavailable"
                 n, ret = "", ""
             src = entry.get("behaviour_policy_id") if entry else available(task_id, tier)
-            click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src or '-'}")
+            if not src:
+                why, fix = unavailable(task_id, tier)
+                src = f"{why}; run: {fix}"
+            click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src}")
 
 
 @datasets.command("build")
@@ -182,6 +186,41 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
                                                  for t in ("expert", "medium", "random")}
     for t, e in tiers.items():
         click.echo(f"{task}/{t}: return {e['return']:.2f} at {e['env_steps']} env steps")
+
+
+@datasets.command("publish-replay")
+@click.argument("task")
+@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
+@click.option("--assets", default=None, type=click.Path(path_type=str),
+              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+def datasets_publish_replay(task, run_dir, assets) -> None:
+    """Publish the checkpoint sequence of a train-behaviour run (RUN_DIR) up to TASK's published
+    medium checkpoint, so medium-replay rebuilds anywhere. The run must be the one that produced
+    the published tiers: same seed and budget, trained at least up to the medium step (e.g.
+    `train-behaviour TASK --profile cpu --env-steps <medium step> --out RUN_DIR --assets <tmp>`)."""
+    import json
+    from pathlib import Path
+
+    from plcql_bench.datasets import matd3
+    from plcql_bench.suite.errors import BenchError
+
+    d = Path(assets or matd3.ASSETS_DIR) / task
+    try:
+        index = json.loads((d / "index.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"{d / 'index.json'}: no published behaviour policies ({exc})") from None
+    med = index["tiers"]["medium"]
+    ckpt = Path(run_dir) / f"ckpt_{med['env_steps']:09d}.pt"
+    if not ckpt.is_file():
+        raise BenchError(f"{ckpt}: missing; train the run up to the medium step ({med['env_steps']})")
+    if not matd3._same_actors(ckpt, d / med["checkpoint"]):
+        raise BenchError(f"{ckpt}: its actors differ from the published {d / med['checkpoint']}: "
+                         "not the run that produced the tiers (seed, budget or torch threads differ)")
+    rep = matd3.publish_replay(task, run_dir, d.parent, med["env_steps"])
+    files = sorted({p["checkpoint"] for p in rep["parts"] if "checkpoint" in p})
+    size = sum((d / f).stat().st_size for f in files)
+    click.echo(f"{task}: medium-replay = {len(rep['parts'])} parts, {rep['episodes']} episodes up to env "
+               f"step {rep['up_to_env_step']}; {len(files)} checkpoints ({size / 1e6:.2f} MB) in {d}")
 
 
 @datasets.command("bench")

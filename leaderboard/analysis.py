@@ -1,273 +1,172 @@
-"""The page's analysis sections, computed from the laid-out tables and the runs:
-rliable aggregates, the paper's headline claims, learning curves, PLCQL's PAR policy and the
-compute-cost comparison. Each function returns a plain dict for the template (figures as SVG
-text) plus flat ``records`` for the CSV/JSON downloads."""
+"""The page's analysis sections, from the laid-out tables (default view) and the runs: rliable
+aggregates, learning curves, PLCQL's PAR diagnostics and the compute cost. Each function returns
+a plain dict for the template (figures as SVG text) plus flat ``records`` for the downloads."""
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import yaml
 
 from plcql_bench.leaderboard import plots
+from plcql_bench.leaderboard.cells import MIN_SEEDS, format_score
 from plcql_bench.leaderboard.stats import (
     BOOTSTRAP_REPS,
     BOOTSTRAP_SEED,
     POI_REPS,
-    headline_claims,
     iqm_and_mean,
     performance_profiles,
     probability_of_improvement,
     score_matrix,
 )
+from plcql_bench.leaderboard.tables import Table
 
-__all__ = ["aggregates", "claims", "learning_curves", "par_policy", "compute_cost"]
+__all__ = ["aggregates", "learning_curves", "par_diagnostics", "compute_cost", "read_metrics"]
 
 N_TAUS = 41
+MAX_POINTS = 80  # curves are thinned to this many points for plotting (the downloads keep all)
+BENCH_SPEED = Path(__file__).resolve().parent / "bench_speed.yaml"
 
 
-def _fmt(v: float | None, score_name: str) -> str:
-    if v is None or not math.isfinite(v):
-        return "\u2014"
-    return f"{v:.2f}" if score_name == "win_rate" else f"{v:.1f}"
-
-
-def _row_entries(table: dict, variant: tuple) -> dict[tuple[str, str], dict[str, dict]]:
-    """(task, dataset) -> algo -> entry, for the table's entries of one (profile, protocol)."""
-    out: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
-    for row in table["rows"]:
-        for e in row["_entries"]:
-            if (e["profile"], e["protocol_version"]) == variant:
-                out[(row["task"], row["dataset"])][e["algo"]] = e
+def _compared_by_row(table: Table) -> dict[str, dict[str, Any]]:
+    """row label -> algo -> compared Entry."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in table.rows:
+        out[row.label] = {e.cell.algo: e for tc in row.cells for e in tc.entries if e.compared}
     return out
 
 
-def _majority(table: dict) -> tuple | None:
-    count: dict[tuple, int] = defaultdict(int)
-    for row in table["rows"]:
-        for e in row["_entries"]:
-            count[(e["profile"], e["protocol_version"])] += e["n"]
-    if not count:
-        return None
-    return min(count, key=lambda v: (-count[v], v[0] != "paper", v[0], str(v[1])))
-
-
-def aggregates(
-    table: dict,
-    label: Callable[[str], str],
-    target: str,
-    *,
-    reps: int = BOOTSTRAP_REPS,
-    poi_reps: int = POI_REPS,
-    seed: int = BOOTSTRAP_SEED,
-    salt: str = "agg",
-) -> dict | None:
-    """IQM / mean with stratified-bootstrap CIs, performance profiles and probabilities of
-    improvement of ``target`` over every other algorithm of ``table``, on one profile.
-
-    Task set: the rows where ``target`` has results (if it has none: the rows of the algorithm
-    with most rows). Only algorithms with results on every one of those rows are aggregated;
-    the others are listed with their coverage. Probability of improvement uses, per baseline,
-    the rows both algorithms ran."""
-    variant = _majority(table)
-    if variant is None:
-        return None
-    score_name = "win_rate" if table["key"] == "smac" else "normalised"
-    by_row = _row_entries(table, variant)
-    algos = [a["id"] for a in table["algos"]]
-    coverage = {a: [k for k in by_row if a in by_row[k]] for a in algos}
-    anchor = target if coverage.get(target) else max(algos, key=lambda a: len(coverage[a]))
-    tasks = [k for k in by_row if anchor in by_row[k]]
+def aggregates(table: Table, label: Callable[[str], str], target: str, *, reps: int = BOOTSTRAP_REPS,
+               poi_reps: int = POI_REPS, seed: int = BOOTSTRAP_SEED, salt: str = "agg") -> dict:
+    """IQM / mean with stratified-bootstrap CIs, performance profiles and P(target > X) over the
+    table's rows (compared cells, default view). Task set: the rows where ``target`` has >= 3 runs
+    (else those of the algorithm with most such rows). An algorithm is aggregated only with
+    >= 3 runs on every task of the set; the others are listed with the reason."""
+    rows = _compared_by_row(table)
+    algos = [c.id for c in table.columns]
+    enough = {a: [r for r in rows if a in rows[r] and rows[r][a].stats.n >= MIN_SEEDS] for a in algos}
+    anchor = target if enough.get(target) else max(algos, key=lambda a: len(enough[a]), default=None)
+    tasks = enough.get(anchor, []) if anchor else []
+    unit = "win rate" if table.key == "smac" else "normalised score"
+    base = {"key": table.key, "label": table.label, "unit": unit, "tasks": tasks, "rows": [], "poi": [],
+            "excluded": [], "figures": None, "records": [], "poi_records": [], "anchor": label(anchor) if anchor else None,
+            "target_present": bool(enough.get(target))}
     if not tasks:
-        return None
-    included = [a for a in algos if all(a in by_row[k] for k in tasks)]
-    excluded = [
-        {"algo": a, "label": label(a), "covered": sum(1 for k in tasks if a in by_row[k]), "of": len(tasks)}
-        for a in algos
-        if a not in included and coverage[a]
-    ]
-    matrices, runs_used = {}, {}
+        base["reason"] = f"no task has {MIN_SEEDS} or more runs of any algorithm"
+        return base
+    included = [a for a in algos if all(a in rows[t] and rows[t][a].stats.n >= MIN_SEEDS for t in tasks)]
+    for a in algos:
+        if a not in included and any(a in rows[t] for t in tasks):
+            short = [f"{t} (n={rows[t][a].stats.n})" if a in rows[t] else f"{t} (no runs)" for t in tasks
+                     if a not in rows[t] or rows[t][a].stats.n < MIN_SEEDS]
+            base["excluded"].append({"algo": a, "label": label(a), "why": ", ".join(short)})
+    if len(included) < 1:
+        base["reason"] = "no algorithm has 3 or more runs on every task"
+        return base
+    mats, used = {}, {}
     for a in included:
-        matrices[a], runs_used[a] = score_matrix([by_row[k][a]["scores"] for k in tasks])
-    agg = iqm_and_mean(matrices, reps=reps, seed=seed)
-    allv = np.concatenate([m.reshape(-1) for m in matrices.values()])
-    lo, hi = float(allv.min()), float(allv.max())
-    if score_name == "win_rate":
-        lo, hi = 0.0, 1.0
-    elif hi - lo < 1e-9:
+        mats[a], used[a] = score_matrix([rows[t][a].stats.values for t in tasks])
+    agg = iqm_and_mean(mats, reps=reps, seed=seed)
+    allv = np.concatenate([m.reshape(-1) for m in mats.values()])
+    lo, hi = (0.0, 1.0) if unit == "win rate" else (float(allv.min()), float(allv.max()))
+    if hi - lo < 1e-9:
         lo, hi = lo - 1.0, hi + 1.0
     taus = np.linspace(lo, hi, N_TAUS)
-    prof = performance_profiles(matrices, taus, reps=reps, seed=seed)
-    rows = [
-        {
-            "algo": a,
-            "label": label(a),
-            "runs": runs_used[a],
-            **agg[a],
-            "iqm_text": _fmt(agg[a]["iqm"], score_name),
-            "iqm_ci_text": f"[{_fmt(agg[a]['iqm_ci'][0], score_name)}, {_fmt(agg[a]['iqm_ci'][1], score_name)}]",
-            "mean_text": _fmt(agg[a]["mean"], score_name),
-            "mean_ci_text": f"[{_fmt(agg[a]['mean_ci'][0], score_name)}, {_fmt(agg[a]['mean_ci'][1], score_name)}]",
-        }
-        for a in included
-    ]
-    poi = []
-    if coverage.get(target):
-        for a in algos:
-            if a == target or not coverage[a]:
+    prof = performance_profiles(mats, taus, reps=reps, seed=seed)
+    sn = "win_rate" if unit == "win rate" else "normalised"
+    base["rows"] = [{"algo": a, "label": label(a), "runs": used[a], **agg[a],
+                     "iqm_text": format_score(agg[a]["iqm"], sn),
+                     "iqm_ci_text": f"[{format_score(agg[a]['iqm_ci'][0], sn)}, {format_score(agg[a]['iqm_ci'][1], sn)}]",
+                     "mean_text": format_score(agg[a]["mean"], sn),
+                     "mean_ci_text": f"[{format_score(agg[a]['mean_ci'][0], sn)}, {format_score(agg[a]['mean_ci'][1], sn)}]"}
+                    for a in included]
+    if target in included:
+        for a in included:
+            if a == target:
                 continue
-            common = [k for k in by_row if target in by_row[k] and a in by_row[k]]
-            if not common:
-                poi.append({"algo": a, "label": label(a), "tasks": 0, "p": None, "ci": None, "text": "\u2014 (no common task)"})
-                continue
-            x, _ = score_matrix([by_row[k][target]["scores"] for k in common])
-            y, _ = score_matrix([by_row[k][a]["scores"] for k in common])
+            x, _ = score_matrix([rows[t][target].stats.values for t in tasks])
+            y, _ = score_matrix([rows[t][a].stats.values for t in tasks])
             r = probability_of_improvement(x, y, reps=poi_reps, seed=seed)
-            poi.append({"algo": a, "label": label(a), "tasks": len(common), "p": r["p"], "ci": r["ci"],
-                        "text": f"{r['p']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"})
-    unit = "win rate" if score_name == "win_rate" else "normalised score"
-    figs = {
-        "intervals": plots.aggregate_svg(f"{table['label']} \u00b7 {len(tasks)} task(s) \u00b7 profile {variant[0]}", rows, unit, f"{salt}-int"),
+            base["poi"].append({"algo": a, "label": label(a), "tasks": len(tasks), "p": r["p"], "ci": r["ci"],
+                                "text": f"{r['p']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"})
+    base["figures"] = {
+        "intervals": plots.aggregate_svg(f"{table.label} \u00b7 {len(tasks)} task(s)", base["rows"], unit, f"{salt}-int"),
         "profiles": plots.profile_svg(taus.tolist(), prof, {a: label(a) for a in included}, unit, f"{salt}-prof"),
     }
-    records = [
-        {"table": table["key"], "profile": variant[0], "protocol_version": variant[1], "algo": r["algo"], "tasks": len(tasks),
-         "runs_per_task": r["runs"], "iqm": r["iqm"], "iqm_ci_low": r["iqm_ci"][0], "iqm_ci_high": r["iqm_ci"][1],
-         "mean": r["mean"], "mean_ci_low": r["mean_ci"][0], "mean_ci_high": r["mean_ci"][1], "reps": reps, "seed": seed}
-        for r in rows
-    ]
-    poi_records = [
-        {"table": table["key"], "profile": variant[0], "protocol_version": variant[1], "x": target, "y": p["algo"],
-         "tasks": p["tasks"], "p_improvement": p["p"], "ci_low": None if p["ci"] is None else p["ci"][0],
-         "ci_high": None if p["ci"] is None else p["ci"][1], "reps": poi_reps, "seed": seed}
-        for p in poi
-    ]
-    return {
-        "key": table["key"],
-        "label": table["label"],
-        "profile": variant[0],
-        "protocol_version": variant[1],
-        "unit": unit,
-        "tasks": [f"{t} {d}" for t, d in tasks],
-        "anchor": label(anchor),
-        "target_present": bool(coverage.get(target)),
-        "rows": rows,
-        "excluded": excluded,
-        "poi": poi,
-        "reps": reps,
-        "poi_reps": poi_reps,
-        "seed": seed,
-        "figures": figs,
-        "records": records,
-        "poi_records": poi_records,
-    }
+    base["records"] = [{"table": table.key, "algo": r["algo"], "tasks": len(tasks), "runs_per_task": r["runs"],
+                        "iqm": r["iqm"], "iqm_ci_low": r["iqm_ci"][0], "iqm_ci_high": r["iqm_ci"][1], "mean": r["mean"],
+                        "mean_ci_low": r["mean_ci"][0], "mean_ci_high": r["mean_ci"][1], "reps": reps, "seed": seed}
+                       for r in base["rows"]]
+    base["poi_records"] = [{"table": table.key, "x": target, "y": p["algo"], "tasks": p["tasks"], "p_improvement": p["p"],
+                            "ci_low": p["ci"][0], "ci_high": p["ci"][1], "reps": poi_reps, "seed": seed} for p in base["poi"]]
+    return base
 
 
-def claims(tables: list[dict], paper: dict | None, label: Callable[[str], str], target: str, rival: str) -> dict:
-    """The paper's headline claims ("best on X% of tasks", "beats SPaCQL on Y% of tasks")
-    recomputed over the rows of the main and SMAC tables, each row on its compared cells."""
-    rows = []
-    compared_algos: set[str] = set()
-    for t in tables:
-        for row in t["rows"]:
-            comp = [e for e in row["_entries"] if e["_compared"]]
-            if not comp:
-                continue
-            compared_algos |= {e["algo"] for e in comp}
-            rows.append({"means": {e["algo"]: e["mean"] for e in comp}, "best": [e["algo"] for e in comp if e["_best"]]})
-    ours = headline_claims(rows, target, rival)
-    pc = (paper or {}).get("claims", {}) or {}
-    items = []
-    for key, text, of_key in (
-        ("best", f"{label(target)} has the best mean", "best_of"),
-        ("beats", f"{label(target)} beats {label(rival)}", "beats_of"),
-    ):
-        p = pc.get(key) or {}
-        pct = ours[f"{key}_pct"]
-        if ours[of_key] == 0:
-            why = f"no results for {label(target)} yet" if not any(target in r["means"] for r in rows) else f"no results for {label(rival)} yet"
-            ours_text = f"\u2014 ({why})"
-        else:
-            ours_text = f"{pct:.0f}% ({ours[key]} of {ours[of_key]} tasks)"
-        paper_text = f"{p['pct']}% ({p['count']} of {p['of']} tasks)" if p else "\u2014"
-        items.append({"key": key, "claim": text, "ours": ours_text, "paper": paper_text, "count": ours[key],
-                      "of": ours[of_key], "pct": pct, "paper_pct": p.get("pct"), "paper_count": p.get("count"),
-                      "paper_of": p.get("of")})
-    n_paper_algos = len(((paper or {}).get("tables", {}).get("main_results") or {}).get("columns", []))
-    return {
-        "items": items,
-        "n_rows": len(rows),
-        "compared": [label(a) for a in sorted(compared_algos)],
-        "n_paper_algos": n_paper_algos,
-        "records": [{k: it[k] for k in ("key", "claim", "count", "of", "pct", "paper_count", "paper_of", "paper_pct")} for it in items],
-    }
+# ------------------------------------------------------------------ learning curves
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float]:
-    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
+def _thin_index(n: int) -> list[int]:
+    """Every k-th index (and the last) so that at most MAX_POINTS + 1 remain."""
+    if n <= MAX_POINTS:
+        return list(range(n))
+    idx = list(range(0, n, math.ceil(n / MAX_POINTS)))
+    return idx if idx[-1] == n - 1 else idx + [n - 1]
 
 
-def _align(series: list[dict[int, float]]) -> tuple[list[int], list[list[float]]]:
-    """Updates present in every series, and the values at them."""
+def _align(series: list[dict]) -> tuple[list, np.ndarray]:
+    """Updates present in every series, and a (points x series) array of the values there."""
     common = sorted(set.intersection(*(set(s) for s in series))) if series else []
-    return common, [[s[u] for s in series] for u in common]
+    return common, np.array([[s[u] for s in series] for u in common], dtype=np.float64).reshape(len(common), len(series))
 
 
-def learning_curves(tables: list[dict], runs_by_cell: dict[tuple, list], label: Callable[[str], str]) -> list[dict]:
-    """One figure per task: a panel per dataset tier, a line per algorithm (the row's compared
-    cells), mean over seeds ± 1 std at the update rounds every seed evaluated."""
+def learning_curves(tables: list[Table], label: Callable[[str], str], view_key: str = "final-ours") -> list[dict]:
+    """One figure per task: a panel per tier, a line per compared cell (mean ± 1 std over seeds
+    at the rounds every seed evaluated), from each run's ``curve`` (our normalisation)."""
     panels: dict[str, dict[str, dict]] = {}
-    order: list[str] = []
     for t in tables:
-        for row in t["rows"]:
-            lines = []
-            for e in row["_entries"]:
-                if not e["_compared"]:
-                    continue
-                runs = runs_by_cell.get((e["task"], e["dataset"], e["algo"], e["profile"], e["protocol_version"]), [])
-                series = [dict(r.curve) for r in runs if r.curve]
-                if not series:
-                    continue
-                xs, vals = _align(series)
-                if not xs:
-                    continue
-                ms = [_mean_std(v) for v in vals]
-                lines.append({"algo": e["algo"], "label": label(e["algo"]), "x": xs, "mean": [m for m, _ in ms],
-                              "std": [s for _, s in ms], "n": len(series)})
-            if not lines:
-                continue
-            task_panels = panels.setdefault(row["task"], {})
-            if row["task"] not in order:
-                order.append(row["task"])
-            p = task_panels.setdefault(row["dataset"], {"tier": row["dataset"], "score_label": t["score_label"] if t["key"] != "ablation" else ("win rate" if row["domain"] in ("smax", "smac") else "normalised score"), "lines": []})
-            seen = {ln["algo"] for ln in p["lines"]}
-            p["lines"].extend(ln for ln in lines if ln["algo"] not in seen)
-    return [
-        {"task": task, "svg": plots.learning_curves_svg(task, list(panels[task].values()), f"curve-{i}")}
-        for i, task in enumerate(order)
-    ]
+        for row in t.rows:
+            for tc in row.cells:
+                for e in tc.entries:
+                    if not e.compared:
+                        continue
+                    series = [{p["update"]: p["score"] for p in r.rec.curve if p.get("score") is not None} for r in e.cell.runs]
+                    xs, vals = _align([s for s in series if s])
+                    if not xs:
+                        continue
+                    idx = _thin_index(len(xs))
+                    vals = vals[idx]
+                    x, m = [xs[i] for i in idx], vals.mean(axis=1).tolist()
+                    s = (vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else np.zeros(len(idx))).tolist()
+                    p = panels.setdefault(tc.task, {}).setdefault(tc.dataset, {
+                        "tier": tc.dataset, "lines": [],
+                        "score_label": "win rate" if e.cell.score_name == "win_rate" else "normalised score"})
+                    if tc.algo not in {ln["algo"] for ln in p["lines"]}:
+                        p["lines"].append({"algo": tc.algo, "label": label(tc.algo), "x": x, "mean": m, "std": s, "n": vals.shape[1]})
+    return [{"task": task, "svg": plots.learning_curves_svg(task, list(tiers.values()), f"curve-{i}")}
+            for i, (task, tiers) in enumerate(panels.items())]
 
 
-def _read_metrics(path: Path) -> list[dict]:
+# ------------------------------------------------------------------ PAR diagnostics
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl (unreadable lines and files give nothing)."""
     out = []
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
+        lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 
@@ -275,82 +174,109 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def par_policy(tables: list[dict], runs_by_cell: dict[tuple, list], results_dir: Path, target: str, n_agents: Callable[[str], int | None]) -> dict:
-    """PLCQL's PAR policy from each run's metrics.jsonl (``train/par/E_k``, ``train/par/p_k<i>``):
-    E[k] over training and p(k) at the last evaluation point, per task and tier, mean over seeds."""
-    per_task: dict[str, list[dict]] = {}
-    records = []
-    n_runs = 0
-    for t in tables[:2]:
-        for row in t["rows"]:
-            for e in row["_entries"]:
-                if e["algo"] != target or not e["_compared"]:
-                    continue
-                runs = runs_by_cell.get((e["task"], e["dataset"], e["algo"], e["profile"], e["protocol_version"]), [])
-                ek_series, last_pk = [], []
-                for r in runs:
-                    hist = _read_metrics(results_dir / Path(r.path).parent / "metrics.jsonl")
-                    ek = {}
-                    pk_last = None
-                    for h in hist:
-                        u, v = h.get("update"), _num(h.get("train/par/E_k"))
-                        if isinstance(u, int) and v is not None:
-                            ek[u] = v
-                            ks = sorted((int(k.rsplit("p_k", 1)[1]), _num(x)) for k, x in h.items()
-                                        if k.startswith("train/par/p_k") and k.rsplit("p_k", 1)[1].isdigit())
-                            if ks and all(x is not None for _, x in ks):
-                                pk_last = [x for _, x in ks]
-                    if ek:
-                        ek_series.append(ek)
-                    if pk_last:
-                        last_pk.append(pk_last)
-                if not ek_series:
-                    continue
-                n_runs += len(ek_series)
-                xs, vals = _align(ek_series)
-                width = min((len(p) for p in last_pk), default=0)
-                pk = [statistics.fmean(p[i] for p in last_pk) for i in range(width)]
-                per_task.setdefault(e["task"], []).append(
-                    {"tier": e["dataset"], "x": xs, "ek": [statistics.fmean(v) for v in vals], "pk": pk, "n": len(ek_series)}
-                )
-                records.append({"task": e["task"], "dataset": e["dataset"], "profile": e["profile"], "runs": len(ek_series),
-                                "final_E_k": statistics.fmean(vals[-1]) if vals else None,
-                                **{f"p_k{i + 1}": v for i, v in enumerate(pk)}})
-    figures = [
-        {"task": task, "svg": plots.par_svg(task, tiers, n_agents(task), f"par-{i}")}
-        for i, (task, tiers) in enumerate(per_task.items())
-    ]
-    return {"figures": figures, "n_runs": n_runs, "records": records}
+COMPONENTS = (("q1", "mean Q\u03b81(s\u2032, a\u2032(k))"), ("u", "u_Q"), ("w", "w"), ("rpar", "r_par"), ("p", "\u03c0_par(k | s\u2032)"))
 
 
-def compute_cost(runs: list, label: Callable[[str], str], target: str, rival: str, n_agents: Callable[[str], int | None]) -> dict:
-    """Measured time per update round (1 / ``train.updates_per_s``, mean over runs, per task)
-    and the structural Q-evaluations per iteration: PLCQL computes 1 PAR target per transition
-    (one sampled k), SPaCQL n (one per subset size k = 1..n). Runs of one profile only."""
-    pool = [r for r in runs if r.algo in (target, rival) and r.updates_per_s]
-    if not pool:
-        return {"rows": [], "svg": None, "profile": None, "rival_present": False, "records": []}
-    count: dict[str, int] = defaultdict(int)
-    for r in pool:
-        count[r.profile] += 1
-    profile = min(count, key=lambda p: (-count[p], p != "paper", p))
-    by: dict[tuple[str, str], list[float]] = defaultdict(list)
-    tasks: list[str] = []
-    for r in pool:
-        if r.profile != profile:
+def _run_diag(hist: list[dict]) -> dict:
+    """{"x": updates, "<comp>": {k: [values]}, "entropy": [..]} from the diag/* keys, or the
+    older train/par/p_k* keys (then only "p" and "E_k")."""
+    ks = sorted({int(k.rsplit("_k", 1)[1]) for h in hist for k in h if k.startswith("diag/p_k") and k.rsplit("_k", 1)[1].isdigit()})
+    out: dict[str, Any] = {"x": [], "source": "diag" if ks else "train"}
+    if not ks:
+        ks = sorted({int(k.rsplit("p_k", 1)[1]) for h in hist for k in h if k.startswith("train/par/p_k") and k.rsplit("p_k", 1)[1].isdigit()})
+        if not ks:
+            return {}
+        comps = {"p": "train/par/p_k{k}"}
+        extra = {"E_k": "train/par/E_k"}
+    else:
+        comps = {c: f"diag/{c}_k{{k}}" for c, _ in COMPONENTS}
+        extra = {"entropy": "diag/par_entropy"}
+    for c in list(comps) + list(extra):
+        out[c] = {k: [] for k in ks} if c in comps else []
+    for h in hist:
+        u = h.get("update")
+        vals = {c: {k: _num(h.get(pat.format(k=k))) for k in ks} for c, pat in comps.items()}
+        if not isinstance(u, int) or any(v is None for d in vals.values() for v in d.values()):
             continue
-        by[(r.task, r.algo)].append(1000.0 / r.updates_per_s)
-        if r.task not in tasks:
-            tasks.append(r.task)
-    rows, records = [], []
-    for task in sorted(tasks):
-        n = n_agents(task)
-        ms = {a: (statistics.fmean(by[(task, a)]) if by.get((task, a)) else None) for a in (target, rival)}
-        q = {target: 1, rival: n}
-        rows.append({"task": task, "n_agents": n, "ms": ms, "q_evals": q,
-                     "runs": {a: len(by.get((task, a), [])) for a in (target, rival)}})
-        for a in (target, rival):
-            records.append({"task": task, "algo": a, "profile": profile, "n_agents": n, "runs": len(by.get((task, a), [])),
-                            "ms_per_round": ms[a], "q_evals_per_transition": q[a]})
-    svg = plots.compute_svg(rows, [(target, label(target)), (rival, label(rival))], "compute")
-    return {"rows": rows, "svg": svg, "profile": profile, "rival_present": any(r.algo == rival for r in pool), "records": records}
+        out["x"].append(u)
+        for c, d in vals.items():
+            for k, v in d.items():
+                out[c][k].append(v)
+        for c, key in extra.items():
+            out[c].append(_num(h.get(key)))
+    return out if out["x"] else {}
+
+
+def par_diagnostics(tables: list[Table], results_dir: Path, family: set[str], label: Callable[[str], str]) -> dict:
+    """PLCQL-family runs' PAR policy: per-k components over training (mean over seeds) and a
+    table of the last evaluation point, with each run's collapse mark from final.json."""
+    seen, items, records = set(), [], []
+    for t in tables:
+        for row in t.rows:
+            for tc in row.cells:
+                for e in tc.entries:
+                    c = e.cell
+                    if c.algo not in family or not e.compared or (c.algo, c.task, c.dataset, c.profile) in seen:
+                        continue
+                    seen.add((c.algo, c.task, c.dataset, c.profile))
+                    diags = [d for d in (_run_diag(read_metrics(results_dir / Path(r.path).parent / "metrics.jsonl")) for r in c.runs) if d]
+                    collapsed = c.collapsed
+                    if not diags and not collapsed:
+                        continue
+                    items.append(_par_item(c, diags, collapsed, label, len(items)))
+                    records.append(items[-1]["record"])
+    items.sort(key=lambda i: (i["task"], i["dataset"], i["algo"] != "plcql", i["algo"]))
+    return {"items": items, "records": records, "any_diag": any(i["source"] == "diag" for i in items)}
+
+
+def _par_item(cell, diags: list[dict], collapsed: list[dict], label, i: int) -> dict:
+    src = {d["source"] for d in diags}
+    source = "diag" if "diag" in src else ("train" if src else "none")
+    diags = [d for d in diags if d["source"] == source]
+    mean: dict[str, Any] = {}
+    if diags:
+        xs, _ = _align([{u: 0.0 for u in d["x"]} for d in diags])
+        pos = [{u: j for j, u in enumerate(d["x"])} for d in diags]
+        idx = _thin_index(len(xs))
+        keep = [xs[i] for i in idx]
+        rows = [[p[u] for p in pos] for u in keep]  # per kept update, each run's position
+
+        def avg(series: list[list]) -> list:
+            arr = np.array([[series[r][j] for r, j in enumerate(row)] for row in rows], dtype=np.float64)
+            return arr.mean(axis=1).tolist()
+
+        for comp in [c for c in diags[0] if c not in ("x", "source")]:
+            if isinstance(diags[0][comp], dict):
+                mean[comp] = {k: avg([d[comp][k] for d in diags]) for k in diags[0][comp]}
+            elif all(v is not None for d in diags for v in d[comp]):
+                mean[comp] = avg([d[comp] for d in diags])
+        mean["x"] = keep
+    last_p = [mean["p"][k][-1] for k in sorted(mean["p"])] if mean.get("p") and mean["x"] else []
+    entropy = mean.get("entropy", [None])[-1] if mean.get("entropy") else None
+    title = f"{label(cell.algo)} \u00b7 {cell.task} \u00b7 {cell.dataset}"
+    svg = plots.par_components_svg(title, mean, f"par-{i}") if mean.get("x") else None
+    record = {"algo": cell.algo, "task": cell.task, "dataset": cell.dataset, "profile": cell.profile, "runs": len(cell.runs),
+              "runs_with_diagnostics": len(diags), "source": source, "final_entropy": entropy,
+              "runs_collapsed": len(collapsed), **{f"p_k{j + 1}": v for j, v in enumerate(last_p)}}
+    return {"algo": cell.algo, "label": label(cell.algo), "task": cell.task, "dataset": cell.dataset, "source": source,
+            "n_runs": len(cell.runs), "n_diag": len(diags), "last_p": last_p, "entropy": entropy,
+            "collapsed": collapsed, "svg": svg, "record": record, "anchor": cell.anchor}
+
+
+# ------------------------------------------------------------------ compute cost
+
+
+def compute_cost(path: Path | None = None, n_agents: Callable[[str], int | None] = lambda t: None) -> dict:
+    """bench-speed's paired PLCQL/SPaCQL measurements (bench_speed.yaml: machine, date, command,
+    median per-round ratio with its 95% interval) and the structural Q-evaluation counts."""
+    path = BENCH_SPEED if path is None else Path(path)
+    if not path.is_file():
+        return {"rows": [], "svg": None, "records": [], "source": None}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    rows = []
+    for m in data.get("measurements", []):
+        n = m.get("n_agents") or n_agents(m["task"])
+        rows.append({**m, "n_agents": n, "q_evals": {"plcql": 1, "spacql": n}})
+    svg = plots.compute_ratio_svg(rows, "compute") if rows else None
+    records = [{k: v for k, v in r.items() if k != "q_evals"} | {"plcql_q_evals": 1, "spacql_q_evals": r["n_agents"]} for r in rows]
+    return {"rows": rows, "svg": svg, "records": records, "source": data.get("source", "")}

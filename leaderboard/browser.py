@@ -8,9 +8,10 @@ Three headless runs against ``file://`` (so the page must work offline):
    ships no script, so *any* console line it produces (an uncaught error, a resource that
    failed to load, a blocked request) is reported as an error;
 2. a probe copy of the page (written next to it, then deleted) with a small script added that
-   records ``window.onerror``, ``console.error`` and failed resource loads, and measures every
-   ``table.board`` (rendered size, ``display``/``visibility``); ``--dump-dom`` returns the
-   probe's findings from the DOM;
+   records ``window.onerror``, ``console.error`` and failed resource loads, and measures, in
+   every scoring view with and without the empty columns, the ``table.board`` tables shown
+   (size, ``display``/``visibility``), every table wider than its box or the viewport
+   (clipped) and the page's width; ``--dump-dom`` returns the probe's findings from the DOM;
 3. a screenshot of the page as built.
 
 Exit status 0 when the page passes, 1 with the problems listed otherwise, 2 when Chromium is
@@ -48,27 +49,67 @@ PROBE = """<script id="lb-probe">
   window.addEventListener("unhandledrejection", function (e) { errors.push("unhandled rejection: " + e.reason); });
   var origError = console.error;
   console.error = function () { errors.push("console.error: " + Array.prototype.join.call(arguments, " ")); return origError.apply(console, arguments); };
-  window.addEventListener("load", function () {
-    var tables = [];
+  function visible(el) { return el.getClientRects().length > 0 && getComputedStyle(el).visibility === "visible"; }
+  function measure(state) {
+    // Board tables shown; tables wider than their box (clipped) or than the viewport; page width.
+    var tables = [], clipped = [], vw = document.documentElement.clientWidth;
     document.querySelectorAll("table.board").forEach(function (t) {
+      if (!visible(t)) { return; }
       var r = t.getBoundingClientRect(), s = getComputedStyle(t);
       tables.push({id: t.id, width: r.width, height: r.height, rows: t.tBodies.length ? t.tBodies[0].rows.length : 0,
                    display: s.display, visibility: s.visibility, opacity: s.opacity});
     });
-    var svgs = document.querySelectorAll("figure svg").length;
+    document.querySelectorAll("table").forEach(function (t) {
+      if (!visible(t)) { return; }
+      var box = t.parentElement;
+      var over = Math.max(box.scrollWidth - box.clientWidth, t.getBoundingClientRect().right - vw);
+      if (over > 1) { clipped.push({id: t.id || t.className || "table", by: Math.round(over), state: state}); }
+    });
+    var doc = document.documentElement;
+    return {state: state, tables: tables, clipped: clipped, inner_width: doc.clientWidth,
+            page_width: Math.max(doc.scrollWidth, document.body.scrollWidth)};
+  }
+  window.addEventListener("load", function () {
+    var states = [measure("default")];
+    var scorings = document.querySelectorAll("input[name=scoring]"), norms = document.querySelectorAll("input[name=norm]");
+    var hide = document.getElementById("hide-empty");
+    [true, false].forEach(function (hidden) {
+      if (!hide && !hidden) { return; }
+      if (hide) { hide.checked = hidden; }
+      scorings.forEach(function (a) { norms.forEach(function (b) {
+        a.checked = true; b.checked = true; states.push(measure(a.id + " " + b.id + (hidden ? "" : " all columns")));
+      }); });
+    });
+    if (hide) { hide.checked = true; }
+    if (scorings.length) { scorings[0].checked = true; }
+    if (norms.length) { norms[0].checked = true; }
     var out = document.createElement("pre");
+    var payload = JSON.stringify({errors: errors, states: states, svgs: document.querySelectorAll("figure svg").length,
+                                  title: document.title});
+    if (window.parent !== window) { window.parent.postMessage(payload, "*"); return; }
     out.id = "lb-probe-result";
-    out.textContent = JSON.stringify({errors: errors, tables: tables, svgs: svgs, title: document.title});
+    out.textContent = payload;
     document.body.appendChild(out);
   });
 })();
 </script>"""
 
 
+FRAME = """<!doctype html><html><head><meta charset="utf-8"><title>probe</title></head>
+<body style="margin:0"><script>
+window.addEventListener("message", function (e) {{
+  var pre = document.createElement("pre"); pre.id = "lb-probe-result"; pre.textContent = e.data; document.body.appendChild(pre);
+}});
+</script><iframe src="{src}" style="width:{w}px;height:{h}px;border:0;display:block"></iframe></body></html>"""
+
+
 @dataclass
 class PageReport:
     errors: list[str] = field(default_factory=list)
-    tables: list[dict] = field(default_factory=list)
+    tables: list[dict] = field(default_factory=list)  # the board tables shown in the default state
+    clipped: list[dict] = field(default_factory=list)  # tables wider than their box, any state
+    page_width: int = 0  # widest document width over all states
+    inner_width: int = 0  # the viewport width the page was laid out in
     svgs: int = 0
     screenshot: Path | None = None
 
@@ -100,13 +141,17 @@ def check_page(
     page: Path,
     *,
     screenshot: Path | None = None,
-    window: tuple[int, int] = (1400, 2200),
+    window: tuple[int, int] = (1440, 900),
     chromium: str | None = None,
     timeout: float = 60.0,
     min_tables: int = 1,
+    allow_scroll: bool = False,
 ) -> PageReport:
-    """Load ``page`` in headless Chromium; report console errors, invisible or missing
-    ``table.board`` tables, and save a screenshot when ``screenshot`` is given."""
+    """Load ``page`` in headless Chromium at ``window`` (width, height); report console errors,
+    invisible or missing ``table.board`` tables, a page wider than the viewport, and (unless
+    ``allow_scroll``, for phone widths where tables scroll in their boxes) any table wider than
+    its box. Every scoring view and the "all columns" state are measured. Saves a screenshot
+    when ``screenshot`` is given."""
     page = Path(page).resolve()
     chromium = chromium or find_chromium()
     if chromium is None:
@@ -133,24 +178,40 @@ def check_page(
         fd, probe_name = tempfile.mkstemp(prefix=".probe-", suffix=".html", dir=page.parent)
         os.close(fd)
         probe_path = Path(probe_name)
+        frame_path = probe_path.with_name(probe_path.stem + "-frame.html")
         try:
             probe_path.write_text(probed, encoding="utf-8")
-            r = _run(chromium, [size, "--virtual-time-budget=3000", "--dump-dom", probe_path.as_uri()], tmp / "p2", timeout)
+            # The page is measured inside an iframe of exactly the requested width: headless
+            # Chromium lays a top-level window out no narrower than 500 px.
+            frame_path.write_text(FRAME.format(src=probe_path.name, w=window[0], h=window[1]), encoding="utf-8")
+            outer = f"--window-size={max(window[0], 800) + 40},{window[1] + 40}"
+            r = _run(chromium, [outer, "--virtual-time-budget=5000", "--dump-dom", frame_path.as_uri()], tmp / "p2", timeout)
         finally:
             probe_path.unlink(missing_ok=True)
+            frame_path.unlink(missing_ok=True)
         m = re.search(r'<pre id="lb-probe-result">(.*?)</pre>', r.stdout, re.S)
         if not m:
             report.errors.append("the probe did not report (page failed to load or scripts could not run)")
         else:
             found = json.loads(htmlmod.unescape(m.group(1)))
             report.errors += found["errors"]
-            report.tables = found["tables"]
+            states = found["states"]
+            report.tables = states[0]["tables"]
             report.svgs = found["svgs"]
+            report.inner_width = states[0]["inner_width"]
+            report.page_width = max(st["page_width"] for st in states)
+            report.clipped = [c for st in states for c in st["clipped"]]
             if len(report.tables) < min_tables:
                 report.errors.append(f"expected at least {min_tables} leaderboard table(s), found {len(report.tables)}")
             for t in report.tables:
                 if t["width"] < 50 or t["height"] < 20 or t["display"] == "none" or t["visibility"] != "visible" or float(t["opacity"]) < 0.5:
                     report.errors.append(f"table {t['id']} is not visible: {t}")
+            for st in states:
+                if st["page_width"] > st["inner_width"] + 1:
+                    report.errors.append(f"page overflow ({st['state']}): {st['page_width']} px wide in a {st['inner_width']} px viewport")
+            if not allow_scroll:
+                for c in report.clipped:
+                    report.errors.append(f"table {c['id']} is clipped by {c['by']} px at {report.inner_width} px ({c['state']})")
 
         # 3. screenshot of the page as built
         if screenshot is not None:
@@ -168,16 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m plcql_bench.leaderboard.browser", description=__doc__.split("\n\n")[0])
     ap.add_argument("page", type=Path, help="the built index.html")
     ap.add_argument("--screenshot", type=Path, default=None, help="PNG to write (e.g. artifacts/leaderboard.png)")
-    ap.add_argument("--window", default="1400,2200", help="viewport WIDTH,HEIGHT for the screenshot")
+    ap.add_argument("--window", default="1440,900", help="viewport WIDTH,HEIGHT")
+    ap.add_argument("--allow-scroll", action="store_true", help="tables may scroll in their boxes (phone widths)")
     args = ap.parse_args(argv)
     if find_chromium() is None:
         print("error: chromium is not installed (Debian: apt-get install chromium)", file=sys.stderr)
         return 2
     w, h = (int(v) for v in args.window.split(","))
-    report = check_page(args.page, screenshot=args.screenshot, window=(w, h))
+    report = check_page(args.page, screenshot=args.screenshot, window=(w, h), allow_scroll=args.allow_scroll)
     for t in report.tables:
         print(f"table {t['id']}: {t['rows']} rows, {t['width']:.0f}x{t['height']:.0f}px")
-    print(f"{report.svgs} inline SVG figures")
+    print(f"{report.svgs} inline SVG figures; page {report.page_width} px wide in a {report.inner_width} px viewport")
     if report.screenshot:
         print(f"screenshot: {report.screenshot}")
     for e in report.errors:

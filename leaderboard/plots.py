@@ -24,8 +24,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 __all__ = [
     "algo_color",
     "learning_curves_svg",
-    "par_svg",
-    "compute_svg",
+    "par_components_svg",
+    "compute_ratio_svg",
     "aggregate_svg",
     "profile_svg",
 ]
@@ -36,6 +36,11 @@ _COLORS = {
     "plcql-k1": "#e67e22",
     "plcql-kn": "#8e44ad",
     "plcql-w1": "#d35400",
+    "plcql-k2": "#f1c40f",
+    "plcql-uniform": "#95a5a6",
+    "plcql-t0.1": "#e84393",
+    "plcql-t10": "#6c5ce7",
+    "plcql-lcb": "#00897b",
     "spacql": "#1f5fbf",
     "cfcql": "#16a085",
     "bc": "#7f8c8d",
@@ -72,13 +77,20 @@ def algo_color(algo: str) -> str:
     return _FALLBACK[sum(map(ord, algo)) % len(_FALLBACK)]
 
 
-def _svg(fig, salt: str) -> Markup:
+_PATH = re.compile(r' d="([^"]*)"')
+_DECIMALS = re.compile(r"(-?\d+\.\d)\d+")
+
+
+def _svg(fig, salt: str, tight: bool = True) -> Markup:
+    """``tight=False`` for figures laid out with :func:`_grid` (no second draw to find the box)."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+        fig.savefig(buf, format="svg", bbox_inches="tight" if tight else None, metadata={"Date": None, "Creator": None})
     plt.close(fig)
     text = buf.getvalue()
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
+    # Path data at 0.1 pt (far below a pixel) and on one line: about half the bytes.
+    svg = _PATH.sub(lambda m: ' d="' + " ".join(_DECIMALS.sub(r"\1", m.group(1)).split()) + '"', svg)
     # matplotlib's SVG writer escapes every text node and attribute (labels come from result
     # files); refuse anything that would still execute or load when inlined into the page.
     lowered = svg.lower()
@@ -92,87 +104,105 @@ def _figure(ncols: int, width_per: float = 3.2, height: float = 2.4, nrows: int 
     return fig, axes.reshape(-1)
 
 
+def _grid(nrows: int, ncols: int, w: float, h: float, *, top: float = 0.35, bottom: float = 0.9,
+          left: float = 0.6, hspace: float = 0.55):
+    """A fixed subplot grid (inches): panels w x h, a title band on top and a legend band below.
+    Much cheaper than tight_layout / bbox_inches="tight", which draw the figure once more."""
+    width, height = ncols * w + 0.2, nrows * h + top + bottom
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=left / width, right=1 - 0.15 / width, top=1 - top / height, bottom=bottom / height,
+                        wspace=left / w + 0.05, hspace=hspace)
+    return fig, axes.reshape(-1)
+
+
 def learning_curves_svg(task: str, panels: Sequence[dict], salt: str) -> str:
     """One panel per dataset tier: mean score over seeds against update round, shaded ± 1 std.
+    One legend for the figure, below the panels (never over a curve).
 
     ``panels``: ``[{"tier", "score_label", "lines": [{"algo", "label", "x", "mean", "std", "n"}]}]``."""
+    n_labels = len({line["label"] for p in panels for line in p["lines"]})
+    ncols = min(max(n_labels, 1), 5)
     with matplotlib.rc_context(_RC):
-        fig, axes = _figure(len(panels))
+        fig, axes = _grid(1, len(panels), 3.2, 2.1, top=0.3, bottom=0.6 + 0.19 * math.ceil(n_labels / ncols))
+        handles: dict[str, object] = {}
         for ax, p in zip(axes, panels):
             for line in p["lines"]:
                 c = algo_color(line["algo"])
                 x, m, s = line["x"], line["mean"], line["std"]
-                ax.plot(x, m, color=c, lw=1.6, label=f"{line['label']} (n={line['n']})")
+                (h,) = ax.plot(x, m, color=c, lw=1.4, label=line["label"])
+                handles.setdefault(line["label"], h)
                 if any(v > 0 for v in s):
                     ax.fill_between(x, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], color=c, alpha=0.15, lw=0)
             ax.set_title(f"{task} · {p['tier']}")
             ax.set_xlabel("update round")
             ax.set_ylabel(p["score_label"])
-            ax.legend(frameon=False, loc="best")
-        fig.tight_layout()
-        return _svg(fig, salt)
+            ax.xaxis.set_major_locator(MaxNLocator(5))
+        fig.legend(list(handles.values()), list(handles), loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                   ncols=ncols, frameon=False)
+        return _svg(fig, salt, tight=False)
 
 
-def par_svg(task: str, tiers: Sequence[dict], n_agents: int | None, salt: str) -> str:
-    """Left: E[k] of PLCQL's PAR policy over training, one line per tier (mean over seeds).
-    Right: the PAR policy's distribution over k at the last evaluation point (mean over seeds).
+_K_COLORS = ["#1f5fbf", "#e67e22", "#c0392b", "#16a085", "#8e44ad", "#7f8c8d"]
 
-    ``tiers``: ``[{"tier", "x", "ek", "pk": [p_k1..p_kn], "n"}]``."""
+
+def par_components_svg(title: str, mean: dict, salt: str) -> str:
+    """PAR diagnostics over training, one line per k (mean over seeds): Q_θ1 at the PAR joint
+    action, u_Q, w, r_par and π_par(k), plus π_par's entropy. Runs that logged only the older
+    ``train/par/p_k`` keys give the p(k) and E[k] panels.
+
+    ``mean``: ``{"x": [...], "<comp>": {k: [...]}, "entropy" or "E_k": [...]}``."""
+    from plcql_bench.leaderboard.analysis import COMPONENTS
+
+    comps = [(c, name) for c, name in COMPONENTS if c in mean]
+    scalar = "entropy" if "entropy" in mean else "E_k"
     with matplotlib.rc_context(_RC):
-        fig, (ax1, ax2) = _figure(2, width_per=3.6)
-        palette = ["#c0392b", "#1f5fbf", "#16a085", "#b7950b", "#8e44ad"]
-        for i, t in enumerate(tiers):
-            c = palette[i % len(palette)]
-            if t["x"]:
-                ax1.plot(t["x"], t["ek"], color=c, lw=1.6, label=f"{t['tier']} (n={t['n']})")
-        kmax = n_agents or max((len(t["pk"]) for t in tiers), default=1)
-        ax1.set_ylim(0.9, kmax + 0.1)
-        ax1.set_title(f"{task} · E[k] over training")
-        ax1.set_xlabel("update round")
-        ax1.set_ylabel("E[k] (agents replaced)")
-        ax1.legend(frameon=False, loc="best")
-        width = 0.8 / max(len(tiers), 1)
-        for i, t in enumerate(tiers):
-            ks = list(range(1, len(t["pk"]) + 1))
-            ax2.bar([k - 0.4 + width * (i + 0.5) for k in ks], t["pk"], width=width, color=palette[i % len(palette)], label=t["tier"])
-        ax2.set_xticks(list(range(1, kmax + 1)))
-        ax2.set_ylim(0, 1)
-        ax2.set_title(f"{task} · p(k) at the end of training")
-        ax2.set_xlabel("k (agents whose action is replaced)")
-        ax2.set_ylabel("probability")
-        ax2.legend(frameon=False, loc="best")
-        fig.tight_layout()
-        return _svg(fig, salt)
+        n = len(comps) + 1
+        ncols = min(n, 3)
+        nrows = math.ceil(n / ncols)
+        fig, axes = _grid(nrows, ncols, 2.7, 1.7, top=0.5, bottom=0.75, left=0.5, hspace=0.75)
+        x = mean["x"]
+        for ax, (c, name) in zip(axes, comps):
+            for k, vals in sorted(mean[c].items()):
+                ax.plot(x, vals, color=_K_COLORS[(k - 1) % len(_K_COLORS)], lw=1.3, label=f"k={k}")
+            ax.set_title(name)
+            if c == "p":
+                ax.set_ylim(-0.02, 1.02)
+        ax = axes[len(comps)]
+        vals = [v for v in mean.get(scalar, []) if v is not None]
+        if vals and len(vals) == len(x):
+            ax.plot(x, vals, color="#2c3e50", lw=1.3)
+        ax.set_title("\u03c0_par entropy (nats)" if scalar == "entropy" else "E[k]")
+        for extra in axes[n:]:
+            extra.set_visible(False)
+        for i, a in enumerate(axes[:n]):
+            a.xaxis.set_major_locator(MaxNLocator(4))
+            if i >= n - ncols:
+                a.set_xlabel("update round")
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.suptitle(title, fontsize=9.5)
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncols=len(labels), frameon=False)
+        return _svg(fig, salt, tight=False)
 
 
-def compute_svg(rows: Sequence[dict], algos: Sequence[tuple[str, str]], salt: str) -> str:
-    """Two grouped bar charts over tasks: measured ms per update round (mean over runs) and the
-    structural number of Q-evaluations (PAR targets) per transition per iteration.
-
-    ``rows``: ``[{"task", "ms": {algo: float | None}, "q_evals": {algo: int | None}}]``;
-    ``algos``: ``[(id, label)]`` in plotting order."""
+def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
+    """bench-speed's paired PLCQL/SPaCQL round-time ratio with its 95% interval, one bar per
+    measurement (machine, date); the line at 1 is parity."""
     with matplotlib.rc_context(_RC):
-        fig, (ax1, ax2) = _figure(2, width_per=max(3.6, 0.9 * len(rows) + 1.5))
-        width = 0.8 / max(len(algos), 1)
-        xs = list(range(len(rows)))
-        for key, ax, title, ylabel in (
-            ("ms", ax1, "time per update round (measured)", "ms per round"),
-            ("q_evals", ax2, "Q-evaluations per iteration (structural)", "PAR targets per transition"),
-        ):
-            for i, (a, label) in enumerate(algos):
-                vals = [r[key].get(a) for r in rows]
-                pos = [x - 0.4 + width * (i + 0.5) for x in xs]
-                ax.bar([p for p, v in zip(pos, vals) if v is not None], [v for v in vals if v is not None],
-                       width=width, color=algo_color(a), label=label)
-                for p, v in zip(pos, vals):
-                    if v is not None:
-                        ax.annotate(f"{v:,.0f}" if v >= 100 else f"{v:.3g}", (p, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
-            ax.set_xticks(xs)
-            ax.set_xticklabels([r["task"] for r in rows], rotation=20 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center")
-            ax.set_title(title)
-            ax.set_ylabel(ylabel)
-            ax.margins(y=0.3)
-            ax.legend(frameon=False, loc="upper left", ncols=2)
+        fig, (ax,) = _figure(1, width_per=5.2, height=0.5 * len(rows) + 1.1)
+        for i, r in enumerate(rows):
+            lo, hi = r["ratio_ci"]
+            ax.barh(i, hi - lo, left=lo, height=0.5, color=algo_color("plcql"), alpha=0.35)
+            ax.plot([r["ratio"]] * 2, [i - 0.25, i + 0.25], color=algo_color("plcql"), lw=2)
+        ax.axvline(1.0, color="#555", lw=1, ls="--")
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{r['task']} · {r['device']} · {r['date']}" for r in rows])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        lo = min(min(r["ratio_ci"][0] for r in rows), 1.0)
+        hi = max(max(r["ratio_ci"][1] for r in rows), 1.0)
+        pad = 0.1 * (hi - lo) + 0.01
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_xlabel("PLCQL / SPaCQL time per update round (median per-round ratio, 95% CI)")
+        ax.grid(axis="y", visible=False)
         fig.tight_layout()
         return _svg(fig, salt)
 
@@ -189,11 +219,15 @@ def aggregate_svg(title: str, rows: Sequence[dict], score_label: str, salt: str)
                 c = algo_color(r["algo"])
                 ax.barh(i, hi - lo, left=lo, height=0.6, color=c, alpha=0.35)
                 ax.plot([r[key], r[key]], [i - 0.3, i + 0.3], color=c, lw=2)
+            lo = min(min(r[f"{key}_ci"][0], r[key]) for r in rows)
+            hi = max(max(r[f"{key}_ci"][1], r[key]) for r in rows)
+            pad = 0.08 * (hi - lo) + 0.02 * max(1.0, abs(hi))
+            ax.set_xlim(lo - pad, hi + pad)  # every interval and point inside the axes
+            ax.set_ylim(len(rows) - 0.5, -0.5)
             ax.set_yticks(range(len(rows)))
             ax.set_yticklabels([r["label"] for r in rows] if ax is axes[0] else [""] * len(rows))
             ax.set_title(f"{name} ({score_label})")
             ax.xaxis.set_major_locator(MaxNLocator(5))
-            ax.invert_yaxis()
             ax.grid(axis="y", visible=False)
         fig.suptitle(title, fontsize=9.5)
         fig.tight_layout()

@@ -84,9 +84,12 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
 @click.option("--profile", default="smoke", show_default=True)
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
 @click.pass_obj
-def run(obj, algo, task, tier, seed, profile, sets, device) -> None:
+def run(obj, algo, task, tier, seed, profile, sets, device, threads) -> None:
     """Train and evaluate one cell; skips it if already finished."""
+    import torch
+
     from plcql_bench.suite.executors import _RunLog
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, execute, plan_run
@@ -96,6 +99,7 @@ def run(obj, algo, task, tier, seed, profile, sets, device) -> None:
     if plan.is_done():
         click.echo(f"{plan.cell.label()}: already done -> {plan.final_path}")
         return
+    torch.set_num_threads(threads)
     result = execute(plan, device=device, log=_RunLog(plan.run_dir, echo=True))
     click.echo(f"{plan.cell.label()}: score {result['score']:.2f} ({result['score_name']}) "
                f"in {result['train']['wall_clock_s']:.1f}s -> {plan.final_path}")
@@ -153,8 +157,10 @@ class _Progress:
 @click.option("--build-missing/--no-build-missing", default=True, show_default=True,
               help="Build datasets the selected cells need when they are missing.")
 @click.option("--jobs", "-j", type=click.IntRange(min=0), default=None,
-              help="Runs at once (default 1 on CPU; GPUs x --per-gpu on CUDA). Each run in a "
-                   "spawned process with max(1, cores // jobs) torch threads; its log in run.log.")
+              help="Runs at once (default: the number of cores on CPU; GPUs x --per-gpu on CUDA). "
+                   "With more than one, each run trains in a spawned process; its log in run.log.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch threads per run (jobs x threads should not exceed the cores).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--per-gpu", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs sharing one GPU (with --device cuda/auto).")
@@ -163,37 +169,35 @@ class _Progress:
 @click.option("--rerun-failed", is_flag=True, help="Run failed cells again (default: report and skip them).")
 @click.option("--force", is_flag=True, help="Retrain the selected cells from scratch, even finished ones.")
 @click.pass_obj
-def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, executor, ray_address,
+def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per_gpu, executor, ray_address,
             rerun_failed, force) -> None:
-    """Run the profile's matrix: skip finished cells, resume partial ones from their checkpoint,
-    isolate failures (traceback in status.json); exit 1 if any selected cell is failed."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import stale
-    from plcql_bench.datasets.build import build_dataset
-    from plcql_bench.suite.executors import Job, cpu_count, resolve_device, run_jobs
+    """Run the profile's matrix: build missing datasets, skip finished cells, resume partial ones
+    from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
+    a run's traceback goes to its status.json); exit 1 if any selected cell is failed."""
+    from plcql_bench.suite import preflight
+    from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
     from plcql_bench.suite.matrix import cell_state
     from plcql_bench.suite.runner import data_profile_dir, plan_run
 
     prof, cells = _select(obj, profile, only, shard)
     dev, n_gpus = resolve_device(device)
     if jobs is None:
-        jobs = (n_gpus * per_gpu) if dev == "cuda" else (cpu_count() if executor == "ray" and not ray_address else 1)
-        if executor == "ray" and ray_address:
-            jobs = 0  # as many as the cluster schedules
-    root = data_profile_dir(obj["data_dir"], prof)
-    for task_id, tier in dict.fromkeys((c.task, c.tier) for c in cells):
-        entry = manifest.lookup(root, task_id, tier)
-        if not entry and build_missing:
-            click.echo(f"building dataset {task_id}/{tier}")
-            build_dataset(task_id, tier, prof.episodes_for(task_id, tier), root, profile=prof.data_profile)
-        why = stale(entry, task_id, tier)
-        if why:  # its runs stay valid for that data (keyed by sha256), but say so
-            click.echo(f"warning: dataset {task_id}/{tier} is stale ({why}); rebuild it with "
-                       f"`plcql-bench datasets build {task_id} {tier} --profile {profile} --force`",
-                       err=True)
-    counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0}
+        jobs = default_jobs(dev, n_gpus, per_gpu, executor, ray_address)
+    if dev == "cpu" and jobs * threads > cpu_count():
+        click.echo(f"note: {jobs} jobs x {threads} threads > {cpu_count()} cores", err=True)
+    problems = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof,
+                                          data_profile_dir(obj["data_dir"], prof), build_missing,
+                                          click.echo)
+    counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0}
     todo = []
     for cell in cells:
+        problem = problems.get((cell.task, cell.tier))
+        if problem is not None:  # fails alone: recorded now, retried by the next `all`
+            preflight.record_failure(cell, prof, obj["results_dir"], problem)
+            counts["failed"] += 1
+            counts["no_dataset"] += 1
+            continue
+        preflight.clear_failure(cell, prof, obj["results_dir"])
         plan = plan_run(cell, prof, obj["data_dir"], obj["results_dir"])  # resolves before any run
         state = cell_state(plan)
         if force:
@@ -225,35 +229,53 @@ def run_all(obj, profile, only, shard, build_missing, jobs, device, per_gpu, exe
             progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
 
     try:
-        run_jobs(job_list, executor=executor, workers=jobs, device=dev, n_gpus=n_gpus,
-                 per_gpu=per_gpu, ray_address=ray_address, on_outcome=report, echo=progress.bar is None)
+        run_jobs(job_list, executor=executor, workers=jobs, device=dev, n_gpus=n_gpus, per_gpu=per_gpu,
+                 ray_address=ray_address, on_outcome=report, echo=progress.bar is None, threads=threads)
     finally:
         progress.close()
+    _all_summary(prof, cells, counts, problems, cells_per=lambda key: sum(
+        (c.task, c.tier) == key for c in cells))
+
+
+def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
+    """The last lines of `all`: counts, then one line per dataset that could not be built; exit 1
+    if any cell is failed."""
     failed = counts["failed"] + counts["failed_skipped"]
-    extra = f", failed earlier and skipped {counts['failed_skipped']}" if counts["failed_skipped"] else ""
+    extra = f" ({counts['no_dataset']} without their dataset)" if counts["no_dataset"] else ""
+    extra += f", failed earlier and skipped {counts['failed_skipped']}" if counts["failed_skipped"] else ""
     extra += f", busy elsewhere {counts['busy']}" if counts["busy"] else ""
     click.echo(f"all ({prof.name}): {len(cells)} cells: trained {counts['trained']}, "
                f"skipped {counts['skipped']} (done), failed {counts['failed']}{extra}")
+    for key, problem in problems.items():
+        click.echo(f"  {cells_per(key)} cell(s) failed: {problem.message()}")
     if failed:
         sys.exit(1)
 
 
 @cli.command()
 @_matrix_options
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Divide the wall-clock estimate by this many parallel runs.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel runs for the wall-clock estimate (default: the calibrated machine's cores "
+                   "on CPU, 1 on a GPU).")
+@click.option("--machine", default=None, metavar="NAME|FILE",
+              help="Calibration to estimate from: a committed machine (suite/calibrations/) or a file "
+                   "written by `bench-speed --calibrate` (default: " + "cpu-dev-2core" + ").")
 @click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
               help="List every cell, or only the summary.")
 @click.pass_obj
-def plan(obj, profile, only, shard, jobs, show_cells) -> None:
-    """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate.
-    Exit 2 if a config does not resolve; datasets not built yet are listed (`all` builds them)."""
-    from plcql_bench.suite.matrix import cell_state, estimate_seconds, format_seconds, resolve, run_record
+def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
+    """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
+    from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
+    not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
+    here can build them."""
+    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
+    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
+    from plcql_bench.suite.preflight import check_buildable
 
     prof, cells = _select(obj, profile, only, shard)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
-    bad = []
+    bad, unbuildable = [], {}
     if show_cells:
         click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
@@ -269,23 +291,64 @@ def plan(obj, profile, only, shard, jobs, show_cells) -> None:
             if state == "failed":
                 note += f"  {rec.get('reason', '')}"
         elif item.dataset_missing:
-            note = "dataset not built yet (all builds it)"
+            key = (c.task, c.tier)
+            if key not in unbuildable:
+                unbuildable[key] = check_buildable(c.task, c.tier, prof.name)
+            problem = unbuildable[key]
+            note = (f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})" if problem
+                    else "dataset not built yet (all builds it)")
         else:
             note = f"ERROR {item.error}"
             bad.append(item)
         if show_cells:
             click.echo(f"{c.algo:<12} {c.task:<24} {c.tier:<13} {c.seed:>4}  {state:<8} {step:>11}  {note}")
-    seconds, unknown = estimate_seconds(items, obj["results_dir"], prof)
+    if machine is None and DEFAULT_MACHINE not in known_machines():  # an install without calibrations
+        calib = {"machine": "(no calibration)", "costs": {}}
+    else:
+        calib = load_calibration(machine or DEFAULT_MACHINE)
+    rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
-    left = counts["todo"] + counts["partial"] + counts["failed"]
-    if left:
-        est = f"~{format_seconds(seconds / jobs)} with {jobs} job(s) ({format_seconds(seconds)} serial)"
-        if unknown:
-            est += f"; {unknown} cell(s) have no recorded runtime to estimate from"
-        click.echo(f"estimate: {est}")
+    if rows:
+        if jobs is None:
+            jobs = int(calib.get("default_jobs", 1))
+        _print_estimate(rows, jobs, calib, format_seconds)
     if bad:
         raise BenchError(f"{len(bad)} cell(s) do not resolve; first: {bad[0].cell.label()}: {bad[0].error}")
+
+
+def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
+    """Per-task and per-algorithm totals, serial and with `jobs` parallel runs (longest first)."""
+    from plcql_bench.suite.calibration import makespan
+
+    known = [r for r in rows if r.seconds is not None]
+    about = "; ".join(x for x in (calib.get("description"), calib.get("source"),
+                                  calib.get("measured_at") and f"measured {calib['measured_at']}") if x)
+    click.echo(f"estimate on {calib['machine']}" + (f" ({about})" if about else "") + ":")
+    for axis in ("task", "algo"):
+        groups: dict[str, list] = {}
+        for r in known:
+            groups.setdefault(getattr(r.cell, axis), []).append(r)
+        click.echo(f"  {'per ' + axis:<26} {'cells':>5} {'serial':>10} {'updates':>10} {'evaluation':>10} "
+                   f"{'with ' + str(jobs) + ' job(s)':>14}")
+        for key, rs in groups.items():
+            secs = [r.seconds for r in rs]
+            click.echo(f"  {key:<26} {len(rs):>5} {fmt(sum(secs)):>10} {fmt(sum(r.rounds_s for r in rs)):>10} "
+                       f"{fmt(sum(r.eval_s for r in rs)):>10} {fmt(makespan(secs, jobs)):>14}")
+    total = [r.seconds for r in known]
+    est = f"~{fmt(makespan(total, jobs))} with {jobs} job(s) ({fmt(sum(total))} serial)"
+    proxies = sum(r.source == "proxy" for r in known)
+    if proxies:
+        est += f"; {proxies} cell(s) from stand-in measurements (the calibration's \"proxy\" entries)"
+    recorded = sum(r.source == "recorded" for r in known)
+    if recorded:
+        est += f"; {recorded} cell(s) from recorded runtimes (no calibration for their algo x task)"
+    missing = [r for r in rows if r.seconds is None]
+    if missing:
+        pairs = sorted({f"{r.cell.algo}/{r.cell.task}" for r in missing})
+        est += (f"; {len(missing)} cell(s) not counted: no measured cost on {calib['machine']} and no recorded "
+                f"runtime ({', '.join(pairs[:6])}{', ...' if len(pairs) > 6 else ''})")
+    click.echo(f"estimate: {est}")
 
 
 @cli.command()
@@ -347,13 +410,20 @@ def export_cmd(obj, fmt, out, profile) -> None:
 @click.option("--results", "results", type=click.Path(path_type=Path), default=None,
               help="Results folder (default: the global --results-dir).")
 @click.option("--out", type=click.Path(path_type=Path), default="site", show_default=True)
+@click.option("--strict", is_flag=True, help="Exit with status 2 when any result file is skipped (the site is still written).")
 @click.pass_obj
-def leaderboard(obj, results, out) -> None:
+def leaderboard(obj, results, out, strict) -> None:
     """Render the static leaderboard from result files."""
-    from plcql_bench.leaderboard.build import build_site
+    from plcql_bench.leaderboard.build import build
+    from plcql_bench.suite.schema import enforce_strict
 
-    index = build_site(results or obj["results_dir"], out, data_dir=obj["data_dir"])
-    click.echo(f"leaderboard -> {index}")
+    try:
+        built = build(results or obj["results_dir"], out)
+    except FileNotFoundError as exc:
+        raise BenchError(str(exc)) from None
+    skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
+    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
+    enforce_strict(built.skipped, strict, echo=lambda line: click.echo(line, err=True))
 
 
 def _register_subcommands() -> None:
@@ -364,6 +434,7 @@ def _register_subcommands() -> None:
     cli.add_command(datasets)
     cli.add_command(bench_speed)
     from plcql_bench.suite.regress import regress; cli.add_command(regress)  # noqa: E702
+    from plcql_bench.suite.campaign import campaign; cli.add_command(campaign)  # noqa: E702
 
 
 _register_subcommands()

@@ -3,7 +3,7 @@
 Every executor runs the same picklable `Job` through `run_job`, which trains one cell and returns
 an outcome dict; it never raises. A run's own log goes to `<run_dir>/run.log`.
 
-    run_jobs(jobs, executor="local"|"ray", workers=N, device=..., per_gpu=k, on_outcome=cb)
+    run_jobs(jobs, executor="local"|"ray", workers=N, threads=1, device=..., per_gpu=k, on_outcome=cb)
 
 Devices: the parent never initialises CUDA (no torch.cuda call here). GPUs are counted with
 `nvidia-smi -L` (or CUDA_VISIBLE_DEVICES); each job gets a device string such as "cuda:1" and
@@ -47,11 +47,19 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def threads_per_job(workers: int) -> int:
-    """cores // workers, capped by OMP_NUM_THREADS when the user set it (shared machines)."""
-    threads = max(1, cpu_count() // max(1, workers))
-    cap = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return min(threads, int(cap)) if cap.isdigit() and int(cap) > 0 else threads
+DEFAULT_THREADS = 1  # torch intra-op threads per run (`all --threads`)
+
+
+def default_jobs(device: str, n_gpus: int, per_gpu: int, executor: str, ray_address: str | None) -> int:
+    """Runs at once when `--jobs` is not given: one per core on CPU (each with DEFAULT_THREADS
+    torch threads, so jobs x threads = cores), GPUs x per_gpu on CUDA, and as many as the cluster
+    schedules (0) on an existing Ray cluster. Small runs gain nothing from intra-op threads, and
+    on a busy machine a multi-threaded pool waits for busy cores (docs/runner.md, "Scaling")."""
+    if executor == "ray" and ray_address:
+        return 0
+    if device == "cuda":
+        return n_gpus * per_gpu
+    return cpu_count()
 
 
 def gpu_count() -> int:
@@ -154,15 +162,19 @@ def _init_worker(threads: int | None) -> None:
 # ----------------------------------------------------------------------------- executors
 def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device: str = "cpu",
              n_gpus: int = 0, per_gpu: int = 1, ray_address: str | None = None,
-             on_outcome: Callable[[dict], None] = lambda o: None, echo: bool = True) -> list[dict]:
-    """Run every job; calls on_outcome as each finishes; returns the outcomes in finish order."""
+             on_outcome: Callable[[dict], None] = lambda o: None, echo: bool = True,
+             threads: int = DEFAULT_THREADS) -> list[dict]:
+    """Run every job, each with `threads` torch threads; calls on_outcome as each finishes;
+    returns the outcomes in finish order."""
     if not jobs:
         return []
-    slots = _device_slots(device, n_gpus, per_gpu, workers)
+    for job in jobs:
+        job.threads = threads
     if executor == "ray":
         return _run_ray(jobs, workers, device, per_gpu, ray_address, on_outcome)
     if executor != "local":
         raise BenchError(f"--executor {executor!r}: expected local or ray")
+    slots = _device_slots(device, n_gpus, per_gpu, workers)[: len(jobs)]  # no idle workers
     if len(slots) == 1 and device == "cpu":
         outcomes = []
         for job in jobs:  # in this process: no start-up cost, log lines also on the console
@@ -171,7 +183,7 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
             outcomes.append(outcome)
             on_outcome(outcome)
         return outcomes
-    return _run_pool(jobs, slots, on_outcome)
+    return _run_pool(jobs, slots, on_outcome, threads)
 
 
 def _device_slots(device: str, n_gpus: int, per_gpu: int, workers: int) -> list[str]:
@@ -182,12 +194,11 @@ def _device_slots(device: str, n_gpus: int, per_gpu: int, workers: int) -> list[
     return ["cpu"] * max(1, workers)
 
 
-def _run_pool(jobs: list[Job], slots: list[str], on_outcome) -> list[dict]:
+def _run_pool(jobs: list[Job], slots: list[str], on_outcome, threads: int) -> list[dict]:
     """Spawned worker processes (never fork: no inherited torch/CUDA/thread state), at most
     len(slots) jobs in flight, each with its slot's device. A worker that dies (SIGKILL, OOM,
     segfault) fails only the jobs it was running; the pool is rebuilt for the rest."""
     ctx = multiprocessing.get_context("spawn")
-    threads = threads_per_job(len(slots)) if slots[0] == "cpu" else 1
     queue = list(jobs)
     free = list(slots)
     outcomes: list[dict] = []
@@ -200,7 +211,6 @@ def _run_pool(jobs: list[Job], slots: list[str], on_outcome) -> list[dict]:
                 job = queue.pop(0)
                 slot = free.pop(0)
                 job.device = slot
-                job.threads = threads
                 running[pool.submit(run_job, job)] = (job, slot)
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             broken = False
@@ -257,23 +267,23 @@ def _run_ray(jobs: list[Job], workers: int, device: str, per_gpu: int, address: 
     except ImportError:
         raise BenchError("--executor ray needs Ray: pip install 'plcql-bench[ray]'") from None
     started_here = False
+    threads = jobs[0].threads or 1  # each task reserves as many CPUs as it uses threads
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
+            ray.init(num_cpus=max(1, workers) * threads, include_dashboard=False, log_to_driver=False,
                      configure_logging=False, _node_ip_address="127.0.0.1")
             started_here = True
     try:
         gpus = (1.0 / max(1, per_gpu)) if device == "cuda" else 0
-        remote = ray.remote(run_job).options(num_cpus=1, num_gpus=gpus, max_retries=0)
+        remote = ray.remote(run_job).options(num_cpus=1 if device == "cuda" else threads, num_gpus=gpus,
+                                             max_retries=0)
         cap = workers if workers else len(jobs)  # 0: as many as the cluster schedules
-        threads = 1 if (device == "cuda" or address) else threads_per_job(workers)
         queue, running, outcomes = list(jobs), {}, []
         while queue or running:
             while queue and len(running) < cap:
                 job = queue.pop(0)
-                job.threads = threads
                 job.device = "cuda" if device == "cuda" else "cpu"
                 running[remote.remote(job)] = job
             ready, _ = ray.wait(list(running), num_returns=1)

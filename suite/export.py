@@ -33,21 +33,18 @@ from pathlib import Path
 from typing import Iterator
 
 from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
+from plcql_bench.suite.schema import RunRecord, scan_records
+from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json
 
 COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "step", "metric", "value")
 
 
-def finished_runs(results_dir: Path, profile: str | None = None) -> Iterator[tuple[Path, dict]]:
-    """(run_dir, final record) of every finished run, in a stable order."""
-    for path in sorted(Path(results_dir).rglob("final.json")):
-        try:
-            rec = read_json(path)
-        except (OSError, ValueError):
-            continue
-        if rec.get("status") != "done" or (profile and rec.get("profile") != profile):
-            continue
-        yield path.parent, rec
+def finished_runs(results_dir: Path, profile: str | None = None) -> Iterator[tuple[Path, RunRecord]]:
+    """(run_dir, record) of every valid finished run (suite/schema.py), in a stable order."""
+    records, _damaged = scan_records(Path(results_dir))
+    for rel, rec in records:
+        if not profile or rec.profile == profile:
+            yield Path(results_dir) / Path(rel).parent, rec
 
 
 def _history(run_dir: Path) -> list[dict]:
@@ -60,19 +57,18 @@ def _history(run_dir: Path) -> list[dict]:
 def tidy_rows(results_dir: Path, profile: str | None = None) -> list[dict]:
     rows = []
     for run_dir, rec in finished_runs(results_dir, profile):
-        base = {"profile": rec["profile"], "domain": rec.get("domain", ""), "algo": rec["algo"],
-                "task": rec["task"], "dataset": rec["dataset"], "seed": int(rec["seed"]),
-                "run_key": rec["run_key"]}
+        base = {"profile": rec.profile, "domain": rec.domain, "algo": rec.algo, "task": rec.task,
+                "dataset": rec.dataset, "seed": rec.seed, "run_key": rec.run_key}
         history = _history(run_dir) or [{"update": p["update"], "return_mean": p["return_mean"],
-                                         "score": p["score"]} for p in rec.get("curve", [])]
+                                         "score": p["score"]} for p in rec.curve]
         for point in history:
             for metric, value in sorted(point.items()):
                 if metric == "update" or not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
                 rows.append({**base, "step": int(point["update"]), "metric": metric, "value": float(value)})
-        final = rec["final_eval"]
-        last = int(rec["train"]["updates"])
-        finals = {"final/score": rec.get("score"), "final/return_mean": final.get("return_mean"),
+        final = rec.final_eval
+        last = int(rec.train["updates"])
+        finals = {"final/score": rec.score, "final/return_mean": final.get("return_mean"),
                   "final/return_std": final.get("return_std"),
                   "final/normalised_score": final.get("normalised_score"),
                   "final/win_rate": final.get("win_rate")}
@@ -85,28 +81,28 @@ def tidy_rows(results_dir: Path, profile: str | None = None) -> list[dict]:
 def marl_eval(results_dir: Path, profile: str | None = None) -> dict:
     out: dict = {}
     for run_dir, rec in finished_runs(results_dir, profile):
-        env = rec.get("domain") or rec["task"].split("-")[0]
-        task = f"{rec['task']}_{rec['dataset']}"
+        env = rec.domain
+        task = f"{rec.task}_{rec.dataset}"
         run: dict = {}
-        for i, point in enumerate(rec.get("curve", [])):
+        for i, point in enumerate(rec.curve):
             entry = {"step_count": int(point["update"]), "return": [float(point["return_mean"])]}
             if point.get("score") is not None:
                 entry[_score_metric(rec)] = [float(point["score"])]
             run[f"step_{i}"] = entry
-        final = rec["final_eval"]
+        final = rec.final_eval
         returns = final.get("episode_returns") or [final["return_mean"]]
         absolute = {"return": [float(r) for r in returns]}
-        if rec.get("score_name") == "win_rate" and final.get("win_rate") is not None:
+        if rec.is_win_rate and final.get("win_rate") is not None:
             absolute["win_rate"] = [float(final["win_rate"])]
         elif final.get("normalised_score") is not None:
             absolute["normalised_score"] = _episode_scores(final, returns)
         run["absolute_metrics"] = absolute
-        out.setdefault(env, {}).setdefault(task, {}).setdefault(rec["algo"], {})[f"run_{int(rec['seed'])}"] = run
+        out.setdefault(env, {}).setdefault(task, {}).setdefault(rec.algo, {})[f"run_{rec.seed}"] = run
     return out
 
 
-def _score_metric(rec: dict) -> str:
-    return "normalised_score" if rec.get("score_name", "normalised") == "normalised" else rec["score_name"]
+def _score_metric(rec: RunRecord) -> str:
+    return "normalised_score" if rec.score_name == "normalised" else rec.score_name
 
 
 def _episode_scores(final: dict, returns: list[float]) -> list[float]:

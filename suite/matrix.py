@@ -5,7 +5,7 @@
     select_cells(profile, only, shard) -> [Cell]      canonical order, filtered, then sharded
     resolve(cells, profile, data_dir, results_dir) -> [Resolved]   plan or error per cell
     cell_state(plan) -> "done" | "partial" | "failed" | "running" | "todo"
-    estimate_seconds(resolved, results_dir, profile) -> (seconds, n_without_estimate)
+    estimate_cells(resolved, results_dir, profile, calib) -> [Estimate]   seconds per cell not done
 
 Run identity stays in runner.plan_run (content hash); this module only enumerates and reads the
 files a run directory holds, so it is cheap enough for `plan` and `status` on thousands of cells.
@@ -212,36 +212,57 @@ def recorded_runtimes(results_dir: Path) -> list[dict]:
     return out
 
 
-def estimate_seconds(items: list[Resolved], results_dir: Path, profile: Profile) -> tuple[float, int]:
-    """Serial seconds for the cells not done yet, from recorded runtimes: the median seconds per
-    update of finished runs with the same (algo, task, tier), else (algo, task), else algo, else
-    any run, times the updates the cell still needs. Returns (seconds, cells with no estimate)."""
-    records = recorded_runtimes(results_dir)
+def _recorded_rates(results_dir: Path, profile_name: str) -> dict[tuple, list[float]]:
+    """Seconds per update of the profile's finished runs (another profile's batch sizes and
+    evaluation budgets differ), keyed (algo, task, tier), (algo, task), (algo,), ()."""
     per_update: dict[tuple, list[float]] = {}
-    for r in records:
+    for r in recorded_runtimes(results_dir):
+        if r["profile"] != profile_name:
+            continue
         rate = r["seconds"] / max(r["updates"], 1)
         for key in ((r["algo"], r["task"], r["tier"]), (r["algo"], r["task"]), (r["algo"],), ()):
             per_update.setdefault(key, []).append(rate)
-    total, unknown = 0.0, 0
+    return per_update
+
+
+@dataclass
+class Estimate:
+    cell: object
+    seconds: float | None  # None: nothing to estimate from
+    source: str  # "calibration" | "proxy" (a stand-in measurement) | "recorded" | "none"
+    rounds_s: float = 0.0
+    eval_s: float = 0.0
+
+
+def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
+                   calib: dict | None = None) -> list[Estimate]:
+    """Seconds each cell not done yet still needs: from the machine calibration (measured round
+    and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
+    else from recorded runtimes: the median seconds per update of the profile's finished runs with
+    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left."""
+    from plcql_bench.suite.calibration import cell_cost
+
+    per_update = _recorded_rates(results_dir, profile.name)
+    out = []
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
         if state == "done":
             continue
         updates = profile.updates_for(c.task, c.tier)
-        left = updates
+        reached = 0
         if state == "partial" and item.plan is not None:
-            left = max(updates - int(run_record(item.plan.run_dir).get("update") or 0), 0)
-        rate = None
-        for key in ((c.algo, c.task, c.tier), (c.algo, c.task), (c.algo,), ()):
-            if key in per_update:
-                rate = statistics.median(per_update[key])
-                break
-        if rate is None:
-            unknown += 1
-        else:
-            total += rate * max(left, 1)
-    return total, unknown
+            reached = min(int(run_record(item.plan.run_dir).get("update") or 0), updates)
+        cost = cell_cost(c, profile, calib, reached) if calib else None
+        if cost is not None and cost.seconds is not None:
+            out.append(Estimate(c, cost.seconds, "proxy" if cost.proxy else "calibration", cost.rounds_s,
+                                cost.eval_s))
+            continue
+        rate = next((statistics.median(per_update[k]) for k in
+                     ((c.algo, c.task, c.tier), (c.algo, c.task), (c.algo,), ()) if k in per_update), None)
+        out.append(Estimate(c, None, "none") if rate is None
+                   else Estimate(c, rate * max(updates - reached, 1), "recorded"))
+    return out
 
 
 def format_seconds(s: float) -> str:

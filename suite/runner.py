@@ -32,11 +32,10 @@ from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.profiles import Profile
+from plcql_bench.suite.schema import RESULT_SCHEMA_VERSION, RunRecord, hardware_info
 from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.tasks import get_task
 from plcql_bench.suite.versions import git_commit, image_labels, package_versions
-
-RESULT_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -195,7 +194,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
             f"torch threads {torch.get_num_threads()}")
         started = time.time()
         try:
-            result = _train_and_evaluate(plan, dataset, device, log)
+            result = _validated(_train_and_evaluate(plan, dataset, device, log), device)
         except BaseException as exc:
             # Exceptions are failures (kept until --rerun-failed); Ctrl-C and SystemExit leave
             # the run interrupted, so the next `all` resumes it like a killed run.
@@ -210,6 +209,12 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
                       runtime_s=result["train"]["wall_clock_s"])
         log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
         return result
+
+
+def _validated(result: dict, device: str) -> dict:
+    """The result as the one schema (suite/schema.py) states it, with the hardware it ran on; an
+    inconsistent result raises here, so it is recorded as failed, never as done."""
+    return RunRecord.from_json({**result, "hardware": hardware_info(device)}).to_json()
 
 
 class _run_lock:

@@ -208,7 +208,7 @@ def test_ppo_step_moves_probabilities():
     spec = TaskSpec("toy", "mpe", 3, 2, 4, 1, False, 5, ("expert",))
     cls = load_all()["plcql"]
     algo = cls(spec, make_config(cls, {"hidden": 8, "ppo_epochs": 1, "entropy_coef": 0.0, "par_lr": 1e-2,
-                                       "normalize_advantage": False}), 0)
+                                       "advantage_norm": "none"}), 0)
     s = torch.randn(64, 4)
     with torch.no_grad():
         p0 = torch.softmax(algo.par_logits(s), -1)

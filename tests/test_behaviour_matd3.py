@@ -73,20 +73,83 @@ def test_build_uses_trained_checkpoints(trained, tmp_path, monkeypatch):
     for tier in ("expert", "medium", "random"):
         b = behaviour.behaviour_for("mpe-cn", tier)
         assert b.policy_id.startswith(f"matd3:mpe-cn/{tier}@")
-    rep = behaviour.behaviour_for("mpe-cn", "medium-replay")
-    assert rep.kind == "replay"
     e = build.build_dataset("mpe-cn", "expert", 4, tmp_path, profile="smoke")
     assert e["behaviour_policy_id"].startswith("matd3:")
     # expert reference = the trained expert without noise
     assert e["ref_return_expert"] != pytest.approx(612, abs=100)
-    e = build.build_dataset("mpe-cn", "medium-replay", 1000, tmp_path, profile="smoke")
-    ds = load_dataset(tmp_path / e["file"])
-    assert ds.n_episodes == index["medium_replay"]["episodes"]
-    assert (ds.arrays["next_actions_valid"][ds.arrays["steps"] == 24] == 0).all()
     # without the assets, the scripted fallbacks come back
     monkeypatch.setenv(matd3.BEHAVIOUR_DIR_ENV, str(tmp_path / "none"))
     assert behaviour.behaviour_for("mpe-cn", "expert").policy_id.startswith("scripted-cn")
     assert behaviour.behaviour_for("mpe-cn", "medium-replay") is None
+    why, fix = behaviour.unavailable("mpe-cn", "medium-replay")
+    assert "no trained MATD3 behaviour policy" in why and fix.startswith("plcql-bench datasets train-behaviour")
+
+
+def test_medium_replay_rebuilds_from_the_published_checkpoints(trained, tmp_path, monkeypatch):
+    """publish_replay writes the checkpoint sequence; medium-replay rolls it out on the training
+    episodes' env seeds (same initial states as the training replay), without the replay file."""
+    import shutil
+
+    out, assets, index = trained
+    assert index["medium_replay"]["recipe"] == matd3.REPLAY_RECIPE  # publish() wrote one
+    shutil.copytree(assets / "mpe-cn", tmp_path / "assets" / "mpe-cn")
+    rep = matd3.publish_replay("mpe-cn", out, tmp_path / "assets", 600)  # the whole smoke run
+    assert rep["episodes"] == 24 and rep["transitions"] == 600
+    # warm-up, then the nearest checkpoint (200, 400, 600); published tiers' files are reused
+    assert [(p["from_step"], p["to_step"]) for p in rep["parts"]] == [(0, 200), (200, 300), (300, 500), (500, 600)]
+    assert rep["parts"][0]["policy"] == "uniform"
+    for part, step in zip(rep["parts"][1:], (200, 400, 600)):
+        assert matd3._same_actors(out / f"ckpt_{step:09d}.pt", tmp_path / "assets" / "mpe-cn" / part["checkpoint"])
+    monkeypatch.setenv(matd3.BEHAVIOUR_DIR_ENV, str(tmp_path / "assets"))
+    b = behaviour.behaviour_for("mpe-cn", "medium-replay")
+    assert b.kind == "parts" and b.policy_id.startswith("matd3:mpe-cn/replay-rollout-to-600@")
+    e = build.build_dataset("mpe-cn", "medium-replay", 1000, tmp_path / "d", profile="smoke")
+    ds = load_dataset(tmp_path / "d" / e["file"])
+    assert ds.n_episodes == 24 and e["behaviour_policy_id"] == b.policy_id
+    with np.load(out / "replay.npz") as z:
+        train_obs0 = z["obs"][::25]
+    np.testing.assert_array_equal(ds.arrays["obs"][ds.arrays["steps"] == 0], train_obs0)
+    warm = ds.arrays["actions"][: 8 * 25]
+    assert np.abs(warm).max() <= 1 and np.abs(warm).mean() > 0.4  # uniform in [-1, 1]
+    # a smaller profile takes evenly spaced episodes of the same sequence
+    e4 = build.build_dataset("mpe-cn", "medium-replay", 4, tmp_path / "small", profile="smoke")
+    small = load_dataset(tmp_path / "small" / e4["file"])
+    picked = np.linspace(0, 23, 4).round().astype(int)
+    np.testing.assert_array_equal(small.arrays["obs"][small.arrays["steps"] == 0], train_obs0[picked])
+    # a missing checkpoint file makes the tier unavailable, with the reason
+    (tmp_path / "assets" / "mpe-cn" / rep["parts"][2]["checkpoint"]).unlink()
+    assert behaviour.behaviour_for("mpe-cn", "medium-replay") is None
+    assert "checkpoint" in behaviour.unavailable("mpe-cn", "medium-replay")[0]
+
+
+def test_replay_parts_nearest_and_latest_checkpoint():
+    nearest = matd3.replay_parts([0, 100, 200, 300], 200, warmup_steps=30, episode_limit=25)
+    # warm-up 30 steps -> 2 whole episodes; checkpoint 0's share (steps 0-50) is all warm-up
+    assert [(p.get("policy", p.get("checkpoint_step")), p["from_step"], p["to_step"], p["episodes"])
+            for p in nearest] == [("uniform", 0, 50, 2), (100, 50, 150, 4), (200, 150, 200, 2)]
+    latest = matd3.replay_parts([0, 100, 200, 300], 200, warmup_steps=30, episode_limit=25, nearest=False)
+    assert [(p.get("policy", p.get("checkpoint_step")), p["from_step"], p["to_step"]) for p in latest] == [
+        ("uniform", 0, 50), (0, 50, 100), (100, 100, 200)]
+    with pytest.raises(ValueError, match="whole number"):
+        matd3.replay_parts([0, 110], 200, 0, 25)
+
+
+def test_replay_file_is_used_where_the_index_names_no_sequence(trained, tmp_path, monkeypatch):
+    """An index without a checkpoint sequence (older publishes) reads the training replay file."""
+    import shutil
+
+    out, assets, index = trained
+    legacy = tmp_path / "assets"
+    shutil.copytree(assets / "mpe-cn", legacy / "mpe-cn")
+    rep = {"file": str(out / "replay.npz"), "episodes": index["medium_replay"]["episodes"],
+           "up_to_env_step": index["medium_replay"]["up_to_env_step"]}
+    (legacy / "mpe-cn" / "index.json").write_text(json.dumps({**index, "medium_replay": rep}))
+    monkeypatch.setenv(matd3.BEHAVIOUR_DIR_ENV, str(legacy))
+    assert behaviour.behaviour_for("mpe-cn", "medium-replay").kind == "replay"
+    e = build.build_dataset("mpe-cn", "medium-replay", 1000, tmp_path / "d", profile="smoke")
+    ds = load_dataset(tmp_path / "d" / e["file"])
+    assert ds.n_episodes == rep["episodes"]
+    assert (ds.arrays["next_actions_valid"][ds.arrays["steps"] == 24] == 0).all()
 
 
 def test_select_tiers_picks_half(tmp_path):

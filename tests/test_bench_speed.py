@@ -48,3 +48,23 @@ def test_bench_speed_prints_the_plcql_spacql_comparison():
     ratio, lo, hi = map(float, m.groups())
     assert lo <= ratio <= hi
     assert "target construction PLCQL/SPaCQL" in out.output
+
+
+def test_calibrate_writes_costs_that_plan_reads(tmp_path):
+    """bench-speed --calibrate measures round and evaluation costs into a file; plan estimates from it."""
+    import json
+
+    out = tmp_path / "box.json"
+    res = CliRunner().invoke(cli, ["bench-speed", "--calibrate", "box", "--out", str(out), "--algo", "bc",
+                                   "--task", "mpe-cn", "--rounds", "3", "--seconds", "0.1", "--clock", "cpu"])
+    assert res.exit_code == 0, res.output
+    calib = json.loads(out.read_text())
+    entry = calib["costs"]["bc"]["mpe-cn"]
+    assert entry["round_ms"] > 0 and entry["rounds"] == 3 and len(entry["eval_s"]) == 2
+    assert calib["machine"] == "box" and calib["torch_threads"] == 1 and calib["default_jobs"] >= 1
+    plan = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"),
+                                    "plan", "--profile", "smoke", "--machine", str(out), "--no-cells",
+                                    "--only", "algo=bc"])
+    assert plan.exit_code == 0, plan.output
+    assert "estimate on box" in plan.output and "per algo" in plan.output
+    assert re.search(r"^  bc\s+6\s", plan.output, re.M)  # 6 bc cells of the smoke matrix, all costed

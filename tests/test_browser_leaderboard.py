@@ -1,7 +1,8 @@
-"""The built leaderboard in a real browser: headless Chromium loads it from file://, there are
-no console errors, the tables are visible, and a screenshot is saved as an artifact
-(``artifacts/leaderboard.png``, or ``$PLCQL_ARTIFACTS_DIR``). ``$PLCQL_SITE`` points the test at
-an already built page (e.g. ``site/index.html`` after ``make all``) instead of the fixture site.
+"""The built leaderboard in a real browser (headless Chromium, file://): no console errors, the
+tables visible, **no table clipped at desktop widths** (1280, 1440, 1920 px) in any scoring view
+with or without the empty columns, **no page overflow at 390 px**, screenshots saved as artifacts
+(``artifacts/``, or ``$PLCQL_ARTIFACTS_DIR``). A second test proves each check can fail.
+``$PLCQL_SITE`` points the tests at an already built page instead of the fixture sites.
 
 Skipped only when Chromium is not installed (CI installs Debian's ``chromium``)."""
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from lb_fixtures import NOW, write_run
 from plcql_bench.leaderboard import build
 from plcql_bench.leaderboard.browser import check_page, find_chromium
+from plcql_bench.leaderboard.paper import load_paper_results, table_columns
 
 pytestmark = [
     pytest.mark.skipif(find_chromium() is None, reason="chromium is not on PATH (Debian: apt-get install chromium)"),
@@ -24,49 +27,80 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("PLCQL_ARTIFACTS_DIR", REPO / "artifacts"))
 
 
+def widest_results(root: Path) -> Path:
+    """Every column of both paper tables filled (plus an algorithm the paper lacks), 3 seeds each,
+    with n.s. marks, dirty and collapse badges: the widest tables the page can have."""
+    paper = load_paper_results()
+    for key, task, tier, base in (("main_results", "mpe-cn", "medium-replay", 50.0), ("starcraft_results", "smax-2s3z", "medium", 0.5)):
+        for i, algo in enumerate(table_columns(paper, key) + ["newalgo"]):
+            for seed in range(3):
+                s = base + (i + seed) * (1.0 if base > 1 else 0.01)
+                extra = {"par_collapse": {"k": 3, "entropy": 0.001, "p_k": 0.99}} if algo == "plcql" and seed else {}
+                write_run(root, algo, task, tier, seed, s, commit="e" * 40 + ("-dirty" if seed == 0 else ""), **extra)
+    return root
+
+
 @pytest.fixture(scope="module")
-def page(tmp_path_factory) -> Path:
+def pages(tmp_path_factory) -> dict[str, Path]:
     if os.environ.get("PLCQL_SITE"):
-        return Path(os.environ["PLCQL_SITE"])
-    from test_leaderboard_render import NOW, make_fixture_results
-
+        return {"site": Path(os.environ["PLCQL_SITE"])}
     tmp = tmp_path_factory.mktemp("browser")
-    res = make_fixture_results(tmp / "results")
-    return build.build_site(res, tmp / "site", now=NOW, bootstrap_reps=100, poi_reps=50)
+    wide = build.build_site(widest_results(tmp / "wide"), tmp / "wide-site", now=NOW, bootstrap_reps=50, poi_reps=20)
+    committed = build.build_site(REPO / "leaderboard" / "results", tmp / "committed-site", now=NOW, bootstrap_reps=50, poi_reps=20)
+    return {"wide": wide, "committed": committed}
 
 
-def test_page_loads_without_errors_and_tables_are_visible(page):
-    shot = ARTIFACTS / "leaderboard.png"
-    shot.unlink(missing_ok=True)
-    report = check_page(page, screenshot=shot)
-    assert report.ok, "\n".join(report.errors)
-    ids = {t["id"] for t in report.tables}
-    assert "table-main" in ids and "table-ablation" in ids
-    if not os.environ.get("PLCQL_SITE"):
-        assert ids == {"table-main", "table-smac", "table-ablation"}
-        assert report.svgs >= 5
-    for t in report.tables:
-        assert t["rows"] >= 1 and t["width"] > 300
-    assert shot.is_file() and shot.stat().st_size > 10_000
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+@pytest.mark.parametrize("width", [1280, 1440, 1920])
+def test_no_table_clipped_at_desktop_widths(pages, width):
+    for name, page in pages.items():
+        shot = ARTIFACTS / f"leaderboard-{name}-{width}.png" if width == 1440 else None
+        report = check_page(page, screenshot=shot, window=(width, 900))
+        assert report.ok, f"{name}:\n" + "\n".join(report.errors)
+        assert report.clipped == [] and report.page_width <= width
+        shown = {t["id"] for t in report.tables}
+        assert {"table-main-final-ours", "table-ablation-final-ours"} <= shown
+        if name == "wide":
+            assert "table-smac-final-ours" in shown  # the 12-column table
+        for t in report.tables:
+            assert t["rows"] >= 1 and t["width"] > 100  # visible (an ablation table with no results yet is one label column)
+        if shot is not None:
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
 
 
-def test_the_check_can_fail(tmp_path):
-    """A page with a script error, a missing resource and a hidden table must not pass."""
+def test_no_page_overflow_at_390px(pages):
+    for name, page in pages.items():
+        shot = ARTIFACTS / f"leaderboard-{name}-390.png"
+        report = check_page(page, screenshot=shot, window=(390, 900), allow_scroll=True)
+        assert report.ok, f"{name}:\n" + "\n".join(report.errors)
+        assert report.inner_width <= 390 and report.page_width <= report.inner_width
+        assert shot.is_file()
+
+
+def test_the_checks_can_fail(tmp_path):
+    """A script error, a missing resource, a hidden table, a clipped table and page overflow are
+    all reported."""
     bad = tmp_path / "bad.html"
     bad.write_text(
         "<!doctype html><html><head><title>x</title></head><body>"
         '<table class="board" id="t" style="display:none"><tbody><tr><td>1</td></tr></tbody></table>'
         '<img src="missing.png" alt="">'
-        "<script>undefinedFunction();</script></body></html>",
-        encoding="utf-8",
-    )
-    report = check_page(bad)
-    text = "\n".join(report.errors)
-    assert not report.ok
-    assert "undefinedFunction" in text  # uncaught error, seen by the console log and the probe
-    assert "missing.png" in text  # failed resource load
-    assert "table t is not visible" in text
-    empty = tmp_path / "empty.html"
-    empty.write_text("<!doctype html><html><head></head><body><p>no tables</p></body></html>", encoding="utf-8")
-    assert any("at least 1 leaderboard table" in e for e in check_page(empty).errors)
+        "<script>undefinedFunction();</script></body></html>", encoding="utf-8")
+    text = "\n".join(check_page(bad).errors)
+    assert "undefinedFunction" in text and "missing.png" in text and "at least 1 leaderboard table" in text
+    wide = tmp_path / "wide.html"
+    wide.write_text(
+        "<!doctype html><html><head><title>w</title><style>.scroll{overflow-x:auto}</style></head><body>"
+        '<div class="scroll"><table class="board" id="w"><tbody><tr><td style="min-width:1700px">x</td></tr></tbody></table></div>'
+        "</body></html>", encoding="utf-8")
+    report = check_page(wide, window=(1440, 900))
+    assert not report.ok and any("table w is clipped by" in e and "at 1440 px" in e for e in report.errors)
+    assert report.page_width <= 1440  # it scrolls inside its box: clipped, but no page overflow
+    narrow = check_page(wide, window=(390, 900), allow_scroll=True)
+    assert narrow.ok  # at phone widths a table may scroll in its box...
+    spill = tmp_path / "spill.html"
+    spill.write_text(
+        "<!doctype html><html><head><title>s</title></head><body>"
+        '<table class="board" id="s"><tbody><tr><td style="min-width:600px">x</td></tr></tbody></table></body></html>',
+        encoding="utf-8")
+    report = check_page(spill, window=(390, 900), allow_scroll=True)
+    assert any(e.startswith("page overflow") for e in report.errors)  # ...but never widen the page

@@ -216,7 +216,8 @@ def test_discrete_diagnostics_keys_and_no_side_effects(arrays):
     state = algo.gen.get_state()
     d = algo.diagnostics(probe)
     assert torch.equal(algo.gen.get_state(), state)
-    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "p") for k in (1, 2, 3)} <= set(d)
+    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "dmean", "dstd", "p")
+            for k in (1, 2, 3)} <= set(d)
     assert abs(sum(d[f"diag/p_k{k}"] for k in (1, 2, 3)) - 1) < 1e-5
     assert all(math.isfinite(v) for v in d.values())
     assert d == algo.diagnostics(probe)  # deterministic on a fixed probe

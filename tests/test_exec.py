@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.cli import cli
 from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.executors import threads_per_job
+from plcql_bench.suite.executors import default_jobs
 
 # cql_alpha: "oops" breaks CFCQL at its first update (BC has no such field): a real failure
 # inside training, in a worker process, that must not stop the BC runs.
@@ -77,7 +77,7 @@ def test_jobs_isolate_failures_and_log_per_run(sweep):
     pids = set()
     for run_dir in run_dirs:
         log = (run_dir / "run.log").read_text()
-        assert "start " in log and f"torch threads {threads_per_job(2)}" in log  # cores // jobs
+        assert "start " in log and "torch threads 1" in log  # the default, whatever --jobs
         pids.add(int(log.split(" pid ")[1].split()[0]))
         status = json.loads((run_dir / "status.json").read_text())
         if "/cfcql/" in str(run_dir):
@@ -220,11 +220,26 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
     assert "1/3" in tty.getvalue() and "<" in tty.getvalue()  # count and ETA
 
 
-def test_omp_num_threads_caps_torch_threads_per_job(monkeypatch):
+def test_default_jobs_fill_the_cores_with_one_thread_each(monkeypatch):
     monkeypatch.setattr("plcql_bench.suite.executors.cpu_count", lambda: 8)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert threads_per_job(2) == 4
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert threads_per_job(2) == 1 and threads_per_job(1) == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", "16")
-    assert threads_per_job(2) == 4  # a cap, never more than cores // jobs
+    assert default_jobs("cpu", 0, 1, "local", None) == 8
+    assert default_jobs("cuda", 2, 3, "local", None) == 6  # GPUs x --per-gpu
+    assert default_jobs("cpu", 0, 1, "ray", "auto") == 0  # the cluster schedules
+
+
+def test_threads_option_sets_torch_threads_in_process(tmp_path):
+    """One job (here: --only one cell) runs in this process with --threads torch threads."""
+    import torch
+
+    (tmp_path / "exec.yaml").write_text(PROFILE)
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "exec", profile="exec")
+    before = torch.get_num_threads()
+    try:
+        for threads in (2, 1):
+            result = _invoke(tmp_path, "all", "--profile", str(tmp_path / "exec.yaml"), "--only", "algo=bc,seed=0",
+                             "--threads", str(threads), "--force")
+            assert result.exit_code == 0, result.output
+            log = next((tmp_path / "results").rglob("run.log")).read_text()
+            assert f"torch threads {threads}" in log.split("start bc")[-1].splitlines()[0]
+    finally:
+        torch.set_num_threads(before)

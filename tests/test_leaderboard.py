@@ -1,467 +1,433 @@
-"""Leaderboard: statistics, aggregation and the rendered page, from fixture result files."""
+"""Leaderboard rules: small-n statistics (bold, greying, n.s. marks, intervals, precision),
+scoring views, verdicts against the paper, claims, loading and damage handling, --strict, and
+the committed paper-budget results."""
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import re
 import statistics
-from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
+import sys
+
 import pytest
 
-from plcql_bench.leaderboard import build
-from plcql_bench.leaderboard.build import format_score, load_paper_results, paper_value
-from plcql_bench.leaderboard.stats import best_in_row, cell_stats
+from lb_fixtures import NOW, final_record, write_failed, write_run
+from plcql_bench.leaderboard import build, cells, scoring, summary, tables
+from plcql_bench.leaderboard.cells import Stats, cell_stats, format_mean_std, format_score, format_spread
+from plcql_bench.leaderboard.paper import load_paper_results, paper_claims_check, paper_value
+from plcql_bench.leaderboard.stats import best_in_row, t_interval, welch_p, welch_p_summary
+from plcql_bench.suite.schema import RunRecord
 
-NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
-MAIN_COLUMNS = ["OMAR", "MACQL", "IQL", "MA-TD3+BC", "DoF", "CFCQL", "SPaCQL", "PLCQL"]
-
-
-def build_site(*args, **kw):
-    """The real builder with fewer bootstrap replicates, to keep the tests fast."""
-    kw.setdefault("bootstrap_reps", 100)
-    kw.setdefault("poi_reps", 50)
-    return build.build_site(*args, **kw)
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # arch's RandomState deprecation
+COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"
 
 
-# ------------------------------------------------------------------ helpers
+def build_quick(res, out, **kw):
+    kw.setdefault("bootstrap_reps", 50)
+    kw.setdefault("poi_reps", 20)
+    return build.build(res, out, now=NOW, **kw)
 
 
-def result(**over) -> dict:
-    base = {
-        "schema_version": 1,
-        "protocol_version": 1,
-        "run_key": "k",
-        "algo": "plcql",
-        "task": "mpe-cn",
-        "domain": "mpe",
-        "dataset": "expert",
-        "seed": 0,
-        "profile": "smoke",
-        "status": "done",
-        "dataset_sha256": "a" * 64,
-        "config": {"lr": 3e-4},
-        "score_name": "normalised",
-        "score": 50.0,
-        "final_eval": {"episodes": 10, "return_mean": 1.0, "return_std": 0.1, "win_rate": None},
-        "curve": [],
-        "train": {"updates": 20, "wall_clock_s": 3.1},
-        "versions": {"plcql_bench": "0.1.0", "torch": "2.13.0", "mpe2": "1.1.1"},
-        "git_commit": "0123456789abcdef0123",
-        "finished_at": "2026-11-25T23:10:00Z",
-    }
-    base.update(over)
-    return base
-
-
-def write(root: Path, rel: str, payload) -> Path:
-    path = root / rel / "final.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(payload if isinstance(payload, str) else json.dumps(payload), encoding="utf-8")
-    return path
-
-
-class BoardParser(HTMLParser):
-    """Collects every table.board as {(task, tier): {column label: cell text}} plus which
-    cells contain a <strong>, and the text of each <section id=...>."""
+class Board(HTMLParser):
+    """table id -> {row id: {column id: {"text", "bold", "class"}}}, from data-row / data-col."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.tables: list[dict] = []
-        self.sections: dict[str, str] = {}
-        self._section: str | None = None
-        self._in_board = False
-        self._headers: list[str] = []
-        self._row: list[list] = []  # [text, has_strong]
-        self._cell = None
-        self._in_thead = False
+        self.tables: dict[str, dict] = {}
+        self._t = self._row = self._cell = None
+        self._depth = 0
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "section" and a.get("id"):
-            self._section = a["id"]
-            self.sections.setdefault(self._section, "")
         if tag == "table" and "board" in (a.get("class") or ""):
-            self._in_board = True
-            self.tables.append({"rows": {}, "bold": {}})
-            self._headers = []
-        if not self._in_board:
-            return
-        if tag == "thead":
-            self._in_thead = True
-        elif tag == "tr":
-            self._row = []
-        elif tag in ("td", "th"):
-            self._cell = ["", False]
-        elif tag == "strong" and self._cell is not None:
-            self._cell[1] = True
+            self._t = self.tables.setdefault(a["id"], {})
+        elif self._t is not None and tag == "tr" and a.get("data-row"):
+            self._row = self._t.setdefault(a["data-row"], {})
+        elif self._row is not None and tag == "td" and a.get("data-col"):
+            self._cell = self._row.setdefault(a["data-col"], {"text": "", "bold": False, "class": a.get("class", "")})
+            self._depth = 0
+        elif self._cell is not None:
+            self._cell["text"] += " "  # block-level spans render on their own line
+            if tag == "strong":
+                self._cell["bold"] = True
+            if tag == "td":
+                self._depth += 1
 
     def handle_endtag(self, tag):
-        if tag == "section":
-            self._section = None
-        if not self._in_board:
-            return
-        if tag == "table":
-            self._in_board = False
-        elif tag == "thead":
-            self._in_thead = False
-        elif tag in ("td", "th") and self._cell is not None:
-            self._row.append(self._cell)
+        if tag == "td" and self._cell is not None:
+            self._cell["text"] = " ".join(self._cell["text"].split())
             self._cell = None
         elif tag == "tr":
-            if self._in_thead:
-                self._headers = [" ".join(c[0].split()) for c in self._row]
-            else:
-                task = self._row[0][0].split("paper row")[0].strip()
-                tier = self._row[1][0].strip()
-                cols = self._headers[2:]
-                cells = self._row[2:]
-                self.tables[-1]["rows"][(task, tier)] = {h: " ".join(c[0].split()) for h, c in zip(cols, cells)}
-                self.tables[-1]["bold"][(task, tier)] = {h: c[1] for h, c in zip(cols, cells)}
+            self._row = None
+        elif tag == "table":
+            self._t = None
 
     def handle_data(self, data):
-        if self._section:
-            self.sections[self._section] += data
         if self._cell is not None:
-            self._cell[0] += data
+            self._cell["text"] += data
 
 
-def parse(html: str) -> BoardParser:
-    p = BoardParser()
+def board(html: str) -> dict:
+    p = Board()
     p.feed(html)
-    return p
+    return p.tables
 
 
-def fmt(values: list[float], decimals: int = 1) -> str:
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+# ------------------------------------------------------------------ numbers and formatting
 
 
-# Main fixture: 2 algos x 2 tiers x 2 seeds, a partial bc cell (n=1), a corrupt file, a failed run.
-SCORES = {
-    ("plcql", "expert"): [100.0, 96.5],
-    ("plcql", "medium"): [61.25, 70.0],
-    ("cfcql", "expert"): [90.0, 80.0],
-    ("cfcql", "medium"): [75.0, 79.75],
-    ("bc", "expert"): [42.0],
-}
+def test_t_interval_and_stats_match_scipy():
+    from scipy import stats as sps
 
-
-@pytest.fixture()
-def site(tmp_path):
-    res = tmp_path / "results"
-    for (algo, tier), scores in SCORES.items():
-        for seed, s in enumerate(scores):
-            write(res, f"{algo}/mpe-cn/{tier}/seed{seed}", result(algo=algo, dataset=tier, seed=seed, score=s, run_key=f"{algo}-{tier}-{seed}"))
-    write(res, "broken/corrupt", '{"schema_version": 1, "status": "do')
-    write(res, "plcql/mpe-cn/random/seed0", result(dataset="random", status="failed", score=None))
-    out = tmp_path / "site"
-    index = build_site(res, out, now=NOW)
-    return {"index": index, "out": out, "html": index.read_text(encoding="utf-8"), "results": res}
-
-
-# ------------------------------------------------------------------ stats
-
-
-def test_cell_stats_matches_statistics_module():
-    vals = [1.0, 2.5, 7.25, -3.0]
+    vals = [43.78, 61.24, 53.04]
+    lo, hi = t_interval(vals)
+    ref = sps.t.interval(0.95, 2, loc=statistics.fmean(vals), scale=sps.sem(vals))
+    assert (lo, hi) == pytest.approx(ref)
     s = cell_stats(vals)
-    assert s["n"] == 4
-    assert s["mean"] == pytest.approx(statistics.fmean(vals))
-    assert s["std"] == pytest.approx(statistics.stdev(vals))  # ddof=1
+    assert (s.n, s.mean, s.std) == (3, pytest.approx(statistics.fmean(vals)), pytest.approx(statistics.stdev(vals)))
+    one = cell_stats([63.8])
+    assert one.std is None and one.ci is None  # a single seed has no spread and no interval
+    assert t_interval([1.0]) is None
 
 
-def test_cell_stats_single_and_empty():
-    assert cell_stats([3.5]) == {"mean": 3.5, "std": 0.0, "n": 1}
-    e = cell_stats([])
-    assert e["n"] == 0 and math.isnan(e["mean"]) and math.isnan(e["std"])
-    with pytest.raises(ValueError):
-        cell_stats([1.0, float("nan")])
+def test_precision_and_single_seed_text():
+    assert format_spread(0.03, "normalised") == "< 0.05"
+    assert format_spread(0.004, "win_rate") == "< 0.005"
+    assert format_spread(0.0, "normalised") == "0.0"  # identical seeds: an exact zero
+    assert format_mean_std(14.3, 0.03, "normalised") == "14.3 \u00b1 < 0.05"
+    assert format_mean_std(63.8, None, "normalised") == "63.8"
+    assert format_score(-0.01, "normalised") == "0.0" and format_score(0.456, "win_rate") == "0.46"
 
 
-def test_best_in_row():
-    assert best_in_row([1.0, 3.0, 2.0]) == [1]
-    assert best_in_row([1.0, None, float("nan"), 0.5]) == [0]
-    assert best_in_row([2.0, 2.0, 1.0]) == [0, 1]  # exact ties are all best
-    assert best_in_row([5.0, 3.0], eligible=[False, True]) == [1]
-    assert best_in_row([1.0, 3.0], higher_is_better=False) == [0]
-    assert best_in_row([None, None]) == []
-    assert best_in_row([]) == []
-    with pytest.raises(ValueError):
-        best_in_row([1.0], eligible=[True, False])
+def _stats(*groups):
+    return [cell_stats(g) for g in groups]
 
 
-def test_format_score():
-    assert format_score(87.34, "normalised") == "87.3"
-    assert format_score(0.456, "win_rate") == "0.46"
-    assert format_score(-0.01, "normalised") == "0.0"
-    assert format_score(None, "normalised") == "—"
+def test_n1_cell_is_never_bold_and_leaves_others_untested():
+    # The issue's case: "63.8 ± 0.0, single seed" bold over 56.0 ± 11.0 (n = 3).
+    marks = tables.mark_group(_stats([63.8], [45.0, 56.0, 67.0]), [True, True])
+    assert not any(m.bold for m in marks)  # one eligible cell only: no bold at all
+    marks = tables.mark_group(_stats([63.8], [45.0, 56.0, 67.0], [40.0, 41.0, 42.0]), [True, True, True])
+    assert [m.bold for m in marks] == [False, True, False]
+    assert marks[0].p is None and not marks[0].ns  # n = 1: not tested
+    assert marks[2].p == pytest.approx(welch_p([40.0, 41.0, 42.0], [45.0, 56.0, 67.0]))
 
 
-# ------------------------------------------------------------------ paper table
+def test_n2_cells_are_grey_and_never_bold():
+    marks = tables.mark_group(_stats([90.0, 91.0], [50.0, 51.0, 52.0], [40.0, 41.0, 42.0]), [True] * 3)
+    assert [m.bold for m in marks] == [False, True, False]  # the n = 2 cell has the highest mean
 
 
-def test_paper_results_transcription():
+def test_single_algorithm_row_is_never_bold():
+    assert tables.mark_group(_stats([50.0, 51.0, 52.0]), [True]) == [tables.Mark()]
+    # two algorithms, but one from another profile (not compared): still one comparable cell
+    assert not any(m.bold for m in tables.mark_group(_stats([50.0, 51.0, 52.0], [60.0, 61.0, 62.0]), [True, False]))
+
+
+def test_not_significantly_different_uses_welch():
+    best, other, far = [80.0, 85.0, 90.0], [78.0, 84.0, 86.0], [50.0, 52.0, 51.0]
+    marks = tables.mark_group(_stats(best, other, far), [True] * 3)
+    assert marks[0].bold and marks[1].ns and not marks[2].ns
+    assert marks[1].p == pytest.approx(welch_p(other, best)) and marks[1].p >= 0.05 > marks[2].p
+
+
+# ------------------------------------------------------------------ scoring views
+
+
+def test_scoring_views_from_the_result_file():
+    curve = [{"update": u, "return_mean": 100.0 + u, "score": float(u)} for u in range(0, 130, 10)]  # 13 points
+    rec = RunRecord.from_json(final_record("plcql", "mpe-cn", "medium", 0, 42.0, curve=curve))
+    v = scoring.run_values(rec)
+    assert v["final-ours"] == 42.0
+    assert v["last10-ours"] == pytest.approx(statistics.fmean(range(30, 130, 10)))
+    assert v["best-ours"] == 120.0
+    expert, random = 516.8, 159.8  # OMAR's CN references
+    assert v["final-omar"] == pytest.approx(100 * (42.0 - random) / (expert - random))
+    assert v["best-omar"] == pytest.approx(100 * (220.0 - random) / (expert - random))
+    assert v["last10-omar"] == pytest.approx(statistics.fmean(100 * (100.0 + u - random) / (expert - random) for u in range(30, 130, 10)))
+
+
+def test_win_rate_views_are_not_normalised_and_missing_curves_give_none():
+    rec = RunRecord.from_json(final_record("bc", "smax-2s3z", "medium", 0, 0.5,
+                                                                     curve=[{"update": 0, "return_mean": 1.0, "score": 0.25}]))
+    v = scoring.run_values(rec)
+    assert v["final-ours"] == v["final-omar"] == 0.5 and v["best-omar"] == v["best-ours"] == 0.25
+    bare = RunRecord.from_json(final_record("bc", "mpe-zz", "medium", 0, 5.0, curve=[]))
+    v = scoring.run_values(bare)
+    assert v["last10-ours"] is None and v["final-omar"] is None  # no curve; no OMAR reference for the task
+
+
+# ------------------------------------------------------------------ verdicts and claims
+
+
+def test_verdicts_against_the_paper():
+    assert summary.verdict([50.0, 52.0, 54.0], 52.0, 52.2, 9.6, False)[0] == "reproduced"
+    v, p = summary.verdict([43.78, 61.24, 53.04], 52.69, 95.4, 6.1, False)
+    assert v == "below" and p == pytest.approx(welch_p_summary([43.78, 61.24, 53.04], 95.4, 6.1, 5)) and p < 0.05
+    assert summary.verdict([33.41, 49.46, 43.76], 42.21, 52.2, 9.6, False)[0] == "not distinguishable"
+    assert summary.verdict([120.0, 121.0, 122.0], 121.0, 95.4, 6.1, False)[0] == "above"
+    assert summary.verdict([50.0, 52.0], 51.0, 52.2, 9.6, False)[0] == "too few seeds"
+    assert summary.verdict([0.5, 0.6, 0.7], 0.6, 0.51, 0.19, True)[0] == "not comparable"
+    assert summary.verdict([1.0, 2.0, 3.0], 2.0, None, None, False)[0] == "not reported"
+
+
+def test_paper_claims_recounted_from_its_own_table():
+    c = paper_claims_check(load_paper_results())
+    assert (c["rows"], c["beats"], c["ties"], c["best"]) == (32, 26, 2, 21)
+    assert c["claims"]["beats"]["pct"] == 84 and c["claims"]["best"]["pct"] == 66
+
+
+def test_claims_only_on_rows_where_every_algorithm_has_3_seeds(tmp_path):
+    res = tmp_path / "r"
+    for seed, (p, s, c) in enumerate([(90.0, 70.0, 60.0), (92.0, 72.0, 61.0), (94.0, 71.0, 62.0)]):
+        write_run(res, "plcql", "mpe-cn", "medium", seed, p)
+        write_run(res, "spacql", "mpe-cn", "medium", seed, s)
+        write_run(res, "cfcql", "mpe-cn", "medium", seed, c)
+    for seed in range(3):
+        write_run(res, "plcql", "mpe-cn", "expert", seed, 100.0 + seed)
+    write_run(res, "spacql", "mpe-cn", "expert", 0, 120.0)  # n = 1: this row is left out
+    html = build_quick(res, tmp_path / "s").index.read_text()
+    claims = {r["view"]: r for r in json.loads((tmp_path / "s" / "tables" / "claims.json").read_text())["rows"]}
+    c = claims["final-ours"]
+    assert (c["rows_with_target"], c["eligible"], c["best"], c["best_sig"], c["beats"], c["beats_of"]) == (2, 1, 1, 1, 1, 1)
+    assert "SPaCQL n=1" in c["excluded"]
+    assert "26 of 32 strictly better (81%), 2 ties" in html and "the stated 84% does not follow from the table" in html
+
+
+# ------------------------------------------------------------------ the rendered rules
+
+
+@pytest.fixture(scope="module")
+def small_n_site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smalln")
+    res = tmp / "results"
+    for seed, s in enumerate([45.0, 56.0, 67.0]):
+        write_run(res, "cfcql", "mpe-cn", "random", seed, s)
+    write_run(res, "bc", "mpe-cn", "random", 0, 63.8)  # n = 1, highest mean
+    for seed, s in enumerate([14.30, 14.33, 14.27]):
+        write_run(res, "bc", "mpe-cn", "medium-replay", seed, s)  # a single algorithm in its row
+    for seed, s in enumerate([70.0, 72.0]):
+        write_run(res, "plcql", "mpe-cn", "random", seed, s, commit="f" * 40 + "-dirty")  # n = 2, dirty
+    built = build_quick(res, tmp / "site")
+    html = built.index.read_text()
+    return {"html": html, "board": board(html), "out": tmp / "site"}
+
+
+def test_page_n1_and_n2_cells_grey_never_bold(small_n_site):
+    row = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]
+    assert not row["bc"]["bold"] and "grey" in row["bc"]["class"] and "63.8 single seed" in row["bc"]["text"]
+    assert not row["plcql"]["bold"] and "grey" in row["plcql"]["class"] and "n < 3" in row["plcql"]["text"]
+    assert not row["cfcql"]["bold"]  # the only n >= 3 cell in the row: nothing to be best against
+    assert "n.s." not in row["cfcql"]["text"]
+
+
+def test_page_single_algorithm_row_not_bold_and_precision(small_n_site):
+    cell = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-medium-replay"]["bc"]
+    assert not cell["bold"] and cell["text"].startswith("14.3 ± < 0.05")
+
+
+def test_page_intervals_and_dirty_flag(small_n_site):
+    cell = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]["cfcql"]
+    lo, hi = t_interval([45.0, 56.0, 67.0])
+    assert f"[{lo:.1f}, {hi:.1f}]" in cell["text"]
+    plcql = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]["plcql"]
+    assert "dirty 2/2" in plcql["text"]
+    assert "2 of 9 runs were trained from a working tree with uncommitted changes" in " ".join(small_n_site["html"].split())
+
+
+def test_every_view_is_rendered_and_selectable(small_n_site):
+    ids = set(small_n_site["board"])
+    for v in scoring.VIEWS:
+        assert f"table-main-{v.key}" in ids and f"table-ablation-{v.key}" in ids
+        assert f'class="view v-{v.key}"' in small_n_site["html"]
+    for ctl in ("sc-final", "sc-last10", "sc-best", "nm-ours", "nm-omar", "hide-empty", "show-paper"):
+        assert f'id="{ctl}"' in small_n_site["html"]
+    assert re.search(r'id="sc-final"\s+checked', small_n_site["html"]) and re.search(r'id="nm-ours"\s+checked', small_n_site["html"])
+    best = small_n_site["board"]["table-main-best-ours"]["main-mpe-cn-random"]["cfcql"]["text"]
+    final = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]["cfcql"]["text"]
+    assert best.startswith("56.0") and final.startswith("56.0")  # curve_for ends at the final score
+    omar = small_n_site["board"]["table-main-final-omar"]["main-mpe-cn-random"]["cfcql"]["text"]
+    assert omar.startswith(format_score(statistics.fmean(100 * (s - 159.8) / (516.8 - 159.8) for s in (45.0, 56.0, 67.0)), "normalised"))
+
+
+def test_never_run_columns_marked_for_the_toggle(small_n_site):
+    row = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]
+    assert "col-empty" in row["omar"]["class"] and "col-empty" not in row["cfcql"]["class"]
+    assert "col-target" in row["plcql"]["class"]
+    assert "#hide-empty:checked ~ main .col-empty { display: none; }" in small_n_site["html"]
+
+
+def test_every_n_link_reaches_its_runs(small_n_site):
+    html = small_n_site["html"]
+    targets = set(re.findall(r'href="#([^"]+)"', html))
+    ids = set(re.findall(r'id="([^"]+)"', html))
+    assert targets <= ids, targets - ids
+    assert any(t.startswith("cell-paper-cfcql-mpe-cn-random") for t in targets)
+
+
+# ------------------------------------------------------------------ loading, damage, strict
+
+
+def test_bad_files_are_skipped_listed_and_bannered(tmp_path):
+    res = tmp_path / "r"
+    for seed in range(3):
+        write_run(res, "cfcql", "mpe-cn", "random", seed, 50.0 + seed)
+    bad = write_run(res, "cfcql", "mpe-cn", "random", 3, 60.0)
+    (bad / "final.json").write_text((bad / "final.json").read_text()[:150])  # truncated
+    big = write_run(res, "cfcql", "mpe-cn", "random", 4, 2.07)
+    raw = json.loads((big / "final.json").read_text())
+    raw["score"] = 1e9  # final_eval still says 2.07
+    (big / "final.json").write_text(json.dumps(raw))
+    write_failed(res, "plcql", "mpe-cn", "random", 0, "RuntimeError: boom")
+    write_failed(res, "plcql", "mpe-cn", "random", 1, "", status='{"status": "fai')  # malformed status.json
+    built = build_quick(res, tmp_path / "s")
+    reasons = {s.path.split("/")[-2].split("-")[0]: s.reason for s in built.skipped}
+    assert "invalid JSON" in reasons["seed3"] and "differs from final_eval" in reasons["seed4"]
+    assert "status.json unreadable" in reasons["seed1"]
+    assert built.n_runs == 3
+    html = " ".join(built.index.read_text().split())
+    assert f"{len(built.skipped)} result files skipped" in html
+    cell = board(built.index.read_text())["table-main-final-ours"]["main-mpe-cn-random"]["plcql"]
+    assert cell["text"].startswith("— failed") and "missing-failed" in cell["class"]
+    assert "RuntimeError: boom" in html and "status.json unreadable" in html  # the failed run does not disappear
+
+
+def test_run_key_and_directory_mismatch_rejected(tmp_path):
+    res = tmp_path / "r"
+    d = write_run(res, "plcql", "mpe-cn", "expert", 0, 50.0)
+    raw = json.loads((d / "final.json").read_text())
+    raw["config"]["lr"] = 1.0  # edited content, stale key
+    (d / "final.json").write_text(json.dumps(raw))
+    d2 = write_run(res, "plcql", "mpe-cn", "expert", 1, 51.0)
+    other = d2.parent / "seed1-0000000000"
+    d2.rename(other)  # right content, wrong directory
+    built = build_quick(res, tmp_path / "s")
+    reasons = sorted(s.reason for s in built.skipped)
+    assert built.n_runs == 0 and len(reasons) == 2
+    assert any("is not the hash of the record's identity" in r for r in reasons)
+    assert any("does not match its directory seed1-0000000000" in r for r in reasons)
+
+
+def test_duplicates_older_builds_and_card_mismatch(tmp_path):
+    res = tmp_path / "r"
+    write_run(res, "bc", "mpe-cn", "expert", 0, 10.0, commit="a" * 40)
+    dup = write_run(res, "bc", "mpe-cn", "expert", 0, 20.0, commit="a" * 40, updates=120)  # same seed, other key
+    raw = json.loads((dup / "final.json").read_text())
+    raw["finished_at"] = "2026-11-26T00:00:00+00:00"
+    (dup / "final.json").write_text(json.dumps(raw))
+    write_run(res, "bc", "mpe-cn", "random", 0, 5.0, sha="cd" * 32, **{"finished_at": "2026-11-20T00:00:00+00:00"})
+    write_run(res, "bc", "mpe-cn", "random", 1, 6.0, sha="ef" * 32)
+    cards = tmp_path / "cards" / "paper" / "mpe-cn"
+    cards.mkdir(parents=True)
+    (cards / "medium.json").write_text(json.dumps({"sha256": "12" * 32, "task_id": "mpe-cn", "quality": "medium", "profile": "paper",
+                                                   "ref_return_random": 0.0, "ref_return_expert": 200.0}))
+    write_run(res, "bc", "mpe-cn", "medium", 0, 30.0, sha="12" * 32)  # return 30 on [0, 200] is 15, not 30
+    built = build_quick(res, tmp_path / "s", cards_root=tmp_path / "cards")
+    reasons = " | ".join(s.reason for s in built.skipped)
+    assert "duplicate of seed 0" in reasons and "older build of mpe-cn/random" in reasons
+    assert "does not follow from final_eval.return_mean 30 and the dataset card's reference returns (15)" in reasons
+    assert built.n_runs == 2
+
+
+def _main(monkeypatch, *args) -> int:
+    """The real entry point (user errors -> one line on stderr, exit status 2), in process."""
+    from plcql_bench.suite.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code)
+    return 0
+
+
+def test_cli_strict_exit_codes(tmp_path, monkeypatch, capsys):
+    res = tmp_path / "r"
+    write_run(res, "bc", "mpe-cn", "expert", 0, 10.0)
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s"), "--strict") == 0
+    d = write_run(res, "bc", "mpe-cn", "expert", 1, 11.0)
+    (d / "final.json").write_text("{")
+    capsys.readouterr()
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s")) == 0
+    assert "1 result file(s) skipped" in capsys.readouterr().out
+    assert _main(monkeypatch, "leaderboard", "--results", str(res), "--out", str(tmp_path / "s2"), "--strict") == 2
+    err = capsys.readouterr().err
+    assert "error: 1 result file skipped (--strict); first: " in err and "invalid JSON" in err
+    assert err.count("skipped ") == 2  # one line per file, then the error line
+    assert (tmp_path / "s2" / "index.html").is_file()  # the site is still written
+    assert _main(monkeypatch, "leaderboard", "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "s3")) == 2
+    assert "results directory not found" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the committed paper-budget results
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("committed")
+    built = build_quick(COMMITTED, out)
+    return {"built": built, "html": built.index.read_text(), "out": out}
+
+
+def _committed_finals() -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(COMMITTED.rglob("final.json"))]
+
+
+def test_committed_results_build_strict_and_state_the_finding(committed):
+    """Whatever is committed builds without a skipped file, and the comparison table gives a verdict for
+    every committed cell the paper has a number for (CFCQL on CN random: reproduced)."""
+    assert committed["built"].skipped == [] and committed["built"].n_runs == len(_committed_finals())
+    comps = {(c["task"], c["dataset"], c["algo"]): c for c in json.loads((committed["out"] / "tables" / "comparisons.json").read_text())["rows"]
+             if c["view"] == "final-ours"}
+    assert comps[("mpe-cn", "random", "cfcql")]["verdict"] == "reproduced"
+    assert {c["verdict"] for c in comps.values()} <= {"reproduced", "below", "above", "not distinguishable", "too few seeds", "not comparable"}
+
+
+def test_the_finding_is_stated_for_plcql_below_the_paper(tmp_path):
+    """The retired PLCQL runs' scores (CN medium-replay 43.8 / 61.2 / 53.0 against the paper's 95.4 ± 6.1):
+    verdict "below", and the summary says so with both means."""
+    root = tmp_path / "res"
+    for seed, score in enumerate((43.8, 61.2, 53.0)):
+        write_run(root, "plcql", "mpe-cn", "medium-replay", seed, score)
+    out = tmp_path / "site"
+    built = build_quick(root, out)
+    comps = {(c["task"], c["dataset"], c["algo"]): c for c in json.loads((out / "tables" / "comparisons.json").read_text())["rows"]
+             if c["view"] == "final-ours"}
+    assert comps[("mpe-cn", "medium-replay", "plcql")]["verdict"] == "below"
+    text = " ".join(built.index.read_text().split())
+    assert "PLCQL: below on 1 of 1 cell compared with the paper" in text and "52.7 vs 95.4" in text
+
+
+def test_committed_results_context(committed):
+    html = committed["html"]
+    finals = _committed_finals()
+    assert "2,001 rounds · final eval 100 ep" in html and "6,001 rounds · final eval 100 ep" in html
+    dirty = sum(str(r.get("git_commit", "")).endswith("-dirty") for r in finals)
+    if dirty:
+        assert f"{dirty} of {len(finals)} runs were trained from a working tree with uncommitted changes" in " ".join(html.split())
+    assert 'id="card-paper-mpe-cn-random"' in html  # the committed cards, not a local manifest
+    assert "hash mismatch" not in html
+    assert "0.959 [0.942, 0.970]" in html and "2026-11-26" in html  # bench-speed's paired measurement
+    footer = html[html.index('<footer id="provenance">'):]
+    assert "episode_limit" not in footer.split("Environment settings")[0]  # not a package version
+    assert "<code>mpe-cn</code>: episode_limit 25" in footer
+
+
+def test_paper_values_unchanged():
     paper = load_paper_results()
-    assert paper["source"]["title"] == "Learning Partial Action Replacement in Offline MARL"
-    assert paper["source"]["status"] == "reported"
-    main = paper["tables"]["main_results"]
-    sc = paper["tables"]["starcraft_results"]
-    assert main["columns"] == ["omar", "macql", "iql", "matd3bc", "dof", "cfcql", "spacql", "plcql"]
-    assert sc["columns"] == ["cfcql", "macql", "maicq", "omar", "madtkd", "bc", "iql", "awac", "spacql", "plcql"]
-    n = 0
-    for table in (main, sc):
-        for tiers in table["rows"].values():
-            for cells in tiers.values():
-                assert list(cells) == table["columns"]
-                n += len(cells)
-    assert n == 16 * 8 + 16 * 10
-    assert main["rows"]["CN"]["Exp"]["plcql"] == {"mean": 110.9, "std": 3.0}
-    assert main["rows"]["Half-C"]["Med"]["dof"] is None  # "-" in the paper
-    assert sc["rows"]["6h_vs_8z"]["Mixed"]["plcql"] == {"mean": 0.56, "std": 0.28}
-    assert paper["tables"]["ablation"]["variants"][0]["values"]["CN"]["Med-R"] == {"mean": 95.4, "std": 6.1}
-    assert paper_value(paper, "mpe-cn", "medium-replay", "spacql")["mean"] == 71.9
-    assert paper_value(paper, "smax-3s_vs_5z", "mixed", "cfcql")["sc2"] is True
-    assert paper_value(paper, "smac-5m-vs-6m", "expert", "bc")["mean"] == 0.82
+    assert paper_value(paper, "mpe-cn", "medium-replay", "spacql").mean == 71.9
+    assert paper_value(paper, "smax-3s_vs_5z", "mixed", "cfcql").sc2 is True
+    assert paper_value(paper, "smac-5m-vs-6m", "expert", "bc").mean == 0.82
     assert paper_value(paper, "mpe-cn", "expert", "nosuchalgo") is None
     assert paper_value(paper, "mpe-foo", "expert", "plcql") is None
+    n = sum(len(c) for key in ("main_results", "starcraft_results") for t in paper["tables"][key]["rows"].values() for c in t.values())
+    assert n == 16 * 8 + 16 * 10
 
 
-# ------------------------------------------------------------------ site
-
-
-def test_outputs_written(site):
-    for name in ("index.html", "results.json", "results.csv"):
-        assert (site["out"] / name).is_file()
-
-
-def test_displayed_means_are_computed_from_files(site):
-    board = parse(site["html"]).tables
-    assert len(board) == 2  # main table and the ablation table (no SMAC rows)
-    rows = board[0]["rows"]
-    for (algo, tier), scores in SCORES.items():
-        label = {"plcql": "PLCQL", "cfcql": "CFCQL", "bc": "BC"}[algo]
-        text = rows[("mpe-cn", tier)][label]
-        assert text.startswith(fmt(scores)), (algo, tier, text)
-        assert f"n={len(scores)}" in text and "smoke" in text
-    # independent of the cell lookup: every expected string is on the page
-    for scores in SCORES.values():
-        assert fmt(scores) in site["html"]
-
-
-def test_best_cell_bold_and_only_it(site):
-    table = parse(site["html"]).tables[0]
-    expected = {}
-    for tier in ("expert", "medium"):
-        means = {a: statistics.fmean(v) for (a, t), v in SCORES.items() if t == tier}
-        expected[tier] = max(means, key=means.get)
-    labels = {"plcql": "PLCQL", "cfcql": "CFCQL", "bc": "BC"}
-    for tier, best in expected.items():
-        bold = table["bold"][("mpe-cn", tier)]
-        assert [k for k, v in bold.items() if v] == [labels[best]]
-    strong = re.findall(r'<strong class="score">(.*?)</strong>', site["html"])
-    assert sorted(strong) == sorted(fmt(SCORES[(a, t)]) for t, a in expected.items())
-
-
-def test_missing_cell_shows_dash(site):
-    rows = parse(site["html"]).tables[0]["rows"]
-    assert rows[("mpe-cn", "medium")]["BC"].startswith("—")
-    assert "random" not in {tier for _, tier in rows}  # the failed run made no row
-
-
-def test_rows_and_columns_in_paper_order(site):
-    table = parse(site["html"]).tables[0]
-    assert [tier for _, tier in table["rows"]] == ["expert", "medium"]
-    assert list(table["rows"][("mpe-cn", "expert")]) == MAIN_COLUMNS + ["BC"]
-
-
-def test_skipped_files_listed(site):
-    text = " ".join(parse(site["html"]).sections["skipped"].split())
-    assert "broken/corrupt/final.json" in text and "invalid JSON" in text
-    assert "plcql/mpe-cn/random/seed0/final.json" in text and "status is 'failed'" in text
-    data = json.loads((site["out"] / "results.json").read_text())
-    assert {s["path"] for s in data["skipped"]} == {"broken/corrupt/final.json", "plcql/mpe-cn/random/seed0/final.json"}
-
-
-def test_paper_value_shown_as_reported(site):
-    cell = parse(site["html"]).tables[0]["rows"][("mpe-cn", "expert")]["PLCQL"]
-    assert "paper (reported)" in cell and "110.9 ± 3.0" in cell
-    # ours comes first, then the reported line
-    assert cell.index(fmt(SCORES[("plcql", "expert")])) < cell.index("paper (reported)")
-    assert re.search(r'class="paper[^"]*"><span class="tag">paper \(reported\)</span> 110\.9', site["html"])
-    # bc has no column in the paper's MPE table, so no reported line there
-    assert "paper" not in parse(site["html"]).tables[0]["rows"][("mpe-cn", "expert")]["BC"]
-
-
-def test_results_csv_equals_aggregates(site):
-    with open(site["out"] / "results.csv", newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == len(SCORES)
-    got = {(r["algo"], r["dataset"]): r for r in rows}
-    assert set(got) == set(SCORES)
-    for key, scores in SCORES.items():
-        r = got[key]
-        assert int(r["n"]) == len(scores)
-        assert float(r["mean"]) == pytest.approx(statistics.fmean(scores))
-        assert float(r["std"]) == pytest.approx(statistics.stdev(scores) if len(scores) > 1 else 0.0)
-        assert r["profile"] == "smoke" and r["task"] == "mpe-cn" and r["score_name"] == "normalised"
-        assert r["seeds"] == " ".join(str(i) for i in range(len(scores)))
-    assert got[("plcql", "expert")]["paper_mean"] == "110.9"
-    assert {k for k, r in got.items() if r["best"] == "1"} == {("plcql", "expert"), ("cfcql", "medium")}
-    data = json.loads((site["out"] / "results.json").read_text())
-    assert len(data["cells"]) == len(SCORES)
-    for c in data["cells"]:
-        assert c["mean"] == pytest.approx(statistics.fmean(SCORES[(c["algo"], c["dataset"])]))
-
-
-def test_page_is_self_contained_and_explained(site):
-    html = site["html"]
-    assert "<style>" in html and "border-collapse" in html  # CSS inlined
-    assert "<link" not in html and "<script" not in html
-    assert not re.search(r'(src|href)="(https?:)?//', html)
-    assert "ddof = 1" in html and "100·(R − R<sub>random</sub>)" in html
-    assert "not reproduced" in html
-    footer = html[html.index('<footer id="provenance">'):]
-    for needle in ("2026-11-26 12:00:00 UTC", "smoke", "0123456789ab", "torch", "2.13.0", "mpe2", "v1"):
-        assert needle in footer
-
-
-def test_html_is_escaped(tmp_path):
-    res = tmp_path / "r"
-    evil = '<script>alert("x")</script>'
-    write(res, "a", result(algo=evil, score=10.0, versions={"evilpkg": '<img src=x onerror="alert(1)">'}))
-    write(res, "b", result(algo="plcql", profile="smoke<b>", score=11.0, git_commit='"><script>1</script>',
-                           image={"tag": "<b>x</b>"}))
-    write(res, "c", result(task="mpe-cn", dataset="<i>tier</i>", score=5.0))
-    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
-    assert "<script" not in html and "<img" not in html and "<i>tier" not in html and "smoke<b>" not in html
-    assert "&lt;script&gt;alert(" in html
-    assert "&lt;img src=x" in html
-    assert "smoke&lt;b&gt;" in html and "&lt;b&gt;x&lt;/b&gt;" in html
-
-
-def test_dirty_commit_and_image_in_provenance(tmp_path):
-    res = tmp_path / "r"
-    write(res, "a", result(git_commit="f" * 40 + "-dirty", image={"tag": "plcql-bench:0.1.0"}))
-    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
-    footer = html[html.index('<footer id="provenance">'):]
-    assert "ffffffffffff-dirty" in footer and "plcql-bench:0.1.0" in footer
-
-
-def test_mixed_profiles_bold_only_within_majority(tmp_path):
-    res = tmp_path / "r"
-    for seed in range(2):
-        write(res, f"p{seed}", result(algo="plcql", seed=seed, score=60.0 + seed))
-        write(res, f"c{seed}", result(algo="cfcql", seed=seed, score=50.0 + seed))
-    write(res, "bc", result(algo="bc", profile="paper", score=99.0))  # higher, but another profile
-    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
-    table = parse(html).tables[0]
-    bold = table["bold"][("mpe-cn", "expert")]
-    assert [k for k, v in bold.items() if v] == ["PLCQL"]
-    bc = table["rows"][("mpe-cn", "expert")]["BC"]
-    assert "99.0 ± 0.0" in bc and "paper" in bc and "not compared" in bc
-    assert "Bold rule" in html
-
-
-def test_duplicate_seed_is_skipped(tmp_path):
-    res = tmp_path / "r"
-    write(res, "old", result(score=10.0, finished_at="2026-11-25T10:00:00Z"))
-    write(res, "new", result(score=20.0, finished_at="2026-11-25T11:00:00Z"))
-    runs, skipped = build.load_results(res)
-    assert [r.score for r in runs] == [20.0]
-    assert [s.path for s in skipped] == ["old/final.json"] and "duplicate" in skipped[0].reason
-
-
-def test_runs_on_an_older_dataset_build_are_skipped(tmp_path):
-    res = tmp_path / "r"
-    old, new = "a" * 64, "b" * 64
-    write(res, "bc0", result(dataset="medium-replay", algo="bc", seed=0, score=10.0, dataset_sha256=old, finished_at="2026-11-25T10:00:00Z"))
-    write(res, "cq1", result(dataset="medium-replay", algo="cfcql", seed=1, score=30.0, dataset_sha256=old, finished_at="2026-11-25T10:30:00Z"))
-    write(res, "bc1", result(dataset="medium-replay", algo="bc", seed=1, score=20.0, dataset_sha256=new, finished_at="2026-11-25T11:00:00Z"))
-    write(res, "other", result(algo="bc", dataset="expert", seed=0, score=90.0, dataset_sha256=old,
-                               finished_at="2026-11-25T09:00:00Z"))
-    runs, skipped = build.load_results(res)
-    assert sorted(r.path.split("/")[0] for r in runs) == ["bc1", "other"]  # other tier untouched
-    reasons = {s.path.split("/")[0]: s.reason for s in skipped}
-    assert set(reasons) == {"bc0", "cq1"} and "older build" in reasons["cq1"] and new[:12] in reasons["bc0"]
-
-
-def test_invalid_fields_are_skipped_not_fatal(tmp_path):
-    res = tmp_path / "r"
-    write(res, "ok", result())
-    write(res, "nan", '{"schema_version": 1, "status": "done", "algo": "x", "task": "mpe-cn", "dataset": "expert", "seed": 0, "profile": "smoke", "score": NaN}')
-    write(res, "list", "[1, 2]")
-    write(res, "schema", result(schema_version=99))
-    write(res, "seed", result(seed="zero"))
-    write(res, "wr", result(task="smax-2s3z", domain="smax", score_name="win_rate", score=3.0))
-    write(res, "noalgo", result(algo=""))
-    (res / "binary").mkdir()
-    (res / "binary" / "final.json").write_bytes(b"\xff\xfe\x00garbage")
-    runs, skipped = build.load_results(res)
-    assert len(runs) == 1
-    reasons = {s.path.split("/")[0]: s.reason for s in skipped}
-    assert set(reasons) == {"nan", "list", "schema", "seed", "wr", "noalgo", "binary"}
-    assert "finite" in reasons["nan"] and "schema_version" in reasons["schema"] and "[0, 1]" in reasons["wr"]
-    build_site(res, tmp_path / "s", now=NOW)  # renders
-
-
-def test_smax_rows_labelled_not_comparable(tmp_path):
-    res = tmp_path / "r"
-    for seed, s in enumerate([0.5, 0.75]):
-        write(res, f"s{seed}", result(task="smax-2s3z", domain="smax", dataset="medium", seed=seed, score_name="win_rate", score=s))
-    write(res, "cn", result(score=70.0))
-    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
-    tables = parse(html).tables
-    assert len(tables) == 3  # MPE first, then SMAX, then the ablation
-    cell = tables[1]["rows"][("smax-2s3z", "medium")]["PLCQL"]
-    assert cell.startswith(fmt([0.5, 0.75], 2))
-    assert "paper (reported), SC2" in cell and "0.51 ± 0.19" in cell
-    assert "not comparable" in html
-    assert html.index('id="domain-main"') < html.index('id="domain-smac"') < html.index('id="domain-ablation"')
-
-
-def test_dataset_cards_from_manifest(tmp_path):
-    res = tmp_path / "r"
-    write(res, "a", result(dataset_sha256="b" * 64))
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "manifest.json").write_text(json.dumps({
-        "mpe-cn/expert": {"n_transitions": 1000, "n_episodes": 40, "return_mean": -12.5, "return_std": 1.25,
-                           "return_min": -20.0, "return_max": -9.0, "sha256": "a" * 64,
-                           "ref_return_random": -60.0, "ref_return_expert": -10.0, "profile": "smoke"},
-        "mpe-cn/random": {"n_transitions": 1000, "task_id": "mpe-cn", "quality": "random", "behaviour_policy_id": "uniform"},
-        "smax-2s3z/mixed": {"file": "x.h5", "sha256": "c" * 64, "win_rate": 0.375},
-    }))
-    html = build_site(res, tmp_path / "s", data, now=NOW).read_text(encoding="utf-8")
-    text = " ".join(parse(html).sections["datasets"].split())
-    assert "-12.50 ± 1.25" in text and "1,000" in text and "aaaaaaaaaaaa" in text and "-60.00" in text
-    assert "1 hash mismatch" in text
-    assert text.index("mpe-cnexpert") < text.index("mpe-cnrandom") < text.index("smax-2s3zmixed")
-    assert "uniform" in text and "Win rate" in text and "0.38" in text
-
-
-def test_empty_results_and_cli(tmp_path, capsys):
-    res = tmp_path / "empty"
-    res.mkdir()
-    assert build.main(["--results", str(res), "--out", str(tmp_path / "s")]) == 0
-    assert "No finished runs" in (tmp_path / "s" / "index.html").read_text(encoding="utf-8")
-    assert build.main(["--results", str(tmp_path / "nope"), "--out", str(tmp_path / "s2")]) == 2
-    assert "not found" in capsys.readouterr().err
-
-
-def test_paper_dash_is_shown_as_not_reported(tmp_path):
-    res = tmp_path / "r"
-    write(res, "dof", result(algo="dof", task="mamujoco-halfcheetah-2x3", domain="mamujoco", score=33.3))
-    write(res, "new", result(algo="newalgo", task="mamujoco-halfcheetah-2x3", domain="mamujoco", score=44.4))
-    html = build_site(res, tmp_path / "s", now=NOW).read_text(encoding="utf-8")
-    table = parse(html).tables[0]
-    row = table["rows"][("mamujoco-halfcheetah-2x3", "expert")]
-    assert list(row) == MAIN_COLUMNS + ["newalgo"]  # paper algorithms first, then others
-    assert "paper (reported) — (not reported)" in row["DoF"]
-    assert "paper" not in row["newalgo"] and table["bold"][("mamujoco-halfcheetah-2x3", "expert")]["newalgo"]
-    assert "MaMuJoCo" in html
+def test_best_in_row_and_cells_helpers():
+    assert best_in_row([1.0, 3.0, 3.0]) == [1, 2]
+    assert best_in_row([5.0, 3.0], eligible=[False, True]) == [1]
+    assert isinstance(cells.cell_stats([]), Stats) and cells.cell_stats([]).mean is None

@@ -1,380 +1,231 @@
-"""Leaderboard rendering from a fixture results tree that exercises every feature: bold and
-tie markers, the three "—" reasons, partial sweeps, the paper side by side, rliable
-aggregates, headline claims, the SVG plots and the per-table downloads. Also the statistics
-against direct rliable calls on fixed arrays."""
+"""Leaderboard rendering from a fixture results tree: the ablation table (paper and suite
+variants as rows), PAR diagnostics (per-k components, collapse badges, graceful fallback),
+rliable aggregates (against direct rliable calls; hidden below 3 runs), learning curves,
+downloads, escaping. Also the statistics against rliable on fixed arrays."""
 
 from __future__ import annotations
 
 import csv
+import html as html_mod
 import json
 import re
 import statistics
-from datetime import datetime, timezone
-from html.parser import HTMLParser
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from plcql_bench.leaderboard import build, stats
+from lb_fixtures import NOW, curve_for, write_run
+from plcql_bench.leaderboard import analysis, build, stats
+from test_leaderboard import board
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # arch's RandomState deprecation
-
-NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
 REPS, POI_REPS = 200, 100
 
-# (algo, task, tier) -> per-seed scores. mpe-cn medium: PLCQL best, SPaCQL statistically tied
-# (Welch p ~ 0.6), CFCQL clearly worse; BC a partial sweep (n=1).
-SCORES = {
+SCORES = {  # (algo, task, tier) -> per-seed scores
     ("plcql", "mpe-cn", "expert"): [101.0, 99.0, 103.0],
     ("cfcql", "mpe-cn", "expert"): [95.0, 96.0, 94.0],
     ("spacql", "mpe-cn", "expert"): [90.0, 91.5, 89.0],
-    ("bc", "mpe-cn", "expert"): [70.0, 72.0, 71.0],
-    ("plcql", "mpe-cn", "medium"): [80.0, 85.0, 90.0],
-    ("spacql", "mpe-cn", "medium"): [78.0, 84.0, 86.0],
-    ("cfcql", "mpe-cn", "medium"): [50.0, 52.0, 51.0],
-    ("bc", "mpe-cn", "medium"): [40.0],
+    ("bc", "mpe-cn", "expert"): [70.0, 72.0],
     ("plcql", "mpe-cn", "medium-replay"): [60.0, 64.0, 62.0],
     ("spacql", "mpe-cn", "medium-replay"): [66.0, 67.0, 68.0],
     ("cfcql", "mpe-cn", "medium-replay"): [30.0, 35.0, 32.0],
+    ("bc", "mpe-cn", "medium-replay"): [10.0, 11.0, 12.0],
     ("plcql-k1", "mpe-cn", "medium-replay"): [40.0, 44.0, 42.0],
-    ("plcql-w1", "mpe-cn", "medium-replay"): [58.0, 63.0, 61.0],
+    ("plcql-lcb", "mpe-cn", "medium-replay"): [70.0, 72.0, 74.0],
+    ("plcql-foo", "mpe-cn", "random"): [20.0, 21.0, 22.0],
     ("plcql", "smax-2s3z", "medium"): [0.5, 0.75, 0.625],
     ("cfcql", "smax-2s3z", "medium"): [0.25, 0.5, 0.375],
 }
-FAILED = [("iql", "mpe-cn", "expert", 0, "RuntimeError: CUDA out of memory")]
-UPDATES_PER_S = {"plcql": 40.0, "spacql": 10.0, "cfcql": 50.0, "bc": 400.0, "plcql-k1": 40.0, "plcql-w1": 40.0}
-N_AGENTS_CN = 3
+DIAG = {"plcql": 3, "plcql-lcb": 3}  # algorithms whose runs log diag/* (n = 3 agents)
+COLLAPSED = {("plcql", "mpe-cn", "medium-replay"): 3}
 
 
-def final_json(algo: str, task: str, tier: str, seed: int, score: float) -> dict:
-    win = task.startswith("smax")
-    curve = [{"update": u, "return_mean": 0.0, "score": score * f} for u, f in ((0, 0.1), (10, 0.6), (20, 1.0))]
-    return {
-        "schema_version": 1, "protocol_version": 1, "run_key": f"{algo}-{task}-{tier}-{seed}",
-        "algo": algo, "task": task, "domain": task.split("-")[0], "dataset": tier, "seed": seed,
-        "profile": "smoke", "status": "done", "dataset_sha256": "a" * 64, "config": {},
-        "score_name": "win_rate" if win else "normalised", "score": score,
-        "final_eval": {"episodes": 10, "return_mean": 1.0, "return_std": 0.1, "win_rate": score if win else None},
-        "curve": curve,
-        "train": {"updates": 20, "wall_clock_s": 3.0, "train_s": 20 / UPDATES_PER_S[algo], "updates_per_s": UPDATES_PER_S[algo]},
-        "versions": {"plcql-bench": "0.1.0", "torch": "2.13.0", "mpe2": "1.1.1", **({"jaxmarl": "0.0.7"} if win else {})},
-        "git_commit": "0123456789abcdef0123", "finished_at": "2026-11-25T23:10:00Z",
-    }
-
-
-def par_metrics(seed: int, n: int = N_AGENTS_CN) -> str:
-    lines = [{"update": 0, "score": 1.0}]
-    for u, shift in ((10, 0.0), (20, 0.1)):
-        p = np.full(n, (1 - shift) / n)
-        p[0] += shift + 0.01 * seed
-        p /= p.sum()
-        rec = {"update": u, "score": 1.0, "train/par/E_k": float((p * np.arange(1, n + 1)).sum())}
-        rec.update({f"train/par/p_k{i + 1}": float(p[i]) for i in range(n)})
-        lines.append(rec)
-    return "".join(json.dumps(r) + "\n" for r in lines)
-
-
-def make_fixture_results(root: Path) -> Path:
-    """A results tree in the runner's layout: results/<profile>/<algo>/<task>/<tier>/seed<k>-<key>/."""
+def make_results(root):
     for (algo, task, tier), scores in SCORES.items():
         for seed, s in enumerate(scores):
-            d = root / "smoke" / algo / task / tier / f"seed{seed}-abc{seed}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "final.json").write_text(json.dumps(final_json(algo, task, tier, seed, s)), encoding="utf-8")
-            (d / "status.json").write_text('{"status": "done"}', encoding="utf-8")
-            if algo == "plcql":
-                n = 5 if task == "smax-2s3z" else N_AGENTS_CN
-                (d / "metrics.jsonl").write_text(par_metrics(seed, n), encoding="utf-8")
-    for algo, task, tier, seed, err in FAILED:
-        d = root / "smoke" / algo / task / tier / f"seed{seed}-dead"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.json").write_text(json.dumps({"algo": algo, "task": task, "dataset": tier, "seed": seed, "profile": "smoke"}))
-        (d / "status.json").write_text(json.dumps({"status": "failed", "error": err, "traceback": "..."}))
+            extra = {}
+            if (algo, task, tier) in COLLAPSED and seed < 2:
+                k = COLLAPSED[(algo, task, tier)]
+                extra = {"warnings": [f"PAR collapsed to k = {k}"], "par_collapse": {"k": k, "entropy": 0.001, "p_k": 0.99}}
+            diag = DIAG.get(algo) if task == "mpe-cn" else None
+            write_run(root, algo, task, tier, seed, s, diag_n=diag,
+                      collapse_to=COLLAPSED.get((algo, task, tier)), **extra)
+    # an older PLCQL run format: only train/par/p_k* and E_k (no diag/*)
+    lines = "".join(json.dumps({"update": u, "score": 0.5, "train/par/E_k": 2.0, "train/par/p_k1": 0.2,
+                                "train/par/p_k2": 0.3, "train/par/p_k3": 0.2, "train/par/p_k4": 0.2, "train/par/p_k5": 0.1}) + "\n"
+                    for u in range(0, 120, 10))
+    for seed in range(3):
+        d = write_run(root, "plcql", "smax-2s3z", "expert", seed, 0.9, metrics=lines)
+        assert d.is_dir()
     return root
-
-
-class Cells(HTMLParser):
-    """table id -> {(task, tier): {column: {"text", "bold", "tie", "class"}}}."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.tables: dict[str, dict] = {}
-        self._t = None
-        self._head: list[str] = []
-        self._row: list[dict] = []
-        self._cell = None
-        self._thead = False
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "table" and "board" in (a.get("class") or ""):
-            self._t = a["id"]
-            self.tables[self._t] = {}
-        if self._t is None:
-            return
-        if tag == "thead":
-            self._thead = True
-        elif tag == "tr":
-            self._row = []
-        elif tag in ("td", "th"):
-            self._cell = {"text": "", "bold": False, "tie": False, "class": a.get("class") or ""}
-        elif tag == "strong" and self._cell is not None:
-            self._cell["bold"] = True
-        elif tag == "span" and a.get("class") == "tie" and self._cell is not None:
-            self._cell["tie"] = True
-
-    def handle_endtag(self, tag):
-        if self._t is None:
-            return
-        if tag == "table":
-            self._t = None
-        elif tag == "thead":
-            self._thead = False
-        elif tag in ("td", "th") and self._cell is not None:
-            self._cell["text"] = " ".join(self._cell["text"].split())
-            self._row.append(self._cell)
-            self._cell = None
-        elif tag == "tr":
-            if self._thead:
-                self._head = [c["text"] for c in self._row]
-            else:
-                key = (self._row[0]["text"].split("paper row")[0].strip(), self._row[1]["text"])
-                self.tables[self._t][key] = dict(zip(self._head[2:], self._row[2:]))
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell["text"] += data
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lb")
-    res = make_fixture_results(tmp / "results")
-    out = tmp / "site"
-    index = build.build_site(res, out, now=NOW, bootstrap_reps=REPS, poi_reps=POI_REPS)
-    html = index.read_text(encoding="utf-8")
-    p = Cells()
-    p.feed(html)
-    return {"out": out, "html": html, "tables": p.tables, "results": res}
+    tmp = tmp_path_factory.mktemp("render")
+    res = make_results(tmp / "results")
+    built = build.build(res, tmp / "site", now=NOW, bootstrap_reps=REPS, poi_reps=POI_REPS)
+    html = built.index.read_text(encoding="utf-8")
+    return {"out": tmp / "site", "html": html, "board": board(html), "built": built, "results": res}
 
 
-def fmt(values, decimals=1):
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.{decimals}f} ± {sd:.{decimals}f}"
+def section(html, name):
+    start = html.index(f'<section id="{name}">')
+    return html[start:html.index("</section>", start)]
 
 
-# ------------------------------------------------------------------ tables
+# ------------------------------------------------------------------ ablation table
 
 
-def test_three_tables_with_paper_columns(site):
-    t = site["tables"]
-    assert set(t) == {"table-main", "table-smac", "table-ablation"}
-    main = t["table-main"][("mpe-cn", "expert")]
-    assert list(main) == ["OMAR", "MACQL", "IQL", "MA-TD3+BC", "DoF", "CFCQL", "SPaCQL", "PLCQL", "BC"]
-    smac = t["table-smac"][("smax-2s3z", "medium")]
-    assert list(smac) == ["CFCQL", "MACQL", "MAICQ", "OMAR", "MADTKD", "BC", "IQL", "AWAC", "SPaCQL", "PLCQL"]
-    abl = t["table-ablation"]
-    assert list(abl) == [("mpe-cn", "medium-replay"), ("smax-2s3z", "medium")]  # the paper's ablation rows
-    assert list(abl[("mpe-cn", "medium-replay")]) == ["PLCQL", "PLCQL k=1", "PLCQL k=n", "PLCQL w=1"]
-    # the variants never leak into the main table
-    assert not any("k=1" in c for c in main)
+def test_ablation_rows_are_variants_and_suite_variants_are_labelled(site):
+    abl = site["board"]["table-ablation-final-ours"]
+    rows = list(abl)
+    expected = ["plcql", "plcql-k1", "plcql-kn", "plcql-w1", "plcql-k2", "plcql-uniform", "plcql-t0.1", "plcql-t10", "plcql-lcb", "plcql-foo"]
+    assert rows == [f"ablation-{a}" for a in expected]
+    assert list(abl["ablation-plcql"]) == ["mpe-cn-medium-replay", "smax-2s3z-medium", "mpe-cn-random"]
+    assert abl["ablation-plcql-k1"]["mpe-cn-medium-replay"]["text"].startswith("42.0 ± 2.0")
+    assert "paper 58.2 ± 8.4" in abl["ablation-plcql-k1"]["mpe-cn-medium-replay"]["text"]
+    lcb = abl["ablation-plcql-lcb"]["mpe-cn-medium-replay"]
+    assert lcb["bold"] and "paper" not in lcb["text"]  # a suite variant never shows a paper number
+    assert abl["ablation-plcql-k2"]["mpe-cn-medium-replay"]["text"].startswith("— not run")
+    html = section(site["html"], "domain-ablation")
+    for v in ("Fixed k=2", "Uniform π_par", "T = 0.1", "T = 10"):
+        assert v in html
+    rows_html = re.findall(r'<tr id="ablation-([^"]+)-final-ours"[^>]*>(.*?)</th>', html, re.S)
+    labels = {a: html_mod.unescape(txt) for a, txt in rows_html}
+    assert "this suite's variant, not the paper's" in labels["plcql-k2"] and "this suite's variant" not in labels["plcql-k1"]
+    assert "beyond the paper: this suite's method" in labels["plcql-lcb"]
+    assert "this suite's variant, not the paper's" in labels["plcql-foo"]  # unknown plcql-* names: automatic rows
+    # variants never leak into the main table
+    assert not any(c.startswith("plcql-") for c in site["board"]["table-main-final-ours"]["main-mpe-cn-expert"])
 
 
-def test_cells_are_mean_std_n_profile(site):
-    for (algo, task, tier), scores in SCORES.items():
-        table = "table-smac" if task.startswith("smax") else "table-main"
-        if algo.startswith("plcql-"):
-            table = "table-ablation"
-        label = build.algo_label(build.load_paper_results(), algo)
-        text = site["tables"][table][(task, tier)][label]["text"]
-        assert text.startswith(fmt(scores, 2 if task.startswith("smax") else 1)), (algo, task, tier, text)
-        assert f"n={len(scores)}" in text and "smoke" in text
-    # partial sweep: BC has one seed on medium
-    assert "n=1 (single seed)" in site["tables"]["table-main"][("mpe-cn", "medium")]["BC"]["text"]
+def test_collapse_badges_on_cells_and_runs(site):
+    cell = site["board"]["table-main-final-ours"]["main-mpe-cn-medium-replay"]["plcql"]
+    assert "PAR collapsed 2/3" in cell["text"]
+    assert "PAR collapsed 2/3" in site["board"]["table-ablation-final-ours"]["ablation-plcql"]["mpe-cn-medium-replay"]["text"]
+    runs = section(site["html"], "runs")
+    assert runs.count("PAR collapsed to k = 3") == 4  # badge + warning text, 2 runs
+    assert "2 PLCQL-family runs recorded a collapsed PAR policy" in " ".join(site["html"].split())
 
 
-def test_bold_is_the_best_mean_only(site):
-    main = site["tables"]["table-main"]
-    for tier in ("expert", "medium", "medium-replay"):
-        means = {a: statistics.fmean(v) for (a, t, d), v in SCORES.items() if t == "mpe-cn" and d == tier and not a.startswith("plcql-")}
-        best = max(means, key=means.get)
-        label = build.algo_label(build.load_paper_results(), best)
-        assert [k for k, c in main[("mpe-cn", tier)].items() if c["bold"]] == [label], tier
-        assert "best" in main[("mpe-cn", tier)][label]["class"]
+# ------------------------------------------------------------------ PAR diagnostics
 
 
-def test_tie_markers_follow_welch(site):
-    main = site["tables"]["table-main"]
-    from scipy import stats as sps
-
-    best = SCORES[("plcql", "mpe-cn", "medium")]
-    for algo, label in (("spacql", "SPaCQL"), ("cfcql", "CFCQL")):
-        p = sps.ttest_ind(SCORES[(algo, "mpe-cn", "medium")], best, equal_var=False).pvalue
-        assert main[("mpe-cn", "medium")][label]["tie"] == (p >= 0.05), (algo, p)
-    assert main[("mpe-cn", "medium")]["SPaCQL"]["tie"] and not main[("mpe-cn", "medium")]["CFCQL"]["tie"]
-    assert not main[("mpe-cn", "medium")]["BC"]["tie"]  # n = 1: never tested
-    assert not main[("mpe-cn", "medium")]["PLCQL"]["tie"]  # the bold cell itself
-    assert "Welch" in site["html"] and "p ≥ 0.05" in site["html"]
-    rows = list(csv.DictReader(open(site["out"] / "tables" / "main.csv", encoding="utf-8")))
-    spacql = next(r for r in rows if r["algo"] == "spacql" and r["dataset"] == "medium")
-    assert spacql["tied_with_best"] == "1" and float(spacql["tie_p"]) == pytest.approx(
-        sps.ttest_ind(SCORES[("spacql", "mpe-cn", "medium")], best, equal_var=False).pvalue)
-
-
-def test_missing_cells_give_their_reason(site):
-    main = site["tables"]["table-main"]
-    smac = site["tables"]["table-smac"]
-    iql = main[("mpe-cn", "expert")]["IQL"]
-    assert iql["text"].startswith("— failed") and "missing-failed" in iql["class"]
-    assert "CUDA out of memory" in site["html"]  # the error is on the page (tooltip and list)
-    assert main[("mpe-cn", "expert")]["OMAR"]["text"].startswith("— not run")
-    assert smac[("smax-2s3z", "medium")]["BC"]["text"].startswith("— not run")
-    assert main[("mpe-cn", "medium")]["OMAR"]["text"].startswith("— not run")
-    abl = site["tables"]["table-ablation"][("mpe-cn", "medium-replay")]
-    assert abl["PLCQL k=n"]["text"].startswith("— not run")
-    failed = json.loads((site["out"] / "results.json").read_text())["failed"]
-    assert [(f["algo"], f["task"], f["dataset"], f["seed"]) for f in failed] == [("iql", "mpe-cn", "expert", 0)]
+def test_par_components_plotted_per_k(site):
+    par = section(site["html"], "par")
+    rows = {(r["algo"], r["task"], r["dataset"]): r for r in csv.DictReader(open(site["out"] / "tables" / "par_diagnostics.csv"))}
+    assert set(rows) == {("plcql", "mpe-cn", "expert"), ("plcql", "mpe-cn", "medium-replay"),
+                         ("plcql-lcb", "mpe-cn", "medium-replay"), ("plcql", "smax-2s3z", "expert")}
+    mr = rows[("plcql", "mpe-cn", "medium-replay")]
+    assert mr["source"] == "diag" and mr["runs_with_diagnostics"] == "3" and mr["runs_collapsed"] == "2"
+    assert float(mr["p_k3"]) == pytest.approx(1.0) and float(mr["p_k1"]) == pytest.approx(0.0)
+    assert float(rows[("plcql", "mpe-cn", "expert")]["p_k2"]) == pytest.approx(1 / 3)
+    for name in ("mean Qθ1(s′, a′(k))", "u_Q", "r_par", "π_par(k | s′)", "π_par entropy"):
+        assert name in par, name
+    assert par.count("<svg") == 4
+    # the older format degrades to what it has
+    old = rows[("plcql", "smax-2s3z", "expert")]
+    assert old["source"] == "train" and float(old["p_k5"]) == pytest.approx(0.1)
+    assert "E[k]" in par
 
 
-def test_paper_numbers_beside_ours_labelled_reported(site):
-    main = site["tables"]["table-main"]
-    cell = main[("mpe-cn", "medium")]["SPaCQL"]["text"]
-    assert cell.index(fmt(SCORES[("spacql", "mpe-cn", "medium")])) < cell.index("paper (reported) 78.6 ± 6.4")
-    assert "paper (reported) 114.9 ± 2.6" in main[("mpe-cn", "expert")]["OMAR"]["text"]  # even when not run
-    abl = site["tables"]["table-ablation"][("mpe-cn", "medium-replay")]
-    assert "paper (reported) 58.2 ± 8.4" in abl["PLCQL k=1"]["text"]
-    assert "paper (reported), SC2 0.40 ± 0.10" in site["tables"]["table-smac"][("smax-2s3z", "medium")]["CFCQL"]["text"]
-    assert 'id="show-paper"' in site["html"] and "#show-paper:not(:checked) ~ main .paper" in site["html"]
+def test_par_component_means_equal_the_metrics(site):
+    res = site["results"]
+    diags = []
+    for d in sorted((res / "paper" / "plcql" / "mpe-cn" / "expert").iterdir()):
+        hist = analysis.read_metrics(d / "metrics.jsonl")
+        diags.append(analysis._run_diag(hist))
+    assert [d["source"] for d in diags] == ["diag"] * 3
+    q1_last = statistics.fmean(d["q1"][2][-1] for d in diags)
+    assert q1_last == pytest.approx(5.0 + 2 + 0.1)  # 5 + k + 0.1 * seed, mean over seeds 0..2
 
 
-def test_headline_claims(site):
-    rows = list(csv.DictReader(open(site["out"] / "tables" / "claims.csv", encoding="utf-8")))
-    by = {r["key"]: r for r in rows}
-    # PLCQL is best on expert, medium and smax medium, not on medium-replay (SPaCQL): 3 of 4
-    assert (by["best"]["count"], by["best"]["of"]) == ("3", "4")
-    # PLCQL beats SPaCQL on expert and medium, not medium-replay; no SPaCQL on smax: 2 of 3
-    assert (by["beats"]["count"], by["beats"]["of"]) == ("2", "3")
-    assert by["best"]["paper_pct"] == "66" and by["beats"]["paper_pct"] == "84"
-    section = site["html"][site["html"].index('id="claims"'):site["html"].index('id="domain-main"')]
-    assert "75% (3 of 4 tasks)" in section and "67% (2 of 3 tasks)" in section
-    assert "66% (21 of 32 tasks)" in section and "84% (27 of 32 tasks)" in section
-
-
-def test_smac_column_without_a_discrete_implementation_says_unsupported(tmp_path, monkeypatch):
-    """Every SMAC column has a discrete implementation now; pretend OMAR has none and check the cell."""
-    real = build._implementations
-    monkeypatch.setattr(build, "_implementations",
-                        lambda algo: {"continuous": object} if algo == "omar" else real(algo))
-    res = make_fixture_results(tmp_path / "r")
-    html = build.build_site(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).read_text(encoding="utf-8")
-    p = Cells()
-    p.feed(html)
-    cell = p.tables["table-smac"][("smax-2s3z", "medium")]["OMAR"]
-    assert cell["text"].startswith("— unsupported") and "missing-unsupported" in cell["class"]
-    assert re.search(r'title="OMAR does not support discrete actions">unsupported<', html)
-    assert p.tables["table-smac"][("smax-2s3z", "medium")]["BC"]["text"].startswith("— not run")
-
-
-def test_claims_without_spacql_say_so(tmp_path):
-    res = tmp_path / "r"
-    for (algo, task, tier), scores in SCORES.items():
-        if algo in ("plcql", "cfcql") and task == "mpe-cn":
-            for seed, s in enumerate(scores):
-                d = res / algo / tier / str(seed)
-                d.mkdir(parents=True)
-                (d / "final.json").write_text(json.dumps(final_json(algo, task, tier, seed, s)))
-    html = build.build_site(res, tmp_path / "s", now=NOW, bootstrap_reps=50, poi_reps=20).read_text(encoding="utf-8")
-    assert "— (no results for SPaCQL yet)" in html
-    assert "No SPaCQL results yet" in html  # compute-cost section
+# ------------------------------------------------------------------ aggregates
 
 
 def test_aggregates_match_direct_rliable(site):
     from rliable import library as rly
     from rliable import metrics
 
-    rows = {r["algo"]: r for r in csv.DictReader(open(site["out"] / "tables" / "aggregates.csv", encoding="utf-8"))
-            if r["table"] == "main"}
-    assert set(rows) == {"cfcql", "spacql", "plcql"}  # BC lacks medium-replay: not aggregated
-    tiers = ("expert", "medium", "medium-replay")
+    rows = {r["algo"]: r for r in csv.DictReader(open(site["out"] / "tables" / "aggregates.csv")) if r["table"] == "main"}
+    assert set(rows) == {"cfcql", "spacql", "plcql"}  # BC has 2 runs on expert: not aggregated
+    tiers = ("expert", "medium-replay")
     mats = {a: np.array([SCORES[(a, "mpe-cn", t)] for t in tiers]).T for a in rows}
-    np.random.seed(stats.BOOTSTRAP_SEED)  # rliable's bootstrap draws from the global RNG
+    np.random.seed(stats.BOOTSTRAP_SEED)
     point, ci = rly.get_interval_estimates(
         mats, lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x)]), reps=REPS,
         random_state=np.random.RandomState(stats.BOOTSTRAP_SEED))
     for a, r in rows.items():
         assert float(r["iqm"]) == pytest.approx(point[a][0]) and float(r["mean"]) == pytest.approx(point[a][1])
         assert (float(r["iqm_ci_low"]), float(r["iqm_ci_high"])) == pytest.approx((ci[a][0][0], ci[a][1][0]))
-        assert (float(r["mean_ci_low"]), float(r["mean_ci_high"])) == pytest.approx((ci[a][0][1], ci[a][1][1]))
-        assert r["reps"] == str(REPS)
-    html = site["html"]
-    assert "Not aggregated (no results on every task): BC (2 of 3 tasks)" in html
-    poi = {r["y"]: r for r in csv.DictReader(open(site["out"] / "tables" / "probability_of_improvement.csv", encoding="utf-8"))
-           if r["table"] == "main"}
-    assert set(poi) == {"cfcql", "spacql", "bc"}
-    x = mats["plcql"]
-    assert float(poi["spacql"]["p_improvement"]) == pytest.approx(metrics.probability_of_improvement(x, mats["spacql"]))
-    assert float(poi["cfcql"]["p_improvement"]) == pytest.approx(1.0)
-    assert poi["bc"]["tasks"] == "2"  # pairwise common tasks
+    agg = " ".join(section(site["html"], "aggregates").split())
+    assert "BC: mpe-cn · expert (n=2)" in agg and "Only 2 tasks" in agg
+    poi = {r["y"]: r for r in csv.DictReader(open(site["out"] / "tables" / "probability_of_improvement.csv")) if r["table"] == "main"}
+    assert float(poi["spacql"]["p_improvement"]) == pytest.approx(metrics.probability_of_improvement(mats["plcql"], mats["spacql"]))
 
 
-def test_plots_are_inline_svg(site):
-    html = site["html"]
+def test_aggregates_hidden_below_three_runs(tmp_path):
+    res = tmp_path / "r"
+    for algo in ("plcql", "cfcql"):
+        for seed in range(2):
+            write_run(res, algo, "mpe-cn", "expert", seed, 50.0 + seed)
+    html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
+    agg = " ".join(section(html, "aggregates").split())
+    assert "No aggregate: no task has 3 or more runs of any algorithm" in agg and "<svg" not in agg
 
-    def section(name):
-        start = html.index(f'<section id="{name}">')
-        return html[start:html.index("</section>", start)]
 
-    assert section("curves").count("<svg") == 2  # mpe-cn and smax-2s3z
-    assert section("par").count("<svg") == 2
-    assert "E[k] over training" in section("par") and "p(k) at the end of training" in section("par")
-    compute = section("compute")
-    assert compute.count("<svg") == 1 and "Q-evaluations per iteration" in compute
-    assert section("aggregates").count("<svg") == 4  # intervals + profiles, main and SMAC
-    rows = {(r["task"], r["algo"]): r for r in csv.DictReader(open(site["out"] / "tables" / "compute_cost.csv", encoding="utf-8"))}
-    assert float(rows[("mpe-cn", "plcql")]["ms_per_round"]) == pytest.approx(25.0)
-    assert float(rows[("mpe-cn", "spacql")]["ms_per_round"]) == pytest.approx(100.0)
-    assert rows[("mpe-cn", "plcql")]["q_evals_per_transition"] == "1"
-    assert rows[("mpe-cn", "spacql")]["q_evals_per_transition"] == str(N_AGENTS_CN)
-    assert rows[("smax-2s3z", "spacql")]["q_evals_per_transition"] == "5"
-    par = {(r["task"], r["dataset"]): r for r in csv.DictReader(open(site["out"] / "tables" / "par_policy.csv", encoding="utf-8"))}
-    assert set(par) == {("mpe-cn", "expert"), ("mpe-cn", "medium"), ("mpe-cn", "medium-replay"), ("smax-2s3z", "medium")}
-    assert par[("mpe-cn", "expert")]["runs"] == "3"
-    ids = re.findall(r'<clipPath id="([^"]+)"', html)
-    assert len(ids) == len(set(ids))  # figures never share clip-path ids
-    assert not re.search(r'(src|href)="(https?:)?//', html)  # nothing is fetched
-    assert "<metadata>" not in html
+# ------------------------------------------------------------------ curves, downloads, escaping
+
+
+def test_learning_curves_are_thinned_and_legends_outside(tmp_path):
+    res = tmp_path / "r"
+    for seed in range(3):
+        write_run(res, "bc", "mpe-cn", "expert", seed, 50.0, curve=curve_for(50.0, points=600))
+    html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
+    curves = section(html, "curves")
+    assert curves.count("<svg") == 1 and "BC" in curves
+    idx = analysis._thin_index(600)
+    assert len(idx) <= analysis.MAX_POINTS + 1 and idx[0] == 0 and idx[-1] == 599
+    assert analysis._thin_index(50) == list(range(50))
 
 
 def test_every_table_has_csv_and_json_downloads(site):
-    hrefs = re.findall(r'href="([^"#][^"]*)"', site["html"])
-    local = [h for h in hrefs if not h.startswith(("http:", "https:"))]
-    assert local, "no download links"
-    for h in local:
+    hrefs = {h for h in re.findall(r'href="([^"#][^"]*)"', site["html"])}
+    assert hrefs, "no download links"
+    for h in hrefs:
         assert (site["out"] / h).is_file(), h
-    for stem in ("main", "smac", "ablation", "aggregates", "probability_of_improvement", "claims", "par_policy", "compute_cost", "skipped"):
-        assert f"tables/{stem}.csv" in local and f"tables/{stem}.json" in local, stem
+    for stem in ("main", "smac", "ablation", "comparisons", "claims", "aggregates", "probability_of_improvement",
+                 "par_diagnostics", "compute_cost", "datasets", "runs", "skipped"):
         data = json.loads((site["out"] / "tables" / f"{stem}.json").read_text())
         with open(site["out"] / "tables" / f"{stem}.csv", encoding="utf-8") as f:
             assert len(list(csv.DictReader(f))) == len(data["rows"]), stem
     main = json.loads((site["out"] / "tables" / "main.json").read_text())["rows"]
-    assert {r["status"] for r in main} == {"ok", "not run", "failed"}
+    assert {r["view"] for r in main} == {"final-ours", "final-omar", "last10-ours", "last10-omar", "best-ours", "best-omar"}
+    cells = json.loads((site["out"] / "results.json").read_text())["cells"]
+    plcql = next(c for c in cells if (c["algo"], c["task"], c["dataset"]) == ("plcql", "mpe-cn", "expert"))
+    assert plcql["views"]["final-ours"]["mean"] == pytest.approx(101.0) and plcql["paper"]["mean"] == 110.9
 
 
-def test_provenance_lists_env_versions(site):
-    footer = site["html"][site["html"].index('<footer id="provenance">'):]
-    assert "mpe2</code> 1.1.1" in footer and "jaxmarl</code> 0.0.7" in footer
-    assert "MuJoCo: not used by these results" in footer
-
-
-def test_svg_text_is_escaped(tmp_path):
+def test_html_is_escaped(tmp_path):
     res = tmp_path / "r"
-    d = res / "x"
-    d.mkdir(parents=True)
-    evil = "<script>alert(1)</script>$x$"
-    (d / "final.json").write_text(json.dumps({**final_json("plcql", "mpe-cn", "expert", 0, 50.0), "algo": evil}))
-    html = build.build_site(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).read_text(encoding="utf-8")
-    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;$x$" in html
+    evil = "<b onclick=alert(1)>x$y$"  # an algorithm name from a result file (no "/": it is a directory)
+    for seed in range(3):
+        write_run(res, evil, "mpe-cn", "expert", seed, 10.0 + seed, versions={"torch": '<img src=x onerror="alert(1)">'})
+    write_run(res, "plcql", "mpe-cn", "expert", 0, 11.0, profile="smoke<i>", commit='"><script>1</script>')
+    html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
+    assert "<b onclick" not in html and "<img" not in html and "smoke<i>" not in html and "<script" not in html
+    assert "&lt;b onclick=alert(1)&gt;x$y$" in html and "&lt;img src=x" in html and "smoke&lt;i&gt;" in html
+    assert "&#34;&gt;&lt;script&gt;1" in html
+    assert section(html, "curves").count("&lt;b onclick=alert(1)&gt;x$y$") >= 1  # matplotlib escapes SVG text
+
+
+def test_empty_results(tmp_path):
+    (tmp_path / "empty").mkdir()
+    built = build.build(tmp_path / "empty", tmp_path / "s", now=NOW)
+    assert built.n_runs == 0 and "No finished runs" in built.index.read_text()
+    with pytest.raises(FileNotFoundError):
+        build.build(tmp_path / "nope", tmp_path / "s2")
 
 
 # ------------------------------------------------------------------ statistics vs rliable
@@ -396,10 +247,18 @@ def test_iqm_mean_cis_equal_rliable():
         FIXED, lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x)]), reps=300)
     for a in FIXED:
         assert ours[a]["iqm"] == pytest.approx(metrics.aggregate_iqm(FIXED[a]))
-        assert ours[a]["mean"] == pytest.approx(metrics.aggregate_mean(FIXED[a]))
         assert ours[a]["iqm_ci"] == pytest.approx((ci[a][0][0], ci[a][1][0]))
         assert ours[a]["mean_ci"] == pytest.approx((ci[a][0][1], ci[a][1][1]))
     assert stats.iqm_and_mean(FIXED, reps=300, seed=7) == ours  # reproducible
+
+
+def test_interquartile_mean_equals_rliable():
+    from rliable import metrics
+
+    rng = np.random.default_rng(0)
+    for shape in ((3, 2), (5, 16), (4, 7), (1, 1)):
+        x = rng.normal(size=shape)
+        assert stats.interquartile_mean(x) == pytest.approx(metrics.aggregate_iqm(x), rel=1e-12)
 
 
 def test_performance_profiles_equal_rliable():
@@ -421,7 +280,6 @@ def test_probability_of_improvement_equals_rliable():
 
     x, y = FIXED["a"], FIXED["b"]
     assert stats.improvement_probability(x, y) == pytest.approx(metrics.probability_of_improvement(x, y))
-    assert stats.improvement_probability(x, x) == pytest.approx(0.5)
     ours = stats.probability_of_improvement(x, y, reps=100, seed=5)
     np.random.seed(5)
     point, ci = rly.get_interval_estimates({"x,y": (x, y)}, metrics.probability_of_improvement, reps=100)
@@ -429,27 +287,12 @@ def test_probability_of_improvement_equals_rliable():
     assert ours["ci"] == pytest.approx((ci["x,y"][0][0], ci["x,y"][1][0]))
 
 
-def test_welch_and_ties():
+def test_welch_and_score_matrix():
     from scipy import stats as sps
 
     a, b = [1.0, 2.0, 3.0, 4.0], [2.5, 3.5, 4.5]
     assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
     assert stats.welch_p([1.0], b) is None
     assert stats.welch_p([2.0, 2.0], [2.0, 2.0]) == 1.0 and stats.welch_p([2.0, 2.0], [3.0, 3.0]) == 0.0
-    t = stats.ties_with_best([[10.0, 11.0, 12.0], [9.0, 11.0, 12.5], [1.0, 1.5, 1.2], [11.0], None], [0])
-    assert [x["tied"] for x in t] == [False, True, False, False, False]
-    assert [x["tested"] for x in t] == [False, True, True, False, False]
-
-
-def test_score_matrix_and_claims():
     m, k = stats.score_matrix([[1.0, 2.0, 3.0], [4.0, 5.0]])
     assert k == 2 and m.tolist() == [[1.0, 4.0], [2.0, 5.0]]
-    rows = [
-        {"means": {"plcql": 2.0, "spacql": 1.0}, "best": ["plcql"]},
-        {"means": {"plcql": 1.0, "spacql": 1.0}, "best": ["plcql", "spacql"]},
-        {"means": {"plcql": 0.0, "bc": 3.0}, "best": ["bc"]},
-        {"means": {"bc": 3.0}, "best": ["bc"]},
-    ]
-    c = stats.headline_claims(rows)
-    assert (c["best"], c["best_of"], c["beats"], c["beats_of"]) == (2, 3, 1, 2)
-    assert stats.headline_claims([])["best_pct"] is None

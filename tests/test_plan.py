@@ -62,9 +62,11 @@ def _invoke(tmp: Path, *args: str):
 
 def test_plan_and_status_show_each_cell_state(tmp_path, profile):
     p = str(tmp_path / "p.yaml")
-    out = _invoke(tmp_path, "plan", "--profile", p).output
+    empty = tmp_path / "empty.json"  # a machine calibration that knows nothing: recorded runtimes only
+    empty.write_text(json.dumps({"machine": "empty", "costs": {}}))
+    out = _invoke(tmp_path, "plan", "--profile", p, "--machine", str(empty)).output
     assert "18 cells: done 0, partial 0, running 0, failed 0, todo 18" in out
-    assert "dataset not built yet" in out and "no recorded runtime" in out
+    assert "dataset not built yet" in out and "18 cell(s) not counted: no measured cost on empty" in out
 
     build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
     plans = {c: plan_run(c, profile, tmp_path / "data", tmp_path / "results")
@@ -80,13 +82,13 @@ def test_plan_and_status_show_each_cell_state(tmp_path, profile):
         (d / "status.json").write_text(json.dumps(status))
     (plans[partial].run_dir / "ckpt.pt").write_bytes(b"")
 
-    out = _invoke(tmp_path, "plan", "--profile", p).output
+    out = _invoke(tmp_path, "plan", "--profile", p, "--machine", str(empty)).output
     assert "18 cells: done 1, partial 1, running 0, failed 1, todo 15" in out
     lines = {tuple(line.split()[:5]): line for line in out.splitlines() if line.startswith(("bc ", "cfcql ", "plcql "))}
     assert "2/2" in lines[("bc", "mpe-cn", "random", "0", "done")]
     assert "ValueError: boom" in lines[("cfcql", "mpe-cn", "random", "0", "failed")]
     assert "1/2" in lines[("plcql", "mpe-cn", "random", "0", "partial")]
-    assert "estimate: ~" in out  # from the recorded runtime of the finished run
+    assert "estimate: ~" in out and "17 cell(s) from recorded runtimes" in out  # the finished run's
     assert "with 4 job(s)" in _invoke(tmp_path, "plan", "--profile", p, "--jobs", "4").output
 
     sharded = _invoke(tmp_path, "plan", "--profile", p, "--shard", "1/3", "--only", "dataset=random").output
@@ -186,3 +188,32 @@ def test_paper_matrix_covers_every_cell_of_the_papers_tables():
         for col in paper["tables"]["ablation"]["columns"]:
             want.add((v["algo"], task_of.get(col["task"], f"smax-{col['task']}"), tier_of[col["tier"]]))
     assert len(want) > 250 and not want - cells, sorted(want - cells)[:10]
+
+
+def test_plan_totals_from_a_machine_calibration(tmp_path, profile):
+    """Per-task and per-algorithm totals from measured round and evaluation costs: a cell costs
+    rounds x round_ms + (evaluations at round 0 and every eval_every) x eval + the final evaluation."""
+    from plcql_bench.suite.calibration import cell_cost, load_calibration, makespan
+
+    calib_path = tmp_path / "m.json"
+    calib_path.write_text(json.dumps({"machine": "m", "description": "test machine", "default_jobs": 4, "costs": {
+        "bc": {"mpe-cn": {"round_ms": 1000.0, "eval_s": [1.0, 0.0]}},
+        "cfcql": {"mpe-cn": {"round_ms": 3000.0, "eval_s": [1.0, 0.5], "proxy": "another task"}}}}))
+    calib = load_calibration(str(calib_path))
+    # bc: 2 rounds x 1 s + 2 evaluations (rounds 0 and 2) x 1 s + final 1 s = 5 s
+    assert cell_cost(Cell("bc", "mpe-cn", "expert", 0), profile, calib).seconds == pytest.approx(5.0)
+    # cfcql: 2 x 3 s + 2 x (1 + 0.5 x 1 episode) + final (1 + 0.5 x 2 episodes) = 11 s
+    assert cell_cost(Cell("cfcql", "mpe-cn", "expert", 0), profile, calib).seconds == pytest.approx(11.0)
+    assert cell_cost(Cell("plcql", "mpe-cn", "expert", 0), profile, calib).seconds is None
+    assert makespan([5.0] * 6, 4) == 10.0 and makespan([5.0] * 6, 1) == 30.0
+
+    out = _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"), "--machine", str(calib_path),
+                  "--no-cells").output
+    lines = [line.split() for line in out.splitlines()]
+    assert "estimate on m (test machine" in out
+    assert ["mpe-cn", "12", "1m36s", "48s", "48s", "26s"] in lines  # per task: 6 x 5 s + 6 x 11 s
+    assert ["bc", "6", "30s", "12s", "18s", "10s"] in lines  # per algorithm, and on 4 jobs
+    assert ["cfcql", "6", "1m06s", "36s", "30s", "22s"] in lines
+    assert "~26s with 4 job(s) (1m36s serial)" in out  # longest first on 4 slots: 11+11, 11+11, 11+5+5+5, ...
+    assert "6 cell(s) from stand-in measurements" in out and "6 cell(s) not counted" in out
+    assert "plcql/mpe-cn" in out

@@ -102,13 +102,31 @@ def test_fixed_and_uniform_k_do_not_learn(monkeypatch):
 
 
 def test_lcb_reward_by_hand():
-    """This suite's variant: r_par = mean_j Q_j - beta * sqrt(Var_j Q_j); w is reported as 1."""
+    """This suite's variant: D_j = Q_j(s', a'^(k)) - Q_j(s', a'_D); r_par = mean_j D_j - beta * sqrt(Var_j D_j);
+    the disagreement every k shares (about the state's value) cancels; w is reported as 1."""
     cfg = make_config(load_all()["plcql-lcb"], {"lcb_beta": 2.0})
     q = torch.tensor([[4.0, 1.0], [5.0, 1.0], [6.0, 1.0]])
-    r, u, w = par_reward_terms(q, cfg)
-    torch.testing.assert_close(u, torch.tensor([math.sqrt(2 / 3), 0.0]))
-    torch.testing.assert_close(r, torch.tensor([5.0 - 2.0 * math.sqrt(2 / 3), 1.0]))
+    q_data = torch.tensor([[3.0, 0.0], [5.0, 2.0], [5.0, 4.0]])  # D = [[1, 1], [0, -1], [1, -3]]
+    r, u, w = par_reward_terms(q, cfg, q_data)
+    u0, u1 = math.sqrt(2 / 9), math.sqrt(((1 + 1) ** 2 + (-1 + 1) ** 2 + (-3 + 1) ** 2) / 3)
+    torch.testing.assert_close(u, torch.tensor([u0, u1]))
+    torch.testing.assert_close(r, torch.tensor([2 / 3 - 2 * u0, -1.0 - 2 * u1]))
     assert torch.equal(w, torch.ones(2))
+    shifted = q_data + torch.tensor([[10.0], [-7.0], [3.0]])  # a per-member offset shared with q
+    r2, u2, _ = par_reward_terms(q + torch.tensor([[10.0], [-7.0], [3.0]]), cfg, shifted)
+    torch.testing.assert_close((r2, u2), (r, u))
+
+
+def test_advantage_normalisations_by_hand():
+    """"advantage": (A - mean A) / std A; "reward": (A - mean A) / std r_par; "none": A. Masked rows
+    (m = 0) take no part in the statistics."""
+    adv = torch.tensor([1.0, 3.0, 100.0])
+    r_par = torch.tensor([10.0, 14.0, -50.0])
+    m = torch.tensor([1.0, 1.0, 0.0])
+    got = {norm: _algo(advantage_norm=norm).normalised_advantage(adv, r_par, m) for norm in ("advantage", "reward", "none")}
+    torch.testing.assert_close(got["advantage"][:2], torch.tensor([-1.0, 1.0]))  # mean 2, std 1
+    torch.testing.assert_close(got["reward"][:2], torch.tensor([-0.5, 0.5]))  # std of r_par over rows 0-1: 2
+    assert torch.equal(got["none"], adv)
 
 
 def test_diagnostics_leave_training_untouched():
@@ -125,7 +143,8 @@ def test_diagnostics_leave_training_untouched():
         for (key, va), vb in zip(mod.state_dict().items(), b.modules()[name].state_dict().values()):
             assert torch.equal(va, vb), f"{name}.{key}"
     assert torch.equal(a.gen.get_state(), b.gen.get_state())
-    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "p") for k in (1, 2, 3)} <= set(d)
+    assert {f"diag/{x}_k{k}" for x in ("q1", "qmean", "u", "w", "rpar", "dmean", "dstd", "p")
+            for k in (1, 2, 3)} <= set(d)
     assert abs(sum(d[f"diag/p_k{k}"] for k in (1, 2, 3)) - 1) < 1e-5
 
 
@@ -150,6 +169,8 @@ def test_diagnostics_per_k_by_hand(monkeypatch):
         assert d[f"diag/q1_k{k}"] == pytest.approx(k) and d[f"diag/qmean_k{k}"] == pytest.approx(2 * k)
         assert d[f"diag/u_k{k}"] == pytest.approx(u, rel=1e-5) and d[f"diag/w_k{k}"] == pytest.approx(w, rel=1e-5)
         assert d[f"diag/rpar_k{k}"] == pytest.approx(w * k, rel=1e-5)
+        # the dataset's next action (all zeros) is worth 0 to every member: the improvement is Q itself
+        assert d[f"diag/dmean_k{k}"] == pytest.approx(2 * k) and d[f"diag/dstd_k{k}"] == pytest.approx(u, rel=1e-5)
 
 
 def _history(p_last: list[float], n_points=10, collapsed_from=8):
@@ -212,9 +233,33 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
         plan = plan_run(Cell(algo, "mpe-cn", "random", 0), profile, tmp / "data", tmp / "results")
         res[algo] = execute(plan, log=logs.append)
         on_disk = json.loads(Path(plan.final_path).read_text())
-        assert on_disk["warnings"] == res[algo]["warnings"]
+        assert on_disk.get("warnings", []) == res[algo].get("warnings", [])  # an empty list is not written
         lines = [json.loads(x) for x in (plan.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 6 and all("diag/par_marginal_entropy" in x for x in lines)
     assert res["plcql"]["par_collapse"]["k"] == 3 and "PAR collapsed to k = n" in res["plcql"]["warnings"][0]
     assert any("WARNING" in line and "PAR collapsed" in line for line in logs)
-    assert res["plcql-uniform"]["warnings"] == [] and "par_collapse" not in res["plcql-uniform"]
+    assert not res["plcql-uniform"].get("warnings") and not res["plcql-uniform"].get("par_collapse")
+
+
+def test_reproduction_table_from_result_files(tmp_path):
+    """The study table: seeds, the six views (final = the recorded score; last 10 / best from the curve;
+    OMAR's scale from the returns) and the PAR collapse count, from valid result files only."""
+    from lb_fixtures import write_run
+
+    from plcql_bench.leaderboard.reproduction import collect, markdown
+
+    root = tmp_path / "results"
+    learned = {"lr": 0.001, "fixed_k": None}
+    write_run(root, "plcql", "mpe-cn", "random", 0, 40.0, par_collapse={"k": 3, "entropy": 0.01, "p_k": 0.99},
+              warnings=["PAR collapsed to k = n"], config=learned)
+    write_run(root, "plcql", "mpe-cn", "random", 1, 60.0, par_collapse=None, config=learned)
+    write_run(root, "cfcql", "mpe-cn", "random", 0, 50.0)
+    (root / "paper" / "cfcql" / "mpe-cn" / "random" / "seed9-broken").mkdir(parents=True)
+    (root / "paper" / "cfcql" / "mpe-cn" / "random" / "seed9-broken" / "final.json").write_text("{")
+    table = collect(root / "paper", ["mpe-cn/random"], ["cfcql", "plcql"])
+    runs = table["mpe-cn/random"]["plcql"]
+    assert [r["final-ours"] for r in runs] == [40.0, 60.0] and [r["best-ours"] for r in runs] == [40.0, 60.0]
+    assert runs[0]["final-omar"] == pytest.approx(100 * (40.0 - 159.8) / (516.8 - 159.8))
+    assert [r["collapsed"] for r in runs] == [True, False] and table["mpe-cn/random"]["cfcql"][0]["collapsed"] is None
+    text = markdown(table)
+    assert "| plcql | 2 | 50.0 ± 14.1 |" in text and "| 1 of 2 |" in text and "| cfcql | 1 | 50.0 |" in text

@@ -154,3 +154,58 @@ def paired_ratio(a: list[float], b: list[float], n_boot: int = 2000, seed: int =
     boot = np.median(r[np.random.default_rng(seed).integers(0, r.size, size=(n_boot, r.size))], axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return float(np.median(r)), float(lo), float(hi)
+
+
+def time_evaluation(algo_name: str, task, overrides: dict[str, Any] | None = None,
+                    episodes: tuple[int, int] = (4, 32), device: str = "cpu", seed: int = 0,
+                    clock: str = "wall") -> list[float]:
+    """Seconds of one evaluation (suite.protocol.rollout_returns on the evaluation seeds) with the
+    untrained policy of `algo_name`, at two episode counts, fitted as a + b * episodes. Each count
+    is run once untimed first (env construction, JAX compilation happen once per run too). An
+    untrained policy's episodes can be shorter or longer than a trained one's where episodes end
+    early (SMAX); MPE and Half-Cheetah episodes have a fixed length."""
+    from plcql_bench.suite import protocol
+
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    spec = task.spec
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    torch.manual_seed(seed)
+    algo = cls(spec, make_config(cls, dict(overrides or {})), seed, device)
+    begin = getattr(algo, "begin_episodes", None)
+
+    def once(n: int) -> float:
+        t0 = timer()
+        protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(n), begin=begin)
+        return timer() - t0
+
+    times = []
+    for n in episodes:
+        once(n)
+        times.append(once(n))
+    (n1, n2), (t1, t2) = episodes, times
+    b = max((t2 - t1) / (n2 - n1), 0.0)
+    return [max(t1 - b * n1, 0.0), b]
+
+
+def time_rounds_within(algo_name: str, spec: TaskSpec, overrides: dict[str, Any] | None = None,
+                       max_rounds: int = 20, min_rounds: int = 3, seconds: float = 20.0,
+                       device: str = "cpu", seed: int = 0, clock: str = "cpu") -> dict[str, float]:
+    """Median ms per update round (after one warm-up round) over as many rounds as fit in about
+    `seconds`: at least min_rounds, at most max_rounds. For calibrations, where SMAX's ensemble
+    rounds take ~20 s each on a CPU and MPE's a few ms."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    algo = cls(spec, make_config(cls, dict(overrides or {})), seed, device)
+    buf = make_buffer(cls, spec, 100_000, device, seed)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    algo.update(buf)
+    sync()
+    times: list[float] = []
+    while len(times) < max_rounds and (len(times) < min_rounds or sum(times) < seconds * 1e3):
+        t0 = timer()
+        algo.update(buf)
+        sync()
+        times.append((timer() - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "rounds": len(times)}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Use a short GPU loan fully (a lent machine: 1 GPU, 16 cores, no network, <= 10 minutes a command).
+#
+# Runs, at the same time and for at most LIMIT seconds:
+#   * GPU_ONLY cells on the GPU, PER_GPU runs sharing it (the GPU-sized cells: SMAX ensembles, Half-Cheetah);
+#   * CPU_ONLY cells on the remaining cores, one torch thread each;
+# then stops both cleanly (SIGINT: interrupted runs keep their last checkpoint) and packs every run
+# directory they touched (finished runs and checkpoints, so the next loan or a CPU machine resumes
+# them) into $OUT/results.tgz. Unpack it over results/ here and `make publish-results PROFILE=paper`.
+#
+# Prepare once on the development machine (what the loan machine lacks, it cannot download):
+#   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
+# Then, through the device tool: carry [".wheels"] and run
+#   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
+# Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
+# Check it here on CPU with a tiny budget: DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out bash ci/gpu_loan.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  mkdir -p .wheels
+  pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .wheels \
+    mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce "jaxmarl>=0.2,<0.3" gymnax rliable arch
+  grep -qx '/.wheels/' .git/info/exclude 2>/dev/null || echo '/.wheels/' >> .git/info/exclude
+  du -sh .wheels
+  exit 0
+fi
+
+LIMIT=${LIMIT:-500}              # seconds of training before the clean stop
+PROFILE=${PROFILE:-paper}
+DEVICE=${DEVICE:-cuda}
+PER_GPU=${PER_GPU:-3}
+GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
+CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
+CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
+OUT=${OUT:-$ROOT/build/loan-out}
+RESULTS=${RESULTS:-$ROOT/results}
+DATA=${DATA:-$ROOT/data}
+mkdir -p "$OUT" "$RESULTS" "$DATA"
+t0=$(date +%s)
+log() { echo "[loan +$(( $(date +%s) - t0 ))s] $*"; }
+
+# The package without installing it: plcql_bench.* as links to the checkout's folders.
+PKG=$(mktemp -d)
+mkdir -p "$PKG/plcql_bench"
+cp suite/_root/__init__.py "$PKG/plcql_bench/__init__.py"
+for sub in suite algorithms datasets leaderboard; do ln -s "$ROOT/$sub" "$PKG/plcql_bench/$sub"; done
+export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -d .wheels ]]; then
+  python3 -m pip install -q --no-deps --no-index --find-links .wheels --target "$PKG/deps" .wheels/*.whl \
+    2>&1 | tail -2
+  export PYTHONPATH="$PYTHONPATH:$PKG/deps"
+fi
+BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+
+# The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
+export OMP_NUM_THREADS=1
+timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
+  --only "$GPU_ONLY" > "$OUT/gpu.log" 2>&1 &
+gpu_pid=$!
+timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device cpu --jobs "$CPU_JOBS" \
+  --only "$CPU_ONLY" > "$OUT/cpu.log" 2>&1 &
+cpu_pid=$!
+wait $gpu_pid; log "gpu part exit $?"
+wait $cpu_pid; log "cpu part exit $?"
+
+# Pack every run directory (small files + checkpoints; no datasets) for the trip back (<= 16 MiB a file).
+(cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u > "$OUT/runs.txt"
+ tar -czf "$OUT/results.tgz" --files-from=<(while read -r d; do
+   for f in final.json config.json metrics.jsonl status.json run.log ckpt.pt; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
+ done < "$OUT/runs.txt"))
+"${BENCH[@]}" status > "$OUT/status.txt" 2>&1
+log "packed $(wc -l < "$OUT/runs.txt") run(s): $(du -h "$OUT/results.tgz" | cut -f1)"
+for f in "$OUT/gpu.log" "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
+rm -rf "$PKG"

@@ -1,0 +1,160 @@
+"""Loading a results folder: valid runs, unfinished runs, and every file that was skipped.
+
+Runs come from ``final.json`` files through the one result schema (suite/schema.py: types,
+score = final evaluation, finite numbers, run key = hash of the identity, file in the run
+directory its key names). On top of that the leaderboard skips, with the reason:
+
+* a repeated seed of the same cell (the later ``finished_at``, then path, is kept);
+* runs on an older build of their dataset (per profile, task and tier only the runs on the sha256
+  of the most recently finished run count, so a cell never mixes two datasets);
+* a normalised score that does not follow from the mean return and the committed dataset card's
+  reference returns (when a card for the run's dataset sha256 exists).
+
+Run directories without final.json are *unfinished*: ``failed``, ``running`` or ``interrupted``
+per their status.json; a status.json that cannot be read makes the run *damaged* (listed and
+counted as skipped, never dropped silently).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from plcql_bench.leaderboard.cells import Run
+from plcql_bench.suite.schema import Damaged, RunRecord, scan_records
+
+__all__ = ["Loaded", "Unfinished", "load"]
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A run directory with no final.json."""
+
+    path: str  # its status.json, relative to the results folder
+    state: str  # failed | running | interrupted | damaged
+    algo: str
+    task: str
+    dataset: str
+    seed: int | None
+    profile: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Loaded:
+    runs: list  # of Run, by path
+    skipped: list  # of Damaged, by path
+    unfinished: list  # of Unfinished, by path
+
+
+def load(results_dir: Path, cards: dict | None = None) -> Loaded:
+    """Everything the page needs from ``results_dir``. ``cards``: {sha256: card dict} of the
+    committed dataset cards, for the reference-return check."""
+    records, skipped = scan_records(results_dir)
+    records = _one_per_seed(records, skipped)
+    records = _newest_dataset_build(records, skipped)
+    runs = []
+    for path, rec in records:
+        problem = _card_mismatch(rec, (cards or {}).get(rec.dataset_sha256))
+        if problem:
+            skipped.append(Damaged(path, problem))
+        else:
+            runs.append(Run.of(path, rec))
+    unfinished = _unfinished(Path(results_dir), skipped)
+    runs.sort(key=lambda r: r.path)
+    skipped.sort(key=lambda s: s.path)
+    return Loaded(runs, skipped, unfinished)
+
+
+def _one_per_seed(records: list, skipped: list) -> list:
+    by_seed: dict[tuple, list[tuple[str, RunRecord]]] = defaultdict(list)
+    for path, r in records:
+        by_seed[(r.domain, r.task, r.dataset, r.algo, r.score_name, r.profile, r.protocol_version, r.seed)].append((path, r))
+    kept = []
+    for group in by_seed.values():
+        group.sort(key=lambda pr: (pr[1].finished_at, pr[0]))
+        kept.append(group[-1])
+        for path, r in group[:-1]:
+            skipped.append(Damaged(path, f"duplicate of seed {r.seed} in the same cell; kept {group[-1][0]}"))
+    return kept
+
+
+def _newest_dataset_build(records: list, skipped: list) -> list:
+    newest: dict[tuple, tuple[str, RunRecord]] = {}
+    for path, r in records:
+        key = (r.profile, r.task, r.dataset)
+        if r.dataset_sha256 and (key not in newest or (r.finished_at, path) > (newest[key][1].finished_at, newest[key][0])):
+            newest[key] = (path, r)
+    kept = []
+    for path, r in records:
+        ref = newest.get((r.profile, r.task, r.dataset))
+        if ref is not None and r.dataset_sha256 and r.dataset_sha256 != ref[1].dataset_sha256:
+            skipped.append(Damaged(path, f"trained on an older build of {r.task}/{r.dataset} (sha256 "
+                                         f"{r.dataset_sha256[:12]}; the newest runs use {ref[1].dataset_sha256[:12]})"))
+        else:
+            kept.append((path, r))
+    return kept
+
+
+def _card_mismatch(rec: RunRecord, card: dict | None) -> str | None:
+    """Why the run's normalised score does not follow from its card's reference returns."""
+    if card is None or rec.is_win_rate:
+        return None
+    lo, hi, ret = card.get("ref_return_random"), card.get("ref_return_expert"), rec.final_eval.get("return_mean")
+    if not all(isinstance(v, (int, float)) for v in (lo, hi, ret)) or hi == lo:
+        return None
+    expected = 100.0 * (ret - lo) / (hi - lo)
+    if not math.isclose(expected, rec.score, rel_tol=1e-6, abs_tol=1e-6):
+        return (f"score {rec.score:.6g} does not follow from final_eval.return_mean {ret:.6g} and the dataset "
+                f"card's reference returns ({expected:.6g})")
+    return None
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _unfinished(results_dir: Path, skipped: list) -> list[Unfinished]:
+    """Run directories with a status.json and no final.json. Identity from config.json (written
+    before training), else from the path ``<profile>/<algo>/<task>/<tier>/seed<k>-<key>/``."""
+    out = []
+    for status_file in sorted(results_dir.rglob("status.json")):
+        run_dir = status_file.parent
+        if (run_dir / "final.json").exists():
+            continue
+        rel = status_file.relative_to(results_dir).as_posix()
+        try:
+            status = _read_json(status_file)
+            if not isinstance(status, dict) or not isinstance(status.get("status"), str):
+                raise ValueError("no 'status' string")
+            state, error = status["status"], status.get("error")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            state, error = "damaged", f"status.json unreadable: {type(exc).__name__}: {exc}"
+            skipped.append(Damaged(rel, error))
+        if state == "done":
+            state, error = "damaged", "status.json says done but final.json is missing"
+            skipped.append(Damaged(rel, error))
+        ident = _identity(results_dir, run_dir)
+        if ident is None:
+            continue
+        first = error.splitlines()[0][:300] if isinstance(error, str) and error else ""
+        out.append(Unfinished(rel, state, *ident, error=first or f"status {state}"))
+    return out
+
+
+def _identity(results_dir: Path, run_dir: Path) -> tuple | None:
+    try:
+        raw = _read_json(run_dir / "config.json")
+        raw = raw if isinstance(raw, dict) else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        raw = {}
+    parts = run_dir.relative_to(results_dir).parts
+    guess = dict(zip(("profile", "algo", "task", "dataset"), parts[-5:-1])) if len(parts) >= 5 else {}
+    vals = {k: raw[k] if isinstance(raw.get(k), str) and raw[k] else guess.get(k) for k in ("profile", "algo", "task", "dataset")}
+    if not all(vals.values()):
+        return None
+    seed = raw.get("seed")
+    return vals["algo"], vals["task"], vals["dataset"], seed if isinstance(seed, int) and not isinstance(seed, bool) else None, vals["profile"]

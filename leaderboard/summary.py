@@ -1,0 +1,177 @@
+"""The reproduction summary at the top of the page: coverage of the paper's rows, every cell
+against the paper's number with a verdict, and the headline claims recomputed only where the
+comparison has enough seeds. Pure functions of the laid-out tables.
+
+Verdict of one of our cells against the paper's mean ± std (over the paper's 5 seeds):
+
+* *reproduced*: our mean lies within the paper's mean ± std;
+* *below* / *above*: it lies outside, and Welch's test of our seeds against the paper's
+  (mean, std, 5 seeds) rejects equal means at 0.05;
+* *not distinguishable*: it lies outside, but the test does not reject (too few seeds or too
+  much spread to tell);
+* *too few seeds* (n < 3), *not comparable* (SMAX against the paper's StarCraft II numbers),
+  *not reported* (the paper prints "-").
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from plcql_bench.leaderboard import paper as pp
+from plcql_bench.leaderboard.cells import MIN_SEEDS
+from plcql_bench.leaderboard.stats import TIE_ALPHA, welch_p, welch_p_summary
+from plcql_bench.leaderboard.tables import RIVAL, TARGET, Table
+
+__all__ = ["Comparison", "coverage", "comparisons", "claims", "findings", "verdict"]
+
+PAPER_ROWS = {"main": ("main_results", "MPE + MaMuJoCo"), "smac": ("starcraft_results", "SMAC (SMAX here, not comparable)")}
+
+
+def _compared(tc):
+    return next((e for e in tc.entries if e.compared), None)
+
+
+def coverage(tables: list[Table], paper: dict | None) -> dict:
+    """How many of the paper's rows have our (compared) results, per algorithm and table, with
+    the seeds per row; the algorithms without any result are only named."""
+    algos: dict[str, dict] = {}
+    covered: set[tuple] = set()
+    total = 0
+    for t in tables:
+        key = PAPER_ROWS[t.key][0]
+        n_paper = sum(len(tiers) for tiers in ((paper or {}).get("tables", {}).get(key, {}).get("rows", {}) or {}).values())
+        total += n_paper
+        for col in t.columns:
+            in_paper = col.id in pp.table_columns(paper, key)
+            seeds = []
+            for row in t.rows:
+                tc = next(c for c in row.cells if c.algo == col.id)
+                e = _compared(tc)
+                where = pp.paper_row(paper, tc.task, tc.dataset)
+                if e is not None and (where is not None or not in_paper):
+                    seeds.append(e.stats.n)
+                    if where is not None:
+                        covered.add(where)
+            a = algos.setdefault(col.id, {"algo": col.id, "label": col.label, "target": col.target})
+            a[t.key] = {"rows": len(seeds), "of": n_paper if in_paper else None, "seeds": sorted(seeds, reverse=True)}
+    ran = [a for a in algos.values() if any(a.get(k, {}).get("rows") for k in PAPER_ROWS)]
+    for a in ran:
+        a["min_seeds_rows"] = sum(s >= MIN_SEEDS for k in PAPER_ROWS for s in a.get(k, {}).get("seeds", []))
+    ran.sort(key=lambda a: (not a["target"], a["label"]))
+    return {"ran": ran, "not_run": [a["label"] for a in algos.values() if a not in ran],
+            "rows_covered": len(covered), "rows_total": total}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    table: str
+    task: str
+    dataset: str
+    algo: str
+    label: str
+    score_name: str
+    n: int
+    mean: float
+    ci: tuple | None
+    paper_mean: float | None
+    paper_std: float | None
+    delta: float | None
+    delta_ci: tuple | None
+    p: float | None
+    verdict: str
+
+
+def verdict(values, mean: float, paper_mean: float | None, paper_std: float | None, sc2: bool) -> tuple[str, float | None]:
+    """(verdict, Welch p against the paper's 5 seeds) for one cell; see the module docstring."""
+    if sc2:
+        return "not comparable", None
+    if paper_mean is None:
+        return "not reported", None
+    if len(values) < MIN_SEEDS:
+        return "too few seeds", None
+    p = welch_p_summary(values, paper_mean, paper_std, pp.PAPER_SEEDS)
+    if abs(mean - paper_mean) <= paper_std:
+        return "reproduced", p
+    if p is None or p >= TIE_ALPHA:
+        return "not distinguishable", p
+    return ("below" if mean < paper_mean else "above"), p
+
+
+def comparisons(tables: list[Table], label) -> list[Comparison]:
+    """Every compared cell that has a paper number beside it (once, also when it appears in
+    the main and the ablation table)."""
+    out, seen = [], set()
+    for t in tables:
+        for row in t.rows:
+            for tc in row.cells:
+                e = _compared(tc)
+                if e is None or tc.paper is None or (tc.task, tc.dataset, tc.algo) in seen:
+                    continue
+                seen.add((tc.task, tc.dataset, tc.algo))
+                s, ref = e.stats, tc.paper
+                v, p = verdict(s.values, s.mean, ref.mean, ref.std, ref.sc2)
+                comparable = v not in ("not comparable", "not reported")
+                delta = s.mean - ref.mean if comparable else None
+                dci = (s.ci[0] - ref.mean, s.ci[1] - ref.mean) if comparable and s.ci else None
+                out.append(Comparison(t.key, tc.task, tc.dataset, tc.algo, label(tc.algo), e.cell.score_name, s.n, s.mean,
+                                      s.ci, ref.mean, ref.std, delta, dci, p, v))
+    return out
+
+
+def claims(tables: list[Table], label) -> dict:
+    """The paper's two headline claims recomputed on the rows of the main and SMAC tables where
+    every compared algorithm has >= 3 seeds (and PLCQL plus at least one other ran)."""
+    with_target, eligible, excluded = 0, [], []
+    for t in tables:
+        for row in t.rows:
+            comp = [e for tc in row.cells for e in tc.entries if e.compared]
+            if not any(e.cell.algo == TARGET for e in comp):
+                continue
+            with_target += 1
+            few = [e for e in comp if e.stats.n < MIN_SEEDS]
+            if len(comp) < 2:
+                excluded.append((row.label, f"only {label(TARGET)} ran"))
+            elif few:
+                excluded.append((row.label, ", ".join(f"{label(e.cell.algo)} n={e.stats.n}" for e in few)))
+            else:
+                eligible.append((row, comp))
+    best = best_sig = beats = beats_sig = beats_of = 0
+    algos = set()
+    for row, comp in eligible:
+        algos |= {e.cell.algo for e in comp}
+        target = next(e for e in comp if e.cell.algo == TARGET)
+        if target.mark.bold:
+            best += 1
+            best_sig += all(e.mark.p is not None and not e.mark.ns for e in comp if e is not target)
+        rival = next((e for e in comp if e.cell.algo == RIVAL), None)
+        if rival is not None:
+            beats_of += 1
+            if target.stats.mean > rival.stats.mean:
+                beats += 1
+                p = welch_p(target.stats.values, rival.stats.values)
+                beats_sig += p is not None and p < TIE_ALPHA
+    return {"rows_with_target": with_target, "eligible": len(eligible), "excluded": excluded,
+            "best": best, "best_sig": best_sig, "beats": beats, "beats_sig": beats_sig, "beats_of": beats_of,
+            "algos": sorted(label(a) for a in algos)}
+
+
+def findings(comps: list[Comparison], label) -> list[str]:
+    """One sentence per algorithm with comparable cells: its verdicts against the paper."""
+    by: dict[str, list[Comparison]] = defaultdict(list)
+    for c in comps:
+        if c.verdict not in ("not comparable", "not reported"):
+            by[c.algo].append(c)
+    order = [TARGET] + sorted(a for a in by if a != TARGET)
+    out = []
+    for algo in order:
+        cs = by.get(algo)
+        if not cs:
+            continue
+        counts = Counter(c.verdict for c in cs)
+        parts = ", ".join(f"{v} on {counts[v]}" for v in ("reproduced", "below", "above", "not distinguishable", "too few seeds") if counts[v])
+        detail = "; ".join(f"{c.task} {c.dataset}: {c.mean:.{2 if c.score_name == 'win_rate' else 1}f} vs "
+                           f"{c.paper_mean:.{2 if c.score_name == 'win_rate' else 1}f}" for c in cs if c.verdict in ("below", "above"))
+        out.append(f"{label(algo)}: {parts} of {len(cs)} cell{'s' if len(cs) > 1 else ''} compared with the paper"
+                   + (f" ({detail})" if detail else "") + ".")
+    return out

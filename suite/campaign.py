@@ -1,0 +1,171 @@
+"""Campaigns: a named, prioritised list of matrix selections to run in the background, resumably, with
+every finished run published into the committed results folder as it lands.
+
+A campaign file (YAML):
+
+    profile: paper
+    stages:
+      - name: plcql-study-cn-random
+        only: algo=plcql,plcql-kn,task=mpe-cn,dataset=random,seed=0,1,2
+      - ...
+
+`plcql-bench campaign run FILE` runs the stages in order, each as one `plcql-bench all --profile P
+--only SPEC` (so finished cells are skipped and interrupted ones resume from their checkpoints), and
+after each stage copies the finished runs' small files (final.json, config.json, metrics.jsonl) into
+`--publish-to` (default leaderboard/results). A stage whose cells fail does not stop the campaign.
+`plcql-bench campaign status FILE` shows each stage's cells: done / partial / todo / failed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import yaml
+
+from plcql_bench.suite.errors import BenchError
+
+PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    only: str
+
+
+@dataclass(frozen=True)
+class Campaign:
+    profile: str
+    stages: tuple[Stage, ...]
+
+
+def load_campaign(path: Path) -> Campaign:
+    """Parse a campaign file; BenchError naming the file and field on anything malformed."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise BenchError(f"{path}: cannot read campaign: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("profile"), str) or not isinstance(raw.get("stages"), list):
+        raise BenchError(f"{path}: a campaign needs 'profile' (a name) and 'stages' (a list)")
+    stages, names = [], set()
+    for i, st in enumerate(raw["stages"]):
+        if not isinstance(st, dict) or not isinstance(st.get("name"), str) or not isinstance(st.get("only"), str):
+            raise BenchError(f"{path}: stages[{i}] needs 'name' and 'only' (strings)")
+        if st["name"] in names:
+            raise BenchError(f"{path}: stages[{i}]: duplicate stage name {st['name']!r}")
+        names.add(st["name"])
+        stages.append(Stage(st["name"], st["only"]))
+    return Campaign(raw["profile"], tuple(stages))
+
+
+def stage_cells(campaign: Campaign, stage: Stage):
+    """The profile and the cells a stage selects (validated like `all --only`)."""
+    from plcql_bench.suite.matrix import parse_only, select_cells
+    from plcql_bench.suite.profiles import load_profile
+
+    prof = load_profile(campaign.profile)
+    return prof, select_cells(prof, parse_only([stage.only]))
+
+
+def publish(results_dir: Path, profile: str, dest: Path) -> int:
+    """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
+    paths); returns how many runs were newly published. Files already there are left alone."""
+    src_root = Path(results_dir) / profile
+    n = 0
+    for final in sorted(src_root.rglob("final.json")):
+        rel = final.parent.relative_to(Path(results_dir))
+        target = Path(dest) / rel
+        if (target / "final.json").exists():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in PUBLISHED_FILES:  # final.json last: its presence marks a complete copy
+            if (final.parent / name).exists() and name != "final.json":
+                shutil.copyfile(final.parent / name, target / name)
+        shutil.copyfile(final, target / "final.json")
+        n += 1
+    return n
+
+
+def _all_command(data_dir: Path, results_dir: Path, profile: str, only: str, jobs: int | None) -> list[str]:
+    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
+           str(results_dir), "all", "--profile", profile, "--only", only]
+    return cmd + (["--jobs", str(jobs)] if jobs else [])
+
+
+@click.group("campaign")
+def campaign() -> None:
+    """Run a prioritised list of matrix selections (a campaign file) and publish finished runs."""
+
+
+@campaign.command("run")
+@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Passed to each stage's `all` (default: all's default).")
+@click.option("--stage", "only_stages", multiple=True, help="Only these stages (by name), in file order.")
+@click.option("--publish-to", type=click.Path(path_type=Path), default=Path("leaderboard/results"),
+              show_default=True, help="Where finished runs are copied after each stage.")
+@click.option("--no-publish", is_flag=True, help="Do not copy finished runs anywhere.")
+@click.pass_obj
+def run_campaign(obj, file, jobs, only_stages, publish_to, no_publish) -> None:
+    """Run the stages in order (each resumable); publish finished runs after every stage."""
+    camp = load_campaign(file)
+    known = {s.name for s in camp.stages}
+    unknown = sorted(set(only_stages) - known)
+    if unknown:
+        raise BenchError(f"{file}: no stage named {', '.join(unknown)} (stages: {', '.join(s.name for s in camp.stages)})")
+    stages = [s for s in camp.stages if not only_stages or s.name in only_stages]
+    prof = None
+    for s in stages:  # validate every selection before running anything
+        prof, _ = stage_cells(camp, s)
+    failed = []
+    for s in stages:
+        click.echo(f"== stage {s.name}: {s.only}", err=True)
+        rc = subprocess.call(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
+        if rc != 0:
+            failed.append(s.name)
+            click.echo(f"== stage {s.name}: exit {rc} (continuing)", err=True)
+        if not no_publish:
+            n = publish(obj["results_dir"], prof.name, publish_to)  # results live under the profile's name
+            click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
+    click.echo(f"campaign {file}: {len(stages)} stage(s), {len(failed)} with failures"
+               + (f" ({', '.join(failed)})" if failed else ""))
+    if failed:
+        sys.exit(1)
+
+
+@campaign.command("status")
+@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.pass_obj
+def campaign_status(obj, file) -> None:
+    """Per stage: how many of its cells are done, partial, running, failed or still to do."""
+    from plcql_bench.suite.matrix import cell_state, resolve
+
+    camp = load_campaign(file)
+    total: dict[str, int] = {}
+    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5}")
+    for s in camp.stages:
+        prof, cells = stage_cells(camp, s)
+        counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
+        for item in resolve(cells, prof, obj["data_dir"], obj["results_dir"]):
+            counts[cell_state(item.plan)] += 1
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+        click.echo(f"{s.name:<32} {len(cells):>5}  {counts['done']:>5} {counts['partial']:>7} "
+                   f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5}")
+    click.echo(f"{'total':<32} {sum(total.values()):>5}  " + " ".join(
+        f"{total.get(k, 0):>{w}}" for k, w in (("done", 5), ("partial", 7), ("running", 7), ("failed", 6), ("todo", 5))))
+
+
+@campaign.command("publish")
+@click.option("--profile", default="paper", show_default=True)
+@click.option("--to", "dest", type=click.Path(path_type=Path), default=Path("leaderboard/results"), show_default=True)
+@click.pass_obj
+def publish_cmd(obj, profile, dest) -> None:
+    """Copy finished runs' small files (final, config, metrics) into the committed results folder."""
+    n = publish(obj["results_dir"], profile, dest)
+    click.echo(f"published {n} new run(s) of profile {profile} to {dest}")

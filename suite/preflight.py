@@ -1,0 +1,124 @@
+"""Before `all` trains: build the datasets the selected cells need. A dataset that cannot be built
+fails only the cells that train on it; every other cell trains.
+
+    problems = prepare_datasets(pairs, profile, data_root, build_missing, echo)
+    {(task, tier): DatasetProblem(cause, fix)} for each dataset that is missing after this step
+
+A cell without its dataset has no run key (the key holds the dataset's sha256), so its failure is
+recorded in a stand-in run directory, `<results>/<profile>/<algo>/<task>/<tier>/seed<k>-no-dataset/`
+(config.json + status.json naming the cause and the fix), which `status` lists and which `all`
+removes once the dataset exists.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from plcql_bench.suite.store import atomic_write_json
+
+NO_DATASET_DIR = "no-dataset"
+
+# Task id prefix -> the pip extra that installs its env stack.
+_EXTRAS = {"mpe-": "mpe", "mamujoco-": "mamujoco", "smax-": "smax"}
+
+
+@dataclass(frozen=True)
+class DatasetProblem:
+    task: str
+    tier: str
+    cause: str  # one line
+    fix: str  # the command (or step) that fixes it
+
+    def message(self) -> str:
+        return f"dataset {self.task}/{self.tier} could not be built: {self.cause} (fix: {self.fix})"
+
+
+def diagnose(task: str, tier: str, exc: Exception, profile_name: str) -> DatasetProblem:
+    """Cause and fix of a failed dataset build."""
+    from plcql_bench.datasets.build import DatasetUnavailable
+
+    cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if isinstance(exc, DatasetUnavailable):
+        return DatasetProblem(task, tier, exc.reason, exc.fix)
+    if isinstance(exc, ImportError):
+        extra = next((e for prefix, e in _EXTRAS.items() if task.startswith(prefix)), None)
+        if extra:
+            return DatasetProblem(task, tier, cause, f"pip install 'plcql-bench[{extra}]' "
+                                                     f"(in a clone: pip install -e '.[{extra}]')")
+    return DatasetProblem(task, tier, cause, f"plcql-bench datasets build {task} {tier} --profile "
+                                             f"{profile_name} (shows the traceback)")
+
+
+def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo) -> dict:
+    """Build each missing (task, tier) dataset (when build_missing); returns the problems of those
+    still missing. Exceptions other than Ctrl-C are caught per dataset."""
+    from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.behaviour import stale
+    from plcql_bench.datasets.build import build_dataset
+
+    problems = {}
+    for task, tier in pairs:
+        entry = manifest.lookup(data_root, task, tier)
+        if entry is None and not build_missing:
+            problems[(task, tier)] = DatasetProblem(
+                task, tier, f"not built in {data_root} (--no-build-missing)",
+                f"plcql-bench datasets build {task} {tier} --profile {profile.name}")
+            continue
+        if entry is None:
+            echo(f"building dataset {task}/{tier}")
+            try:
+                build_dataset(task, tier, profile.episodes_for(task, tier), data_root,
+                              profile=profile.data_profile)
+            except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
+                problems[(task, tier)] = diagnose(task, tier, exc, profile.name)
+                echo(f"error: {problems[(task, tier)].message()}", err=True)
+            continue
+        why = stale(entry, task, tier)
+        if why:  # its runs stay valid for that data (keyed by sha256), but say so
+            echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
+                 f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
+    return problems
+
+
+def no_dataset_dir(cell, profile, results_dir: Path) -> Path:
+    from plcql_bench.suite.runner import profile_dir
+
+    return (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
+            / f"seed{cell.seed}-{NO_DATASET_DIR}")
+
+
+def record_failure(cell, profile, results_dir: Path, problem: DatasetProblem) -> Path:
+    """config.json + status.json (failed, with cause and fix) for a cell whose dataset is missing."""
+    from plcql_bench.suite.runner import _now
+
+    d = no_dataset_dir(cell, profile, results_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(d / "config.json", {
+        "run_key": None, "algo": cell.algo, "task": cell.task, "dataset": cell.tier, "seed": cell.seed,
+        "profile": profile.name, "dataset_sha256": None,
+        "budget": profile.train_budget(cell.task, cell.tier)})
+    atomic_write_json(d / "status.json", {
+        "status": "failed", "run_key": None, "updated_at": _now(), "update": 0,
+        "error": problem.message(), "cause": problem.cause, "fix": problem.fix})
+    return d
+
+
+def clear_failure(cell, profile, results_dir: Path) -> None:
+    """The dataset exists now: drop the stand-in directory of an earlier missing-dataset failure."""
+    d = no_dataset_dir(cell, profile, results_dir)
+    if d.is_dir():
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def check_buildable(task: str, tier: str, profile_name: str) -> DatasetProblem | None:
+    """Why `all` could not build task/tier here (no behaviour policy, a missing extra), or None.
+    Cheap: looks up the behaviour policy without collecting anything."""
+    from plcql_bench.datasets.behaviour import unavailable
+
+    try:
+        found = unavailable(task, tier)
+    except Exception as exc:  # noqa: BLE001 - e.g. the task's env stack is not installed
+        return diagnose(task, tier, exc, profile_name)
+    return DatasetProblem(task, tier, *found) if found else None
