@@ -116,8 +116,11 @@ fi
 cleanup() { [ "$RM_IMAGE" = 1 ] && podman rmi -f "$IMAGE" >/dev/null 2>&1; true; }
 trap cleanup EXIT
 
+# Docker image format: the OCI format cannot hold the Dockerfile's SHELL (buildah warns and drops it).
+# --layers: unchanged steps come from podman's layer cache (the Dockerfiles put the per-commit
+# labels last, so a new commit rebuilds only the package layer).
 build() {
-  timeout "$BUILD_TIMEOUT" buildah bud --isolation chroot --layers "${volumes[@]}" "${build_args[@]}" \
+  timeout "$BUILD_TIMEOUT" buildah bud --isolation chroot --format docker --layers "${volumes[@]}" "${build_args[@]}" \
     -f "$WORK/context/containers/Dockerfile.cpu" -t "$IMAGE" "$WORK/context" >"$WORK/build.log" 2>&1 \
     || { echo "-- build failed; last lines of $WORK/build.log:" >&2; tail -n 30 "$WORK/build.log" >&2; return 1; }
 }
