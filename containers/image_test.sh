@@ -100,9 +100,9 @@ rm -rf "$WORK/context" "$WORK/data" "$WORK/results"
 mkdir -p "$WORK/context" "$WORK/data" "$WORK/results"
 git ls-files -z -co --exclude-standard | tar --null -T - -c | tar -C "$WORK/context" -x
 
-build_args=(--build-arg "BASE_IMAGE=$BASE"
-            --build-arg "GIT_COMMIT=$(git rev-parse HEAD)"
-            --build-arg "BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)")
+COMMIT=$(git rev-parse HEAD)
+BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+build_args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "GIT_COMMIT=$COMMIT" --build-arg "BUILD_DATE=$BUILD_DATE")
 volumes=()
 if [ -d /opt/wheels ]; then   # this machine's local torch CPU wheel
   volumes=(-v /opt/wheels:/wheels:ro)
@@ -151,7 +151,7 @@ echo "final.json files: $finals"
 [ "$finals" -ge 1 ] || { echo "FAIL: no final.json under $WORK/results"; exit 1; }
 [ -n "$(find "$WORK/data" -name '*.h5' -o -name '*.hdf5' | head -1)" ] || { echo "FAIL: no dataset under $WORK/data"; exit 1; }
 [ -s "$WORK/results/site/index.html" ] || { echo "FAIL: no leaderboard at $WORK/results/site/index.html"; exit 1; }
-python3 - "$WORK/results" <<'PY'
+python3 - "$WORK/results" "$COMMIT" "$BUILD_DATE" <<'PY'
 import json, pathlib, sys
 finals = sorted(pathlib.Path(sys.argv[1]).rglob("final.json"))
 blob = json.loads(finals[0].read_text())
@@ -168,6 +168,8 @@ def find(o, key):
 labels = find(blob, "image") or find(blob, "image_labels")
 print("image labels in", finals[0].relative_to(sys.argv[1]), "->", labels)
 assert labels and labels.get("variant") == "cpu", "image labels missing from final.json"
+# This build's commit and date, not a cached layer's (the layer cache must not keep stale labels).
+assert (labels.get("revision"), labels.get("created")) == tuple(sys.argv[2:4]), ("stale labels", labels, sys.argv[2:4])
 PY
 echo "leaderboard: $(du -sh "$WORK/results/site" | cut -f1) at $WORK/results/site/index.html"
 echo "IMAGE-TEST OK ($finals runs)"

@@ -184,3 +184,18 @@ def test_image_test_reports_a_machine_that_cannot_build_images(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "IMAGE-TEST NOT RUN: needs root" in proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_per_build_labels_come_last_and_are_cache_safe(variant):
+    """GIT_COMMIT/BUILD_DATE are declared after the heavy steps (so a rebuild reuses them from the
+    layer cache), and a RUN reads them before the LABEL/ENV that record them: buildah caches LABEL
+    and ENV by their text, so without that RUN a rebuild would keep the previous build's labels."""
+    text = _dockerfile(variant)
+    arg = text.index("ARG GIT_COMMIT=")
+    assert text.index('pip install ".[mpe]"') < arg and text.index("ARG BUILD_DATE=") > arg
+    assert text.count("${GIT_COMMIT}") == text[arg:].count("${GIT_COMMIT}")  # no earlier use
+    label = text.index('org.opencontainers.image.revision="${GIT_COMMIT}"')
+    assert label < text.index('PLCQL_GIT_COMMIT="${GIT_COMMIT}"')
+    between = text[text.index("\nRUN ", arg):label]  # from the first RUN after the ARGs to the LABEL
+    assert "${GIT_COMMIT}" in between and "${BUILD_DATE}" in between
