@@ -176,11 +176,13 @@ def test_image_test_reports_a_machine_that_cannot_build_images(tmp_path):
     """Not root: exit 3 (nothing tested, said on stderr), before touching anything."""
     import os  # noqa: PLC0415
 
-    cmd = ["bash", str(CONTAINERS / "image_test.sh")]
+    # The script on stdin, run from /: user 65534 may not be able to read the checkout (a clone
+    # in a `mktemp -d` folder is mode 700).
+    cmd = ["bash", "-s"]
     if os.geteuid() == 0:
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "WORK": str(tmp_path / "w")})
+    proc = subprocess.run(cmd, input=(CONTAINERS / "image_test.sh").read_text(), cwd="/", capture_output=True,
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"], "WORK": str(tmp_path / "w")})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "IMAGE-TEST NOT RUN: needs root" in proc.stderr
     assert not (tmp_path / "w").exists()
