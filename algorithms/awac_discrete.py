@@ -47,6 +47,7 @@ class Config:
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
     reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     target_rate: float = 0.005  # alpha 0.005 (target-Q EMA)
     # --- AWAC (baseline_awac.yaml, awac_learner.py) ---
     beta: float = 3.0  # beta 3.0

@@ -67,6 +67,9 @@ class EpisodeBatch:
     terminals float32 [B, T]                 1 at a true terminal (no bootstrap); timeouts are 0
     mask      float32 [B, T]                 1 on real steps t < len, 0 on padding
     lengths   int64   [B]                    len of each episode
+    timeouts  float32 [B, T] or None         1 where the time limit cut the episode (a learner that
+                                             follows the references counts it as terminal:
+                                             DiscreteAlgorithm.scaled, `bootstrap_timeouts`)
     """
 
     obs: torch.Tensor
@@ -77,6 +80,7 @@ class EpisodeBatch:
     terminals: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor
+    timeouts: torch.Tensor | None = None
 
     @property
     def size(self) -> int:

@@ -5,7 +5,7 @@ Reference: `thu-rllab/CFCQL` `discrete/src/learners/cq_learner.py` with `config/
 
   Q-values    q = GRU agent(o_t ⊕ a_{t-1} ⊕ id)                          [B, T+1, n, A]
   target      y = TD(λ) returns of Q'_tot(s_t, argmax_avail q(o_t)) (double Q: online argmax over the
-              available actions, target agent + target mixer), γ 0.99, λ 0.6 (0.3 on 6h_vs_8z)
+              available actions, target agent + target mixer), γ 0.99, λ 0.6
   TD loss     mean over real steps of ½ (Q_tot(s, a) − y)²
   CF-CQL      for agent i and each of its actions j: Q_tot(s, a_i = j, a_-i from the data); unavailable
               j never enter (masked logsumexp);
@@ -22,11 +22,15 @@ masked cross-entropy, CFCQL `train_behaviour`) is trained first. Then per step
 0 uniform weights 1/n (then no behaviour model is trained). `cql_alpha` (the reference's
 `global_cql_alpha`) and `softmax_temp` come per map and dataset from configs/cfcql_discrete.yaml.
 
-Behaviour training budget: the reference's loop runs for `max_behaviour_train_steps` = 10M sampled
-timesteps and computes, but does not use, a "no improvement for 20 steps" flag; the notes describe the
-latter as the stopping rule. Here β trains before the first Q step for at most
-`behaviour_max_updates` steps and stops early once its batch loss has not improved for more than
-`behaviour_patience` steps (0 = never stop early). See docs/algorithms/cfcql.md.
+Behaviour training budget, as the reference's (`run/offline_utils.py` `train_behaviour_policy`,
+lines 23-36; `config/default.yaml` `max_behaviour_train_steps: 10000000`): β trains before the first
+Q step on 128-episode batches until the batches it has drawn hold `behaviour_timesteps` = 10M
+sampled timesteps, counted as the reference counts them: its `filled` mask marks L + 1 entries per
+episode of L steps (the runner fills the reset observation and every next observation,
+`runners/parallel_runner.py` lines 85 and 179). No early stop: the reference computes a "loss not
+improved for 20 steps" flag (`learners/cq_learner.py` lines 119-124) and never uses it.
+`behaviour_max_updates` (0 = none, the reference) caps the updates for smoke profiles. The metrics
+report `behaviour/updates` and `behaviour/timesteps`. See docs/algorithms/cfcql.md.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ class Config:
     lr: float = 1e-3  # lr 0.001, optimizer adam
     gamma: float = 0.99  # gamma 0.99
     reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
-    td_lambda: float = 0.6  # td_lambda 0.6 (0.3 on 6h_vs_8z via the table)
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
+    td_lambda: float = 0.6  # td_lambda 0.6 on every map (configs/cfcql_discrete.yaml says why)
     batch_episodes: int = 128  # batch_size 128 episodes
     grad_clip: float = 10.0  # grad_norm_clip 10
     target_update_interval: int = 25  # rounds: 200 "episodes" / batch_size_run 8
@@ -64,8 +69,13 @@ class Config:
     softmax_temp: float = 5.0  # softmax_temp 5 (cql_qmix.yaml); per map/dataset via the table; 0 = 1/n
     # --- behaviour model for λ (moderate_lambda) ---
     behaviour_lr: float = 1e-3  # the reference's behaviour optimiser uses args.lr
-    behaviour_max_updates: int = 2000  # chosen (reference: 10M sampled timesteps, ~ the Q budget)
-    behaviour_patience: int = 20  # stop once the loss has not improved for > 20 steps (0 = off)
+    behaviour_timesteps: int = 10_000_000  # max_behaviour_train_steps 10M sampled (filled) timesteps
+    behaviour_max_updates: int = 0  # cap on β updates; 0 = none (the reference); smoke profiles set it
+
+
+def new_behaviour_state() -> dict[str, Any]:
+    """β's training progress (checkpointed): updates, sampled timesteps, done, last loss."""
+    return {"updates": 0, "timesteps": 0, "done": False, "loss": 0.0}
 
 
 def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
@@ -98,7 +108,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         if self.uses_behaviour():
             self.behaviour = self.build(3, lambda: self.agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
-        self.behaviour_state = {"updates": 0, "best": float("inf"), "since_best": 0, "done": False, "loss": 0.0}
+        self.behaviour_state = new_behaviour_state()
 
     def uses_behaviour(self) -> bool:
         return self.cfg.softmax_temp != 0 and self.cfg.cql_alpha > 0
@@ -133,20 +143,18 @@ class CFCQLDiscrete(DiscreteAlgorithm):
 
     # -- behaviour model ------------------------------------------------------------------------
     def train_behaviour(self, sample) -> dict[str, float]:
-        """Train β until done (max updates or patience); a no-op once done. Called before every Q
-        step, so β is fully trained before the first one."""
+        """Train β until its sampled-timestep budget is spent (or the optional update cap); a
+        no-op once done. Called before every Q step, so β is fully trained before the first one."""
         st, c = self.behaviour_state, self.cfg
         while not st["done"]:
-            loss = bc_step(self.behaviour, self.behaviour_opt, sample(c.batch_episodes), c.grad_clip)
+            batch = sample(c.batch_episodes)
+            st["loss"] = bc_step(self.behaviour, self.behaviour_opt, batch, c.grad_clip)
             st["updates"] += 1
-            st["loss"] = loss
-            if loss < st["best"]:
-                st["best"], st["since_best"] = loss, 0
-            else:
-                st["since_best"] += 1
-            if st["updates"] >= c.behaviour_max_updates or (0 < c.behaviour_patience < st["since_best"]):
-                st["done"] = True
-        return {"behaviour/updates": float(st["updates"]), "behaviour/loss": float(st["loss"])}
+            st["timesteps"] += int((batch.lengths + 1).sum())  # the reference's filled entries: L + 1
+            capped = 0 < c.behaviour_max_updates <= st["updates"]
+            st["done"] = st["timesteps"] >= c.behaviour_timesteps or capped
+        return {"behaviour/updates": float(st["updates"]), "behaviour/timesteps": float(st["timesteps"]),
+                "behaviour/loss": float(st["loss"])}
 
     @torch.no_grad()
     def cf_weights(self, cf: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:

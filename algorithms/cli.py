@@ -51,6 +51,7 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     torch.set_num_threads(threads)
     names = list(algos) or sorted(load_all())
+    check_algo_names(names)
     results = {}
     import os
 
@@ -76,6 +77,18 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             results[(name, task_id)] = t
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+
+
+def check_algo_names(names) -> None:
+    """BenchError (exit 2) for a name no algorithm is registered under."""
+    from plcql_bench.algorithms.base import load_all
+    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.validate import did_you_mean
+
+    known = load_all()
+    for name in names:
+        if name not in known:
+            raise BenchError(f"--algo {name}: unknown algorithm{did_you_mean(name, known)} (known: {', '.join(sorted(known))})")
 
 
 def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results) -> None:
@@ -118,6 +131,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
     from plcql_bench.suite.tasks import get_task, task_tiers
 
     prof = load_profile(profile)
+    check_algo_names(algos)
     algos = list(algos) or [str(a) for a in prof.matrix["algos"]]
     tasks = list(tasks) or [str(t) for t in prof.matrix["tasks"]]
     path = out or str(calibrations_dir() / f"{machine}.json")

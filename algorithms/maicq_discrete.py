@@ -65,6 +65,7 @@ class Config:
     batch_episodes: int = 128  # batch_size 128 episodes (ICQ's own repo: 32)
     gamma: float = 0.99  # gamma 0.99
     reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.8  # td_lambda 0.8
     # --- ICQ weights (icq_learner.py constants) ---
     beta_q: float = 1000.0  # critic importance weights softmax(Q'_tot / 1000) over the batch

@@ -64,6 +64,7 @@ class Config:
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
     reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.6  # td_lambda 0.6
     target_update_interval: int = 25  # rounds: target_update_interval 200 "episodes" / batch_size_run 8
     # --- CQL and OMAR (baseline_omar.yaml) ---

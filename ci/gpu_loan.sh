@@ -5,8 +5,9 @@
 #   * GPU_ONLY cells on the GPU, PER_GPU runs sharing it (the GPU-sized cells: SMAX ensembles, Half-Cheetah);
 #   * CPU_ONLY cells on the remaining cores, one torch thread each;
 # then stops both cleanly (SIGINT: interrupted runs keep their last checkpoint) and packs every run
-# directory they touched (finished runs and checkpoints, so the next loan or a CPU machine resumes
-# them) into $OUT/results.tgz. Unpack it over results/ here and `make publish-results PROFILE=paper`.
+# directory they touched into $OUT/runs.tgz, plus the checkpoints of unfinished runs (so the next loan or a CPU
+# machine resumes them) in ckpt.tgz.part*. Here: tar -xzf runs.tgz -C results; cat ckpt.tgz.part* | tar -xzf - -C results;
+# then `make publish-results PROFILE=paper`.
 #
 # Prepare once on the development machine (what the loan machine lacks, it cannot download):
 #   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
@@ -20,9 +21,17 @@ ROOT=$PWD
 
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p .wheels
+  # The versions this checkout's environment runs (datasets and scores must not depend on the machine).
+  pins=$(python3 - <<'PY'
+from importlib.metadata import version
+names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce jaxmarl gymnax".split()  # (the leaderboard is built here)
+print(" ".join(f"{n}=={version(n)}" for n in names))
+PY
+) || { echo "run --prepare with the project's python (make setup first)"; exit 2; }
+  rm -f .wheels/*.whl
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .wheels \
-    mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce "jaxmarl>=0.2,<0.3" gymnax rliable arch
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform any -d .wheels $pins
   grep -qx '/.wheels/' .git/info/exclude 2>/dev/null || echo '/.wheels/' >> .git/info/exclude
   du -sh .wheels
   exit 0
@@ -34,6 +43,7 @@ DEVICE=${DEVICE:-cuda}
 PER_GPU=${PER_GPU:-3}
 GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
 CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
+PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
 CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
 OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
@@ -56,6 +66,30 @@ fi
 BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+# Fail fast (a lent minute is precious): the CLI and the MPE env must import.
+python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
+log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none listed = cannot build images here)"
+
+# Datasets first, one process per tier, then each one's sha256 against its committed card: a run on a
+# dataset that differs from the card's would not be the committed cell (its run key would differ).
+if [[ -n "$PREBUILD" ]]; then
+  for tt in $PREBUILD; do
+    "${BENCH[@]}" datasets build --profile "$PROFILE" "${tt%%:*}" "${tt#*:}" > "$OUT/build.${tt//[:\/]/_}.tmp" 2>&1 &
+  done
+  wait
+  cat "$OUT"/build.*.tmp > "$OUT/build.log"; rm -f "$OUT"/build.*.tmp
+  python3 - "$DATA/$PROFILE/manifest.json" "datasets/cards/$PROFILE" <<'PY' | tee -a "$OUT/build.log"
+import json, sys
+from pathlib import Path
+manifest, cards = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+for key, entry in sorted(manifest.items()):
+    card = cards / f"{key}.json"
+    want = json.loads(card.read_text()).get("sha256") if card.exists() else None
+    verdict = "sha ok" if want == entry["sha256"] else f"SHA DIFFERS from {card}" if want else "no card"
+    print(f"{key}: {verdict} {entry['sha256'][:12]}")
+PY
+  log "datasets built"
+fi
 
 # The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
 export OMP_NUM_THREADS=1
@@ -68,12 +102,18 @@ cpu_pid=$!
 wait $gpu_pid; log "gpu part exit $?"
 wait $cpu_pid; log "cpu part exit $?"
 
-# Pack every run directory (small files + checkpoints; no datasets) for the trip back (<= 16 MiB a file).
+# Pack for the trip back (the tool returns at most 8 files of <= 16 MiB): every run's small files in
+# runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
+# in <= 15 MiB parts ckpt.tgz.part* (cat them | tar -xzf - over results/).
 (cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u > "$OUT/runs.txt"
- tar -czf "$OUT/results.tgz" --files-from=<(while read -r d; do
-   for f in final.json config.json metrics.jsonl status.json run.log ckpt.pt; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
- done < "$OUT/runs.txt"))
+ tar -czf "$OUT/runs.tgz" --files-from=<(while read -r d; do
+   for f in final.json config.json metrics.jsonl status.json run.log; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
+ done < "$OUT/runs.txt")
+ while read -r d; do [[ -e "$d/ckpt.pt" && ! -e "$d/final.json" ]] && echo "$d/ckpt.pt"; done < "$OUT/runs.txt" \
+   > "$OUT/unfinished.txt"
+ [[ -s "$OUT/unfinished.txt" ]] && tar -cf - --files-from="$OUT/unfinished.txt" | gzip -1 \
+   | split -b 15M - "$OUT/ckpt.tgz.part")
 "${BENCH[@]}" status > "$OUT/status.txt" 2>&1
-log "packed $(wc -l < "$OUT/runs.txt") run(s): $(du -h "$OUT/results.tgz" | cut -f1)"
+log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
 for f in "$OUT/gpu.log" "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 rm -rf "$PKG"

@@ -61,6 +61,10 @@ def card_markdown(entry: dict[str, Any]) -> str:
         ("file", f"`{entry['file']}` ({entry.get('size_bytes', 0) / 2**20:.1f} MiB)"),
         ("sha256", f"`{entry['sha256']}`"),
     ]
+    if str(entry.get("task_id", "")).startswith("smax-"):  # how the tier was chosen, the reference's
+        from plcql_bench.datasets.smax_tiers import card_rows
+
+        rows += card_rows(entry)
     lines = [f"# Dataset card: {entry['task_id']} / {entry['quality']}", "", "| field | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines) + "\n"

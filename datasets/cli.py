@@ -31,16 +31,26 @@ def datasets_list(obj: dict, profile: str) -> None:
             entry = entries.get(f"{task_id}/{tier}")
             if entry:
                 status = "stale" if stale(entry, task_id, tier) else "built"
-                n = entry["n_transitions"]
-                ret = f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
+                lacks = [k for k in ("n_transitions", "return_mean", "return_std") if not _number(entry.get(k))]
+                if lacks:  # hand-made or damaged entry: list it, say what is missing
+                    status = "incomplete"
+                    click.echo(f"warning: {manifest.manifest_path(root)}: {task_id}/{tier}: entry lacks "
+                               f"{', '.join(lacks)} (rebuild or re-import the dataset to record them)", err=True)
+                n = entry.get("n_transitions", "?") if _number(entry.get("n_transitions")) else "?"
+                ret = (f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
+                       if not {"return_mean", "return_std"} & set(lacks) else "?")
             else:
                 status = "not built" if available(task_id, tier) else "unavailable"
                 n, ret = "", ""
-            src = entry.get("behaviour_policy_id") if entry else available(task_id, tier)
+            src = (entry.get("behaviour_policy_id") or entry.get("source") or "?") if entry else available(task_id, tier)
             if not src:
                 why, fix = unavailable(task_id, tier)
                 src = f"{why}; run: {fix}"
             click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @datasets.command("build")

@@ -560,6 +560,8 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """Only the root attributes (cheap; no arrays read, no checks)."""
     import h5py
 
+    if os.path.isdir(path):
+        raise DatasetError(path, "file", "is a directory, not a dataset file")
     try:
         with h5py.File(path, "r") as f:
             return {k: _normalise_attr(k, v) for k, v in f.attrs.items()}
@@ -581,6 +583,8 @@ def load_dataset(
     path = str(path)
     if not os.path.exists(path):
         raise DatasetError(path, "file", "does not exist")
+    if os.path.isdir(path):
+        raise DatasetError(path, "file", "is a directory, not a dataset file")
     digest = None
     if expected_sha256 is not None:
         digest = sha256_file(path)

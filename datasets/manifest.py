@@ -84,7 +84,16 @@ def _read(path: Path) -> dict[str, Any]:
         for f in ("file", "sha256"):
             if not isinstance(entry.get(f), str):
                 raise ManifestError(path, f"{k}.{f}", "missing or not a string")
+        if not _inside(entry["file"]):
+            raise ManifestError(path, f"{k}.file", f"must be a path relative to the data directory and inside "
+                                f"it, got {entry['file']!r}")
     return doc
+
+
+def _inside(file: str) -> bool:
+    """A relative path that stays inside the folder it is relative to."""
+    p = Path(file)
+    return bool(file) and not p.is_absolute() and ".." not in p.parts
 
 
 def read_manifest(data_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -138,8 +147,9 @@ def record(data_dir: str | os.PathLike, entry: dict[str, Any]) -> str:
     missing = [f for f in REQUIRED_FIELDS if f not in entry]
     if missing:
         raise ManifestError(path, f"entry.{missing[0]}", f"required field missing (fields: {', '.join(REQUIRED_FIELDS)})")
-    if Path(entry["file"]).is_absolute():
-        raise ManifestError(path, "entry.file", f"must be relative to the data directory, got {entry['file']!r}")
+    if not _inside(str(entry["file"])):
+        raise ManifestError(path, "entry.file", f"must be relative to the data directory and inside it, "
+                            f"got {entry['file']!r}")
     k = key(entry["task_id"], entry["quality"])
     entry = dict(entry)
     entry.setdefault("created", _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat())

@@ -19,17 +19,15 @@ evaluated greedily on CKPT_EVAL_EPISODES episodes (seeds CKPT_EVAL_SEED_BASE + i
 the protocol's evaluation and collection seeds); ``log.jsonl`` records each checkpoint.
 ``resume.pkl`` (not committed) lets an interrupted run continue where it stopped.
 
-Tiers (``card.json`` -> "tiers"), following the references (CFCQL, §2.2 of the notes):
-* expert: the checkpoint with the best greedy win rate (latest on ties): the converged policy;
-* medium: the checkpoint before expert whose win rate is closest to half of expert's (a clearly
-  intermediate win rate), acting greedily like CFCQL's medium/expert collection;
-* medium-replay: a QMIX-like replay up to medium (``replay_sources``): REPLAY_LEVELS equal parts
-  whose exploration rate falls linearly from 1 (uniform) to 0.05 (QMIX's final epsilon), each
-  acting epsilon-greedily with a checkpoint up to medium (earlier parts with earlier
-  checkpoints, the last with medium). CFCQL's SMAC medium-replay is the replay buffer of an
-  epsilon-greedy QMIX learner stopped at medium; sampling the stochastic MAPPO checkpoints
-  instead gave near-uniform play without a single win (docs/smax.md, "Medium-replay");
-* mixed: equal halves of medium and expert episodes (done by the dataset builder).
+Tiers: ``datasets/smax_tiers.py`` picks, per map, which checkpoints play expert, medium and
+medium-replay (by the reference's yardstick) and writes the map's ``card.json``; a training run
+writes its own card (``card.json`` in its output folder, the map's ``expert_run.json`` for the
+expert run) with its best checkpoint. Medium-replay plays ``replay_sources``: one part per
+checkpoint up to medium, in training order, acting epsilon-greedily with epsilon falling linearly
+from 1 (uniform) to 0.05 (QMIX's final epsilon); CFCQL's SMAC medium-replay is the replay buffer of
+an epsilon-greedy QMIX learner, and sampling the stochastic MAPPO checkpoints instead gave
+near-uniform play without a single win (docs/smax.md, "Medium-replay"). Expert and medium act
+greedily, as CFCQL's QMIX collections did.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ import json
 import os
 import pickle
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -51,8 +50,7 @@ ASSETS = Path(__file__).resolve().parent / "assets" / "behaviour"
 CKPT_EVAL_EPISODES = 128
 CKPT_EVAL_SEED_BASE = 5_000_000
 REWARD_SCALE = 10.0
-ALGO_VERSION = "mappo-smax-1"
-REPLAY_LEVELS = 20  # medium-replay parts (epsilon levels)
+ALGO_VERSION = "mappo-smax-2"  # 2: the critic sees the SMAC-scaled state (suite/envs/smax.py)
 REPLAY_EPS = (1.0, 0.05)  # first and last part's epsilon; 0.05 = QMIX's final epsilon
 
 
@@ -60,7 +58,7 @@ def default_config() -> dict[str, Any]:
     return dict(num_envs=64, rollout=128, epochs=4, minibatches=4, lr=5e-4, gamma=0.99,
                 gae_lambda=0.95, clip=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
                 hidden=128, ckpt_every=100_000, eval_episodes=CKPT_EVAL_EPISODES,
-                max_wall_s=None)
+                max_wall_s=None, stop_win_rate=None)
 
 
 def parse_budget(budget: str | int) -> int:
@@ -93,10 +91,17 @@ def _init_mlp(key, sizes, last_scale):
 
 
 def _mlp(layers, x):
+    """ReLU MLP; a hidden layer with "ln_g"/"ln_b" is layer-normalised before its ReLU (the
+    value-based learner's networks, datasets/smax_pqn.py; MAPPO's have none)."""
     import jax
 
     for layer in layers[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+        x = x @ layer["w"] + layer["b"]
+        if "ln_g" in layer:
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+            x = (x - mu) * jax.lax.rsqrt(var + 1e-6) * layer["ln_g"] + layer["ln_b"]
+        x = jax.nn.relu(x)
     return x @ layers[-1]["w"] + layers[-1]["b"]
 
 
@@ -151,11 +156,34 @@ def init_params(key, core, hidden: int):
     }
 
 
+# --------------------------------------------------------------------------- learners
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What `train` needs from an online learner. Its params hold the greedy policy's network
+    under "actor" (checkpointed and evaluated as `greedy_policy`: argmax of the masked outputs,
+    logits for MAPPO, Q-values for a value-based learner)."""
+    name: str
+    version: str
+    defaults: Callable[[], dict]
+    init: Callable  # (key, core, cfg) -> params
+    make_update: Callable  # (core, cfg, optimizer) -> jitted (params, opt, env, ep_ret, key, frac)
+    optimizer: Callable  # (cfg, total_updates) -> optax transformation
+
+
+def _mappo_optimizer(cfg, total_updates):
+    import optax
+
+    return optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), optax.adam(cfg["lr"]))
+
+
 # --------------------------------------------------------------------------- training step
 
 
 def make_update(core, cfg, optimizer):
-    """One jitted MAPPO iteration: rollout (NUM_ENVS x ROLLOUT) + PPO epochs."""
+    """One jitted MAPPO iteration: rollout (NUM_ENVS x ROLLOUT) + PPO epochs. `frac` (the share
+    of the budget done) is unused: MAPPO has no schedule."""
     import jax
     import jax.numpy as jnp
 
@@ -214,7 +242,7 @@ def make_update(core, cfg, optimizer):
         total = pg + cfg["vf_coef"] * vloss - cfg["ent_coef"] * ent
         return total, dict(pg=pg, vloss=vloss, ent=ent)
 
-    def update(params, opt_state, env_c, ep_ret, key):
+    def update(params, opt_state, env_c, ep_ret, key, frac):
         key, kr, ks = jax.random.split(key, 3)
         env_c, ep_ret, traj, stats = rollout(params, env_c, ep_ret, kr)
         adv, ret = gae(traj)
@@ -250,6 +278,10 @@ def make_update(core, cfg, optimizer):
     return jax.jit(update)
 
 
+MAPPO = Learner("MAPPO (shared actor + agent id, centralised V(s))", ALGO_VERSION, default_config,
+                lambda key, core, cfg: init_params(key, core, cfg["hidden"]), make_update, _mappo_optimizer)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -260,8 +292,11 @@ def _flatten(actor) -> dict[str, np.ndarray]:
 def _unflatten(z) -> list[dict[str, Any]]:
     import jax.numpy as jnp
 
-    n = len({k.split("_")[0] for k in z.files})
-    return [{"w": jnp.asarray(z[f"l{i}_w"]), "b": jnp.asarray(z[f"l{i}_b"])} for i in range(n)]
+    layers: dict[int, dict[str, Any]] = {}
+    for k in z.files:  # l<i>_<name>: w, b, and ln_g / ln_b where a layer is normalised
+        i, name = k.split("_", 1)
+        layers.setdefault(int(i[1:]), {})[name] = jnp.asarray(z[k])
+    return [layers[i] for i in range(len(layers))]
 
 
 def save_actor(path: Path, actor) -> None:
@@ -285,19 +320,6 @@ def evaluate(task_id: str, actor, episodes: int = CKPT_EVAL_EPISODES, greedy: bo
             "len_mean": float(meta["lengths"].mean())}
 
 
-def select_tiers(log: list[dict]) -> dict[str, Any]:
-    """expert = best greedy win rate (latest on ties); medium = earlier checkpoint closest to
-    half of expert's win rate (ties -> earlier); medium-replay = checkpoints up to medium."""
-    if not log:
-        raise ValueError("no checkpoints")
-    best = max(range(len(log)), key=lambda i: (log[i]["win_rate"], i))
-    target = log[best]["win_rate"] / 2
-    before = list(range(best)) or [best]
-    med = min(before, key=lambda i: (abs(log[i]["win_rate"] - target), i))
-    return {"expert": log[best]["ckpt"], "medium": log[med]["ckpt"],
-            "medium-replay": [e["ckpt"] for e in log[: med + 1]]}
-
-
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -305,20 +327,20 @@ def _write_json(path: Path, obj) -> None:
 
 
 def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
-          log: Callable[[str], None] = print, config: dict | None = None) -> dict:
-    """Train MAPPO on a SMAX task for `budget` env steps; resumable. Returns the card."""
+          log: Callable[[str], None] = print, config: dict | None = None, learner: Learner = MAPPO) -> dict:
+    """Train `learner` (MAPPO by default) on a SMAX task for `budget` env steps; resumable.
+    Returns the card."""
     import jax
-    import optax
 
     map_name = smax_env.map_of(task_id)
-    cfg = default_config() | (config or {})
+    cfg = learner.defaults() | (config or {})
     total = parse_budget(budget)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     core = smax_env._core(map_name)
-    optimizer = optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), optax.adam(cfg["lr"]))
-    update = make_update(core, cfg, optimizer)
     per_update = cfg["num_envs"] * cfg["rollout"]
+    optimizer = learner.optimizer(cfg, max(1, -(-total // per_update)))
+    update = learner.make_update(core, cfg, optimizer)
 
     resume = out_dir / "resume.pkl"
     if resume.exists():
@@ -330,7 +352,7 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
     else:
         key = jax.random.PRNGKey(seed)
         key, kp = jax.random.split(key)
-        params = init_params(kp, core, cfg["hidden"])
+        params = learner.init(kp, core, cfg)
         opt_state = optimizer.init(params)
         steps, ckpts, wall0 = 0, [], 0.0
     key, ke = jax.random.split(key)
@@ -360,38 +382,43 @@ def train(task_id: str, out_dir: Path, budget: str | int = "3M", seed: int = 0,
             f"{ev['return_mean']:.3f}; train win {train_wr:.3f} ({acc['ended']} episodes), "
             f"{entry['wall_s']:.0f}s")
         acc.update(ended=0, won=0, ret_sum=0.0)
+        return ev["win_rate"]
 
-    while steps < total:
-        params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key)
+    def reached(win_rate: float) -> bool:  # a ladder run stops once it is past the tier it serves
+        return cfg["stop_win_rate"] is not None and win_rate >= cfg["stop_win_rate"]
+
+    stopped = bool(ckpts) and reached(ckpts[-1]["win_rate"])  # resumed after the stop rule fired
+    while steps < total and not stopped:
+        params, opt_state, env_c, ep_ret, key, m = update(params, opt_state, env_c, ep_ret, key,
+                                                          jax.numpy.float32(steps / total))
         steps += per_update
         acc["ended"] += int(m["ended"])
         acc["won"] += int(m["won"])
         acc["ret_sum"] += float(m["ret_sum"])
         out_of_time = cfg["max_wall_s"] is not None and time.time() - t_start > cfg["max_wall_s"]
         if steps >= next_ckpt or steps >= total or out_of_time:
-            checkpoint()
+            if reached(checkpoint()):
+                log(f"{task_id}: greedy win rate reached {cfg['stop_win_rate']}; stopping")
+                break
             next_ckpt = (steps // cfg["ckpt_every"] + 1) * cfg["ckpt_every"]
         if out_of_time:
             log(f"{task_id}: stopping at the wall-clock cap ({cfg['max_wall_s']}s)")
             break
 
-    tiers = select_tiers(ckpts)
-    by = {e["ckpt"]: e for e in ckpts}
+    best = max(reversed(ckpts), key=lambda e: e["win_rate"])  # latest on ties
     card = {
-        "task_id": task_id, "algorithm": "MAPPO (shared actor + agent id, centralised V(s))",
-        "algo_version": ALGO_VERSION, "config": cfg, "seed": seed, "budget_env_steps": total,
+        "task_id": task_id, "algorithm": learner.name,
+        "algo_version": learner.version, "config": cfg, "seed": seed, "budget_env_steps": total,
         "env_steps": steps, "wall_clock_s": ckpts[-1]["wall_s"],
         "env_versions": smax_env.env_versions(map_name),
         "eval": {"episodes": cfg["eval_episodes"], "seeds": f"{CKPT_EVAL_SEED_BASE} + i",
                  "policy": "greedy"},
-        "tiers": tiers,
-        "expert": by[tiers["expert"]], "medium": by[tiers["medium"]],
-        "medium_replay_checkpoints": len(tiers["medium-replay"]),
+        "best": best, "checkpoints": len(ckpts),
         "note": "SMAX (JaxMARL) numbers; not comparable with StarCraft II / SMAC.",
     }
     _write_json(out_dir / "card.json", card)
-    log(f"{task_id}: expert {tiers['expert']} win {card['expert']['win_rate']:.3f}, "
-        f"medium {tiers['medium']} win {card['medium']['win_rate']:.3f}")
+    log(f"{task_id}: {len(ckpts)} checkpoints, best {best['ckpt']} greedy win {best['win_rate']:.3f}; "
+        f"tiers: python -m plcql_bench.datasets.smax_tiers {task_id}")
     return card
 
 
@@ -420,11 +447,17 @@ def load_policy(task_id: str, tier: str):
     return greedy_policy, load_actor(behaviour_dir(task_id) / f"{card['tiers'][tier]}.npz")
 
 
+def replay_levels(checkpoints: list[str]) -> int:
+    """Parts of a medium-replay: one per checkpoint up to medium (at least 2: the ramp's ends)."""
+    return max(2, len(checkpoints))
+
+
 def replay_schedule(checkpoints: list[str], levels: int | None = None) -> list[tuple[str, float]]:
     """[(checkpoint, epsilon)] per medium-replay part: epsilon falls linearly from REPLAY_EPS[0]
     to REPLAY_EPS[1]; part i uses checkpoint round(i (m-1) / (levels-1)) of the m up to medium,
-    so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium."""
-    levels = REPLAY_LEVELS if levels is None else levels
+    so the first part uses the first checkpoint (irrelevant at epsilon 1) and the last medium.
+    The default ``levels`` is one part per checkpoint (``replay_levels``)."""
+    levels = replay_levels(checkpoints) if levels is None else levels
     hi, lo = REPLAY_EPS
     m = len(checkpoints)
     if m == 0 or levels < 2:
@@ -433,11 +466,25 @@ def replay_schedule(checkpoints: list[str], levels: int | None = None) -> list[t
             for i in range(levels)]
 
 
+def policy_id(card: dict, tier: str) -> str:
+    """The behaviour-policy id of a tier (one place for the builder hook and the collector): task,
+    tier recipe, input version, checkpoints, and the card's label (5m_vs_6m's expert says it is
+    the best reachable on SMAX, not an expert in the reference's sense)."""
+    t = card["tiers"]
+    expert = f"{t['expert']}:greedy"
+    if card.get("labels", {}).get("expert"):
+        expert += f"[{card['labels']['expert']}]"
+    desc = {"expert": expert, "medium": f"{t['medium']}:greedy",
+            "mixed": f"mixed({t['medium']}:greedy+{expert})",
+            "medium-replay": replay_description(card)}[tier]
+    return f"{card['task_id']}:{card['algo_version']}:{smax_env.INPUTS_VERSION}:{desc}"
+
+
 def replay_description(card: dict) -> str:
     """The medium-replay part of the behaviour-policy id (one place for builder and hook)."""
     ck = card["tiers"]["medium-replay"]
     return (f"replay({ck[0]}..{ck[-1]}):eps-greedy({REPLAY_EPS[0]:g}->{REPLAY_EPS[1]:g},"
-            f"{REPLAY_LEVELS} parts)")
+            f"{replay_levels(ck)} parts)")
 
 
 def replay_sources(task_id: str) -> list[tuple[str, Callable, Any]]:

@@ -327,12 +327,10 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
         arrays, meta = collect_smax(task_id, random_policy, seeds, batch=batch, log=log)
         return arrays, meta, "random-uniform-avail"
     card = sb.read_card(task_id)
-    tiers = card["tiers"]
-    tag = f"{task_id}:{card['algo_version']}"
     if tier in ("expert", "medium"):
         policy, params = sb.load_policy(task_id, tier)
         arrays, meta = collect_smax(task_id, policy, seeds, params=params, batch=batch, log=log)
-        return arrays, meta, f"{tag}:{tiers[tier]}:greedy"
+        return arrays, meta, sb.policy_id(card, tier)
     if tier == "mixed":
         half = len(seeds) // 2
         parts = []
@@ -340,14 +338,14 @@ def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
             policy, params = sb.load_policy(task_id, t)
             parts.append(collect_smax(task_id, policy, chunk, params=params, batch=batch, log=log))
         arrays, meta = concat_collections(parts)
-        return arrays, meta, f"{tag}:mixed({tiers['medium']}+{tiers['expert']}):greedy"
+        return arrays, meta, sb.policy_id(card, tier)
     if tier == "medium-replay":
         sources = sb.replay_sources(task_id)
         chunks = _replay_parts(seeds, len(sources))
         parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
                  for (_, pol, p), c in zip(sources, chunks) if len(c)]
         arrays, meta = concat_collections(parts)
-        return arrays, meta, f"{tag}:{sb.replay_description(card)}"
+        return arrays, meta, sb.policy_id(card, tier)
     raise ValueError(f"unknown SMAX tier {tier!r}")
 
 

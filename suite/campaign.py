@@ -19,6 +19,7 @@ after each stage copies the finished runs' small files (final.json, config.json,
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -72,15 +73,23 @@ def stage_cells(campaign: Campaign, stage: Stage):
     return prof, select_cells(prof, parse_only([stage.only]))
 
 
-def publish(results_dir: Path, profile: str, dest: Path) -> int:
+def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click.echo(line, err=True)) -> int:
     """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
-    paths); returns how many runs were newly published. Files already there are left alone."""
+    paths); returns how many runs were newly published. Files already there are left alone; a
+    final.json that is not a valid result of its run directory is not published (one warning line)."""
+    from plcql_bench.suite.schema import RecordError, check_location, read_record
+
     src_root = Path(results_dir) / profile
     n = 0
     for final in sorted(src_root.rglob("final.json")):
         rel = final.parent.relative_to(Path(results_dir))
         target = Path(dest) / rel
         if (target / "final.json").exists():
+            continue
+        try:
+            check_location(read_record(final), (rel / "final.json").as_posix())
+        except RecordError as exc:
+            warn(f"warning: not published {final}: {exc}")
             continue
         target.mkdir(parents=True, exist_ok=True)
         for name in PUBLISHED_FILES:  # final.json last: its presence marks a complete copy
@@ -89,6 +98,18 @@ def publish(results_dir: Path, profile: str, dest: Path) -> int:
         shutil.copyfile(final, target / "final.json")
         n += 1
     return n
+
+
+def _run_stage(cmd: list[str]) -> int:
+    """Run one stage's `all`; a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs
+    stop cleanly (interrupted, last checkpoint kept) instead of running on without the campaign."""
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
 
 
 def _all_command(data_dir: Path, results_dir: Path, profile: str, only: str, jobs: int | None) -> list[str]:
@@ -125,7 +146,7 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, no_publish) -> None:
     failed = []
     for s in stages:
         click.echo(f"== stage {s.name}: {s.only}", err=True)
-        rc = subprocess.call(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
+        rc = _run_stage(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
         if rc != 0:
             failed.append(s.name)
             click.echo(f"== stage {s.name}: exit {rc} (continuing)", err=True)

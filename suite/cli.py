@@ -20,7 +20,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit status 2."""
+    """Entry point: user errors become one line on stderr and exit status 2; so does a file or
+    folder that cannot be written or read (read-only, full disk, a directory in a file's place),
+    named with its path."""
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -31,10 +33,30 @@ def main() -> None:
     except _user_errors() as exc:
         click.echo(f"error: {_one_line(exc)}", err=True)
         sys.exit(2)
+    except RunFailed as exc:
+        click.echo(f"error: {_one_line(exc)}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"error: {where}{exc.strerror or _one_line(exc)} ({type(exc).__name__})", err=True)
+        sys.exit(2)
 
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+class RunFailed(Exception):
+    """`run`: training or evaluation raised; the traceback is in the run's status.json and run.log."""
+
+
+def _results_root(obj) -> Path:
+    """The results folder a read command reads; BenchError when it does not exist (a typo in
+    --results-dir must not look like "no runs")."""
+    root = Path(obj["results_dir"])
+    if not root.is_dir():
+        raise BenchError(f"results directory not found: {root} (--results-dir or ${RESULTS_ENV})")
+    return root
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,6 +67,9 @@ def _one_line(exc: BaseException) -> str:
 @click.pass_context
 def cli(ctx: click.Context, data_dir: Path, results_dir: Path) -> None:
     """Offline multi-agent RL benchmark: PLCQL and its baselines."""
+    from plcql_bench.suite.executors import restore_interrupts
+
+    restore_interrupts()
     ctx.obj = {"data_dir": data_dir, "results_dir": results_dir}
 
 
@@ -69,6 +94,8 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
         if "=" not in pair:
             raise BenchError(f"--set {pair!r}: expected key=value")
         key, raw = pair.split("=", 1)
+        if not key.strip():
+            raise BenchError(f"--set {pair!r}: empty key (expected key=value)")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -100,7 +127,13 @@ def run(obj, algo, task, tier, seed, profile, sets, device, threads) -> None:
         click.echo(f"{plan.cell.label()}: already done -> {plan.final_path}")
         return
     torch.set_num_threads(threads)
-    result = execute(plan, device=device, log=_RunLog(plan.run_dir, echo=True))
+    try:
+        result = execute(plan, device=device, log=_RunLog(plan.run_dir, echo=True))
+    except Exception as exc:
+        if not (plan.run_dir / "status.json").exists() or isinstance(exc, _user_errors() + (OSError,)):
+            raise  # before training started: a user error or an unwritable folder
+        raise RunFailed(f"{plan.cell.label()} failed: {type(exc).__name__}: {exc} (traceback in "
+                        f"{plan.run_dir / 'status.json'} and run.log; nothing recorded as done)") from None
     click.echo(f"{plan.cell.label()}: score {result['score']:.2f} ({result['score_name']}) "
                f"in {result['train']['wall_clock_s']:.1f}s -> {plan.final_path}")
 
@@ -156,8 +189,9 @@ class _Progress:
 @_matrix_options
 @click.option("--build-missing/--no-build-missing", default=True, show_default=True,
               help="Build datasets the selected cells need when they are missing.")
-@click.option("--jobs", "-j", type=click.IntRange(min=0), default=None,
-              help="Runs at once (default: the number of cores on CPU; GPUs x --per-gpu on CUDA). "
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Runs at once (default: the number of cores on CPU; GPUs x --per-gpu on CUDA; on an "
+                   "existing Ray cluster, as many as it schedules). "
                    "With more than one, each run trains in a spawned process; its log in run.log.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads per run (jobs x threads should not exceed the cores).")
@@ -173,13 +207,16 @@ def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per
             rerun_failed, force) -> None:
     """Run the profile's matrix: build missing datasets, skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
-    a run's traceback goes to its status.json); exit 1 if any selected cell is failed."""
+    a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
+    dataset is damaged or a config does not resolve."""
     from plcql_bench.suite import preflight
     from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
     from plcql_bench.suite.matrix import cell_state
-    from plcql_bench.suite.runner import data_profile_dir, plan_run
+    from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
     prof, cells = _select(obj, profile, only, shard)
+    for cell in cells:  # every config resolves before any dataset is built or anything is written
+        resolve_config(cell, prof)
     dev, n_gpus = resolve_device(device)
     if jobs is None:
         jobs = default_jobs(dev, n_gpus, per_gpu, executor, ray_address)
@@ -188,7 +225,8 @@ def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per
     problems = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof,
                                           data_profile_dir(obj["data_dir"], prof), build_missing,
                                           click.echo)
-    counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0}
+    counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0,
+              "user_error": 0}
     todo = []
     for cell in cells:
         problem = problems.get((cell.task, cell.tier))
@@ -225,7 +263,9 @@ def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per
             progress.echo(f"busy, skipped: {o['error']}", err=True)
         else:
             counts["failed"] += 1
-            where = f" (see {Path(o['run_dir']) / 'status.json'})" if o.get("run_dir") else ""
+            counts["user_error"] += bool(o.get("user_error"))
+            status_file = Path(o["run_dir"]) / "status.json" if o.get("run_dir") else None
+            where = f" (see {status_file})" if status_file is not None and status_file.exists() else ""
             progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
 
     try:
@@ -248,6 +288,8 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
                f"skipped {counts['skipped']} (done), failed {counts['failed']}{extra}")
     for key, problem in problems.items():
         click.echo(f"  {cells_per(key)} cell(s) failed: {problem.message()}")
+    if counts.get("user_error") or any(p.user_error for p in problems.values()):
+        sys.exit(2)  # a damaged dataset: the user's to fix (docs/runner.md)
     if failed:
         sys.exit(1)
 
@@ -262,8 +304,10 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
                    "written by `bench-speed --calibrate` (default: " + "cpu-dev-2core" + ").")
 @click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
               help="List every cell, or only the summary.")
+@click.option("--strict", is_flag=True,
+              help="Exit with status 2 when any run file is damaged (every cell is still shown).")
 @click.pass_obj
-def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
+def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
@@ -271,20 +315,24 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
     from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
     from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
     from plcql_bench.suite.preflight import check_buildable
+    from plcql_bench.suite.schema import Damaged
 
     prof, cells = _select(obj, profile, only, shard)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
-    bad, unbuildable = [], {}
+    bad, unbuildable, done_seeds, damaged = [], {}, {}, []
     if show_cells:
         click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
         counts[state] += 1
+        row = done_seeds.setdefault((c.algo, c.task, c.tier), [0])
+        row[0] += state == "done"
         step, note = "", ""
         if item.plan is not None:
             rec = run_record(item.plan.run_dir) if item.plan.run_dir.exists() else {}
+            damaged += [Damaged(str(p), why) for p, why in rec.get("damaged", [])]
             updates = prof.updates_for(c.task, c.tier)
             step = f"{rec.get('update') or 0}/{updates}"
             note = item.plan.run_key[:10]
@@ -309,12 +357,37 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells) -> None:
     rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
+    _print_coverage(done_seeds)
     if rows:
         if jobs is None:
             jobs = int(calib.get("default_jobs", 1))
         _print_estimate(rows, jobs, calib, format_seconds)
+    _finish(damaged, strict and not bad)
     if bad:
         raise BenchError(f"{len(bad)} cell(s) do not resolve; first: {bad[0].cell.label()}: {bad[0].error}")
+
+
+def coverage_table(c_algo: str, task: str) -> str:
+    """Which of the paper's tables a cell belongs to: SMAC (SMAX/SC2 maps), the ablations (PAR
+    variants, `plcql-*`), or the MPE + MaMuJoCo table."""
+    if c_algo.startswith("plcql-"):
+        return "ablation"
+    return "smac" if task.startswith(("smax-", "smac-")) else "mpe+mamujoco"
+
+
+def _print_coverage(done_seeds: dict) -> None:
+    """Rows (algo x task x tier) with >= 3 finished seeds, with 1-2, and with none, per table and
+    per algorithm: how much of the matrix the results cover."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for (algo, task, _tier), (n,) in done_seeds.items():
+        for key in (("table", coverage_table(algo, task)), ("algo", algo)):
+            counts = groups.setdefault(key, [0, 0, 0])
+            counts[0 if n >= 3 else 1 if n else 2] += 1
+    click.echo(f"  {'coverage (rows = algo x task x tier)':<38} {'>=3 seeds':>9} {'1-2 seeds':>9} {'not run':>8}")
+    for axis in ("table", "algo"):
+        for (a, name), (full, some, none) in groups.items():
+            if a == axis:
+                click.echo(f"  {axis + ' ' + name:<38} {full:>9} {some:>9} {none:>8}")
 
 
 def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
@@ -351,26 +424,38 @@ def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
     click.echo(f"estimate: {est}")
 
 
+_STRICT = click.option("--strict", is_flag=True,
+                       help="Exit with status 2 when any run file is damaged (healthy runs are still shown).")
+
+
+def _finish(damaged, strict: bool) -> None:
+    """One warning line per damaged file (on stderr); exit status 2 under --strict if any."""
+    from plcql_bench.suite.schema import enforce_strict
+
+    enforce_strict(damaged, strict, echo=lambda line: click.echo(f"warning: {line}", err=True))
+
+
 @cli.command()
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
 @click.option("--state", "states", multiple=True,
               type=click.Choice(["done", "partial", "running", "failed", "todo"]), help="Only runs in this state.")
+@_STRICT
 @click.pass_obj
-def status(obj, profile, states) -> None:
-    """Table of the runs under the results folder: state, step, runtime, failure reason."""
+def status(obj, profile, states, strict) -> None:
+    """Table of the runs under the results folder: state, step, runtime, failure reason. A damaged
+    file (a final.json that is not the run's valid result, an unreadable status.json or config.json)
+    is named in a warning line; its run is listed by what its other files say."""
     from plcql_bench.suite.matrix import format_seconds, run_record
-    from plcql_bench.suite.store import read_json
+    from plcql_bench.suite.schema import Damaged
 
-    root = Path(obj["results_dir"])
-    rows = []
-    for cfg in sorted(root.rglob("config.json")):
-        try:
-            ident = read_json(cfg)
-        except (OSError, ValueError):
-            continue
+    root = _results_root(obj)
+    rows, damaged = [], []
+    for run_dir in _run_dirs(root):
+        rec = run_record(run_dir)
+        ident = _run_identity(root, run_dir, rec)
         if profile and ident.get("profile") != profile:
             continue
-        rec = run_record(cfg.parent)
+        damaged += [Damaged(p.relative_to(root).as_posix(), why) for p, why in rec["damaged"]]
         if states and rec["state"] not in states:
             continue
         rows.append((ident, rec))
@@ -380,7 +465,7 @@ def status(obj, profile, states) -> None:
     for ident, rec in rows:
         counts[rec["state"]] = counts.get(rec["state"], 0) + 1
         step = f"{rec.get('update') or 0}/{rec.get('updates') or '?'}"
-        runtime = format_seconds(rec["runtime_s"]) if rec.get("runtime_s") is not None else "-"
+        runtime = format_seconds(rec["runtime_s"]) if isinstance(rec.get("runtime_s"), (int, float)) else "-"
         reason = rec.get("reason") or ""
         if len(reason) > 100:
             reason = reason[:97] + "..."
@@ -388,6 +473,36 @@ def status(obj, profile, states) -> None:
                    f"{ident.get('dataset', ''):<13} {ident.get('seed', ''):>4}  {rec['state']:<8} "
                    f"{step:>11} {runtime:>8}  {reason}")
     click.echo(f"{len(rows)} runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+    _finish(damaged, strict)
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """Every folder under root holding a run's files."""
+    return sorted({p.parent for name in ("config.json", "status.json", "final.json") for p in root.rglob(name)
+                   if p.is_file()})
+
+
+def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
+    """profile/algo/task/dataset/seed of a run folder: config.json when readable, else the
+    layout <profile>/<algo>/<task>/<tier>/seed<k>-<key>/."""
+    import re
+
+    from plcql_bench.suite.store import read_json
+
+    ident: dict = {}
+    if not any(p.name == "config.json" for p, _ in rec["damaged"]):
+        try:
+            raw = read_json(run_dir / "config.json")
+            ident = raw if isinstance(raw, dict) else {}
+        except (OSError, ValueError):
+            ident = {}
+    parts = run_dir.relative_to(root).parts
+    guess = dict(zip(("profile", "algo", "task", "dataset"), parts[-5:-1])) if len(parts) >= 5 else {}
+    m = re.match(r"seed(\d+)-", parts[-1]) if parts else None
+    if m:
+        guess["seed"] = int(m.group(1))
+    return {k: ident.get(k) if ident.get(k) not in (None, "") else guess.get(k, "")
+            for k in ("profile", "algo", "task", "dataset", "seed")}
 
 
 @cli.command("export")
@@ -396,14 +511,19 @@ def status(obj, profile, states) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output file (default: results.csv / results.parquet / marl_eval.json).")
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
+@_STRICT
 @click.pass_obj
-def export_cmd(obj, fmt, out, profile) -> None:
-    """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON."""
+def export_cmd(obj, fmt, out, profile, strict) -> None:
+    """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON.
+    A damaged run (final.json or metrics.jsonl) is left out with a warning line naming the file."""
     from plcql_bench.suite.export import export
 
+    root = _results_root(obj)
     out = out or Path({"csv": "results.csv", "parquet": "results.parquet", "marl-eval": "marl_eval.json"}[fmt])
-    n = export(obj["results_dir"], out, fmt, profile)
+    damaged: list = []
+    n = export(root, out, fmt, profile, damaged)
     click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} -> {out}")
+    _finish(damaged, strict)
 
 
 @cli.command()
@@ -415,7 +535,6 @@ def export_cmd(obj, fmt, out, profile) -> None:
 def leaderboard(obj, results, out, strict) -> None:
     """Render the static leaderboard from result files."""
     from plcql_bench.leaderboard.build import build
-    from plcql_bench.suite.schema import enforce_strict
 
     try:
         built = build(results or obj["results_dir"], out)
@@ -423,7 +542,7 @@ def leaderboard(obj, results, out, strict) -> None:
         raise BenchError(str(exc)) from None
     skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
     click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
-    enforce_strict(built.skipped, strict, echo=lambda line: click.echo(line, err=True))
+    _finish(built.skipped, strict)
 
 
 def _register_subcommands() -> None:

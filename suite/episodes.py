@@ -56,6 +56,7 @@ class EpisodeSampler:
         self.actions = t("actions", np.int64)
         self.rewards = t("rewards", np.float32)
         self.terminals = t("terminals", np.float32)
+        self.timeouts = t("timeouts", np.float32)
         self.lengths = torch.as_tensor(lengths).to(device)
         self.starts = torch.as_tensor(starts).to(device)
         self.offsets = torch.as_tensor(starts + np.arange(n_ep)).to(device)
@@ -88,7 +89,7 @@ class EpisodeSampler:
                                                                              device=self.device))
         return EpisodeBatch(obs=obs, state=state, avail=avail, actions=actions,
                             rewards=self.rewards[tr] * mask, terminals=self.terminals[tr] * mask,
-                            mask=mask, lengths=lens)
+                            mask=mask, lengths=lens, timeouts=self.timeouts[tr] * mask)
 
     def __call__(self, batch_size: int) -> EpisodeBatch:
         return self.episodes(self.draw(batch_size))

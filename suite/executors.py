@@ -15,7 +15,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -120,8 +122,10 @@ def run_job(job: Job) -> dict:
             return out
         out.update(state="trained", score=result["score"])
     except Exception as exc:  # isolate: the caller records it and goes on with the others
+        from plcql_bench.datasets.format import DatasetError
+
         out.update(state="failed", error=" ".join(f"{type(exc).__name__}: {exc}".split()),
-                   traceback=traceback.format_exc())
+                   traceback=traceback.format_exc(), user_error=isinstance(exc, (BenchError, DatasetError)))
     finally:
         out["seconds"] = time.time() - started
     return out
@@ -152,7 +156,22 @@ class _RunLog:
                 fh.write(f"{stamp} {msg}\n")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def restore_interrupts() -> None:
+    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted', last checkpoint kept). A shell
+    starts background commands (`cmd &`) with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a campaign's stop did nothing (a GPU loan's
+    runs had to be killed). SIGTERM, the default of `kill` and `timeout`, is treated the same."""
+    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _init_worker(threads: int | None) -> None:
+    restore_interrupts()
     if threads:
         import torch
 
@@ -234,9 +253,20 @@ def _run_pool(jobs: list[Job], slots: list[str], on_outcome, threads: int) -> li
                 pool.shutdown(wait=False, cancel_futures=True)
                 pool = ProcessPoolExecutor(max_workers=len(slots), mp_context=ctx,
                                            initializer=_init_worker, initargs=(threads,))
+    except KeyboardInterrupt:
+        _interrupt_workers(pool)  # a signal sent to this process alone: the runs stop too
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return outcomes
+
+
+def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):  # no public accessor
+        try:
+            os.kill(proc.pid, signal.SIGINT)
+        except (ProcessLookupError, OSError):
+            pass
 
 
 def _worker_died(job: Job) -> dict:

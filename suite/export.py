@@ -33,33 +33,65 @@ from pathlib import Path
 from typing import Iterator
 
 from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.schema import RunRecord, scan_records
+from plcql_bench.suite.schema import Damaged, RunRecord, scan_records
 from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json
 
 COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "step", "metric", "value")
 
 
-def finished_runs(results_dir: Path, profile: str | None = None) -> Iterator[tuple[Path, RunRecord]]:
-    """(run_dir, record) of every valid finished run (suite/schema.py), in a stable order."""
-    records, _damaged = scan_records(Path(results_dir))
+def finished_runs(results_dir: Path, profile: str | None = None,
+                  damaged: list[Damaged] | None = None) -> Iterator[tuple[Path, RunRecord]]:
+    """(run_dir, record) of every valid finished run (suite/schema.py), in a stable order; the
+    files skipped as damaged are appended to ``damaged`` (those of ``profile``'s folder only)."""
+    records, bad = scan_records(Path(results_dir))
+    if damaged is not None:
+        damaged.extend(d for d in bad if not profile or d.path.split("/", 1)[0] == profile)
     for rel, rec in records:
         if not profile or rec.profile == profile:
             yield Path(results_dir) / Path(rel).parent, rec
+
+
+class _BadHistory(ValueError):
+    """A metrics.jsonl that cannot be read; the message names the line."""
 
 
 def _history(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _BadHistory(f"unreadable: {type(exc).__name__}: {exc}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _BadHistory(f"line {i}: invalid JSON ({exc.msg}; truncated?)") from None
+        update = point.get("update") if isinstance(point, dict) else None
+        if not isinstance(update, int) or isinstance(update, bool):
+            raise _BadHistory(f"line {i}: not an evaluation point (an object with an integer 'update')")
+        out.append(point)
+    return out
 
 
-def tidy_rows(results_dir: Path, profile: str | None = None) -> list[dict]:
+def tidy_rows(results_dir: Path, profile: str | None = None, damaged: list[Damaged] | None = None) -> list[dict]:
+    """The tidy rows; a run whose final.json or metrics.jsonl is damaged gives none (it is
+    appended to ``damaged``)."""
     rows = []
-    for run_dir, rec in finished_runs(results_dir, profile):
+    damaged = [] if damaged is None else damaged
+    for run_dir, rec in finished_runs(results_dir, profile, damaged):
         base = {"profile": rec.profile, "domain": rec.domain, "algo": rec.algo, "task": rec.task,
                 "dataset": rec.dataset, "seed": rec.seed, "run_key": rec.run_key}
-        history = _history(run_dir) or [{"update": p["update"], "return_mean": p["return_mean"],
+        try:
+            history = _history(run_dir)
+        except _BadHistory as exc:
+            damaged.append(Damaged((run_dir / "metrics.jsonl").relative_to(results_dir).as_posix(), str(exc)))
+            continue
+        history = history or [{"update": p["update"], "return_mean": p["return_mean"],
                                          "score": p["score"]} for p in rec.curve]
         for point in history:
             for metric, value in sorted(point.items()):
@@ -78,9 +110,9 @@ def tidy_rows(results_dir: Path, profile: str | None = None) -> list[dict]:
     return rows
 
 
-def marl_eval(results_dir: Path, profile: str | None = None) -> dict:
+def marl_eval(results_dir: Path, profile: str | None = None, damaged: list[Damaged] | None = None) -> dict:
     out: dict = {}
-    for run_dir, rec in finished_runs(results_dir, profile):
+    for run_dir, rec in finished_runs(results_dir, profile, damaged):
         env = rec.domain
         task = f"{rec.task}_{rec.dataset}"
         run: dict = {}
@@ -114,14 +146,16 @@ def _episode_scores(final: dict, returns: list[float]) -> list[float]:
     return [float(final["normalised_score"])]
 
 
-def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None) -> int:
-    """Write the export; returns the number of rows (tidy) or runs (marl-eval)."""
+def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None,
+           damaged: list[Damaged] | None = None) -> int:
+    """Write the export of every healthy finished run; returns the number of rows (tidy) or runs
+    (marl-eval). Damaged runs are left out and appended to ``damaged``."""
     out = Path(out)
     if fmt == "marl-eval":
-        data = marl_eval(results_dir, profile)
+        data = marl_eval(results_dir, profile, damaged)
         atomic_write_json(out, data)
         return sum(len(runs) for tasks in data.values() for algos in tasks.values() for runs in algos.values())
-    rows = tidy_rows(results_dir, profile)
+    rows = tidy_rows(results_dir, profile, damaged)
     if fmt == "csv":
         import io
 

@@ -23,6 +23,7 @@ from typing import Iterable
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.store import read_json
+from plcql_bench.suite.validate import did_you_mean
 
 # --only keys, with the aliases users type.
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
@@ -36,20 +37,26 @@ def parse_only(specs: Iterable[str]) -> dict[str, list[str]]:
     the previous key's list. Several --only options merge (lists of the same key are joined)."""
     out: dict[str, list[str]] = {}
     for spec in specs:
-        current = None
+        current, given, filled = None, {}, set()
         for token in (t.strip() for t in spec.split(",")):
             if not token:
                 continue
             if "=" in token:
                 key, value = (s.strip() for s in token.split("=", 1))
                 if key not in _KEYS:
-                    raise BenchError(f"--only: unknown key {key!r} (use algo, task, dataset, seed)")
+                    raise BenchError(f"--only: unknown key {key!r} (use algo, task, dataset, seed)"
+                                     f"{did_you_mean(key, _KEYS)}")
                 current = _KEYS[key]
+                given.setdefault(current, key)
                 token = value
             if current is None:
                 raise BenchError(f"--only {spec!r}: expected key=value[,value...]")
             if token:
                 out.setdefault(current, []).append(token)
+                filled.add(current)
+        for key, typed in given.items():
+            if key not in filled:  # `algo=` must not mean "every algorithm"
+                raise BenchError(f"--only {spec!r}: {typed}= has no value (expected {typed}=V[,V...])")
     return out
 
 
@@ -146,16 +153,18 @@ def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[
 
 
 def lock_held(run_dir: Path) -> bool:
-    """True when a live process holds the run's lock (it is training right now)."""
+    """True when a live process holds the run's lock (it is training right now). The probe takes a
+    shared lock for an instant (probes never block each other); a trainer that starts at that
+    instant waits for it (runner.LOCK_GRACE_S) instead of reporting the run busy."""
     path = Path(run_dir) / LOCK_NAME
     if not path.exists():
         return False
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
@@ -164,26 +173,58 @@ def lock_held(run_dir: Path) -> bool:
 
 
 def run_record(run_dir: Path) -> dict:
-    """What a run directory says about itself: state, update reached, runtime, failure."""
+    """What a run directory says about itself: state, update reached, runtime, failure reason, and
+    `damaged`: [(file, why)] for each file it holds that cannot be used (a final.json that is not
+    a valid result of the run in this directory, an unreadable status.json or config.json). A run
+    whose final.json is rejected is not done: its state comes from its other files."""
+    from plcql_bench.suite.schema import RecordError, check_location, read_record
+
     run_dir = Path(run_dir)
-    final = _read(run_dir / "final.json")
-    status = _read(run_dir / "status.json") or {}
-    if final and final.get("status") == "done":
-        return {"state": "done", "update": final["train"]["updates"], "updates": final["train"]["updates"],
-                "runtime_s": final["train"].get("wall_clock_s"), "reason": "", "score": final.get("score")}
-    config = _read(run_dir / "config.json") or {}
-    updates = (config.get("budget") or {}).get("updates")
+    damaged: list[tuple[Path, str]] = []
+    status = _read_checked(run_dir / "status.json", damaged) or {}
+    config = _read_checked(run_dir / "config.json", damaged) or {}
+    final_path = run_dir / "final.json"
+    if final_path.exists():
+        try:
+            final = read_record(final_path)
+            check_location(final, "/".join(run_dir.parts[-5:] + ("final.json",)))
+            return {"state": "done", "update": final.train.get("updates"), "updates": final.train.get("updates"),
+                    "runtime_s": final.train.get("wall_clock_s"), "reason": "", "score": final.score,
+                    "damaged": damaged}
+        except RecordError as exc:
+            damaged.append((final_path, f"not a valid result of this run: {exc}"))
+    updates = (config.get("budget") or {}).get("updates") if isinstance(config.get("budget"), dict) else None
     rec = {"update": status.get("update", 0), "updates": updates, "runtime_s": status.get("runtime_s"),
-           "reason": "", "score": None}
+           "reason": "", "score": None, "damaged": damaged}
     if lock_held(run_dir):
         rec["state"] = "running"
     elif status.get("status") == "failed":
-        rec.update(state="failed", reason=status.get("error", ""))
+        rec.update(state="failed", reason=str(status.get("error", "")))
     elif (run_dir / "ckpt.pt").exists() or status:
         rec["state"] = "partial"  # interrupted; `all` resumes it from ckpt.pt
+        if status.get("status") == "interrupted":
+            rec["reason"] = (f"interrupted at update {status.get('reached', rec['update'])}; resumes from "
+                             f"the checkpoint at {rec['update']}")
     else:
         rec["state"] = "todo"
+    if final_path.exists() and rec["state"] != "failed":
+        rec["reason"] = "final.json rejected (not this run's valid result); `all` or `run` trains the run again"
     return rec
+
+
+def _read_checked(path: Path, damaged: list) -> dict | None:
+    """A JSON object file, or None when absent; an unreadable one is None and noted in ``damaged``."""
+    if not path.exists():
+        return None
+    try:
+        value = read_json(path)
+    except (OSError, ValueError) as exc:
+        damaged.append((path, f"unreadable: {type(exc).__name__}: {' '.join(str(exc).split())}"))
+        return None
+    if not isinstance(value, dict):
+        damaged.append((path, f"not a JSON object ({type(value).__name__})"))
+        return None
+    return value
 
 
 def cell_state(plan) -> str:
@@ -192,23 +233,19 @@ def cell_state(plan) -> str:
     return run_record(plan.run_dir)["state"]
 
 
-def _read(path: Path):
-    try:
-        return read_json(path)
-    except (OSError, ValueError):
-        return None
-
-
 def recorded_runtimes(results_dir: Path) -> list[dict]:
-    """(algo, task, tier, profile, updates, seconds) of every finished run under results_dir."""
+    """(algo, task, tier, profile, updates, seconds) of every valid finished run under results_dir
+    (damaged files are skipped: the read commands report them)."""
+    from plcql_bench.suite.schema import scan_records
+
     out = []
-    for path in Path(results_dir).rglob("final.json"):
-        rec = _read(path)
-        if not rec or rec.get("status") != "done":
+    records, _damaged = scan_records(Path(results_dir)) if Path(results_dir).is_dir() else ([], [])
+    for _path, rec in records:
+        updates, seconds = rec.train.get("updates"), rec.train.get("wall_clock_s", 0.0)
+        if not isinstance(updates, int) or not isinstance(seconds, (int, float)):
             continue
-        out.append({"algo": rec.get("algo"), "task": rec.get("task"), "tier": rec.get("dataset"),
-                    "profile": rec.get("profile"), "updates": rec["train"]["updates"],
-                    "seconds": float(rec["train"].get("wall_clock_s", 0.0))})
+        out.append({"algo": rec.algo, "task": rec.task, "tier": rec.dataset, "profile": rec.profile,
+                    "updates": updates, "seconds": float(seconds)})
     return out
 
 

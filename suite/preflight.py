@@ -30,6 +30,7 @@ class DatasetProblem:
     tier: str
     cause: str  # one line
     fix: str  # the command (or step) that fixes it
+    user_error: bool = False  # a damaged dataset file (exit status 2), not a missing extra or a failed build
 
     def message(self) -> str:
         return f"dataset {self.task}/{self.tier} could not be built: {self.cause} (fix: {self.fix})"
@@ -75,11 +76,38 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
                 problems[(task, tier)] = diagnose(task, tier, exc, profile.name)
                 echo(f"error: {problems[(task, tier)].message()}", err=True)
             continue
+        damage = check_built(data_root, entry, task, tier)
+        if damage:
+            problems[(task, tier)] = DatasetProblem(
+                task, tier, damage, f"plcql-bench datasets build {task} {tier} --profile {profile.name} --force "
+                                    f"(or import it again)", user_error=True)
+            echo(f"error: {problems[(task, tier)].message()}", err=True)
+            continue
         why = stale(entry, task, tier)
         if why:  # its runs stay valid for that data (keyed by sha256), but say so
             echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
                  f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
     return problems
+
+
+def check_built(data_root: Path, entry: dict, task: str, tier: str) -> str | None:
+    """Why a recorded dataset cannot be trained on (missing, not a file, not the size recorded,
+    attributes of another task or tier), or None. Cheap (no checksum: each run verifies the
+    sha256 when it loads the file)."""
+    from plcql_bench.datasets.format import DatasetError
+    from plcql_bench.suite.runner import check_dataset_identity
+
+    path = Path(data_root) / entry["file"]
+    if not path.is_file():
+        return f"{path}: file: {'is a directory' if path.is_dir() else 'does not exist'}"
+    size = entry.get("size_bytes")
+    if isinstance(size, int) and path.stat().st_size != size:
+        return f"{path}: file: {path.stat().st_size} bytes, the manifest records {size} (truncated or replaced?)"
+    try:
+        check_dataset_identity(path, task, tier)
+    except DatasetError as exc:
+        return str(exc)
+    return None
 
 
 def no_dataset_dir(cell, profile, results_dir: Path) -> Path:

@@ -32,9 +32,10 @@ from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.profiles import Profile
-from plcql_bench.suite.schema import RESULT_SCHEMA_VERSION, RunRecord, hardware_info
+from plcql_bench.suite.schema import RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record
 from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.versions import git_commit, image_labels, package_versions
 
 
@@ -64,10 +65,23 @@ class RunPlan:
         return self.run_dir / "final.json"
 
     def is_done(self) -> bool:
+        """final.json holds a valid result of this very run (suite/schema.py, and its run key is
+        this run's: a file copied from another run or edited is not "done")."""
+        return self.final_problem() is None and self.final_path.is_file()
+
+    def final_problem(self) -> str | None:
+        """Why the final.json present is not this run's valid result (one line); None when it is,
+        or when there is none."""
+        if not self.final_path.exists():
+            return None
         try:
-            return read_json(self.final_path).get("status") == "done"
-        except (OSError, ValueError):
-            return False
+            record = read_record(self.final_path)
+        except RecordError as exc:
+            return str(exc)
+        if record.run_key != self.run_key:
+            return (f"run_key {record.run_key!r} is not this run's ({self.run_key}): the file belongs to "
+                    f"another run")
+        return None
 
 
 def profile_dir(root: Path, profile: Profile) -> Path:
@@ -103,21 +117,25 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
 
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
-    """The cell's algorithm config (task defaults < profile overrides < --set); BenchError when
-    the task, tier, algorithm or a config field does not exist."""
+    """The cell's algorithm config (task defaults < profile overrides < --set), each layer checked
+    against the config's schema (suite/validate.py: field names, types, ranges); BenchError naming
+    the file or flag and the field when the task, tier, algorithm or a config value is not valid."""
     task = get_task(cell.task)
     if cell.tier not in task.spec.tiers:
         raise BenchError(f"unknown dataset tier {cell.tier!r} for {cell.task} "
-                         f"(tiers: {', '.join(task.spec.tiers)})")
+                         f"(tiers: {', '.join(task.spec.tiers)}){did_you_mean(cell.tier, task.spec.tiers)}")
     try:
         cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     except KeyError as exc:
         raise BenchError(exc.args[0]) from None
+    fields = config_fields(cls)
+    defaults = cls.task_overrides(task.spec, cell.tier)
+    check_config(cls, defaults, f"{cell.algo} defaults for {cell.task}/{cell.tier} (algorithms/configs)")
+    from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
+    check_config(cls, from_profile, profile.source, path="algo_overrides.")
+    check_config(cls, overrides or {}, "--set")
     try:
-        fields = {f.name for f in dataclasses.fields(cls.Config)}
-        from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
-        return make_config(cls, {**cls.task_overrides(task.spec, cell.tier), **from_profile,
-                                 **(overrides or {})})
+        return make_config(cls, {**defaults, **from_profile, **(overrides or {})})
     except (KeyError, TypeError) as exc:
         raise BenchError(str(exc).strip("'\"")) from None
 
@@ -162,7 +180,19 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
 
 def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
+    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
     return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.dataset_sha256)
+
+
+def check_dataset_identity(path: Path, task: str, tier: str) -> None:
+    """The task and tier a dataset file states (its attrs) are the cell's: a file copied over
+    another tier's (with the manifest's sha256 fixed to match) must not train as that tier.
+    Cheap: reads the attributes only. DatasetError naming the file and attribute otherwise."""
+    attrs = fmt.read_attrs(path)
+    for name, want in (("task_id", task), ("quality", tier)):
+        if attrs.get(name) != want:
+            raise fmt.DatasetError(path, f"attrs.{name}", f"is {attrs.get(name)!r}, but the manifest files it as "
+                                   f"{task}/{tier} (a dataset copied over another?); rebuild or re-import it")
 
 
 class RunBusy(BenchError):
@@ -192,16 +222,20 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
             f"torch threads {torch.get_num_threads()}")
+        _set_aside_rejected_final(plan, log)
         started = time.time()
+        progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
         try:
-            result = _validated(_train_and_evaluate(plan, dataset, device, log), device)
+            result = _validated(_train_and_evaluate(plan, dataset, device, log, progress), device)
         except BaseException as exc:
             # Exceptions are failures (kept until --rerun-failed); Ctrl-C and SystemExit leave
-            # the run interrupted, so the next `all` resumes it like a killed run.
+            # the run interrupted, so the next `all` resumes it like a killed run. `update` is
+            # the checkpoint a resume starts from, `reached` the last round completed.
             state = "failed" if isinstance(exc, Exception) else "interrupted"
             _write_status(plan, state, error=f"{type(exc).__name__}: {exc}",
-                          traceback=traceback.format_exc())
-            log(f"{state}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                          traceback=traceback.format_exc(), **progress)
+            log(f"{state}: {type(exc).__name__}: {exc} (at update {progress['reached']}; checkpoint at "
+                f"{progress['update']})\n{traceback.format_exc()}")
             raise
         result["train"]["wall_clock_s"] += time.time() - started
         atomic_write_json(plan.final_path, result)  # last: its presence means done
@@ -211,10 +245,22 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         return result
 
 
+def _set_aside_rejected_final(plan: RunPlan, log) -> None:
+    """A final.json that is not this run's valid result (copied from another run, edited, damaged)
+    is kept as final.json.rejected, never counted, and the run trains."""
+    problem = plan.final_problem()
+    if problem is not None:
+        plan.final_path.replace(plan.run_dir / "final.json.rejected")
+        log(f"final.json is not a valid result of this run ({problem}); kept as final.json.rejected, training")
+
+
 def _validated(result: dict, device: str) -> dict:
     """The result as the one schema (suite/schema.py) states it, with the hardware it ran on; an
     inconsistent result raises here, so it is recorded as failed, never as done."""
     return RunRecord.from_json({**result, "hardware": hardware_info(device)}).to_json()
+
+
+LOCK_GRACE_S = 2.0  # how long a starting run waits for a lock held by someone else
 
 
 class _run_lock:
@@ -224,13 +270,19 @@ class _run_lock:
 
     def __enter__(self):
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise RunBusy(f"{self.plan.cell.label()}: another process is training it "
-                          f"({self.plan.run_dir})") from None
-        return self
+        deadline = time.monotonic() + LOCK_GRACE_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                # `status`/`plan`/`all` probe liveness by taking the lock for an instant
+                # (matrix.lock_held): only a lock held past the grace period is a live trainer.
+                if time.monotonic() >= deadline:
+                    os.close(self.fd)
+                    raise RunBusy(f"{self.plan.cell.label()}: another process is training it "
+                                  f"({self.plan.run_dir})") from None
+                time.sleep(0.02)
 
     def __exit__(self, *exc):
         os.close(self.fd)  # releases the lock
@@ -243,7 +295,11 @@ def _remove_stale_temp_files(run_dir: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
+def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict | None = None) -> dict:
+    """Train from the checkpoint (if any) to the budget, then the final evaluation. ``progress``
+    follows the checkpoint round, the last round done and the training time (for status.json
+    when the run stops early)."""
+    progress = {} if progress is None else progress
     cell, profile = plan.cell, plan.profile
     task = get_task(cell.task)
     budget = profile.train_budget(cell.task, cell.tier)
@@ -253,7 +309,8 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
     algo = cls(task.spec, plan.config, cell.seed, device)
     sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
     probe = _probe_batch(sampler) if hasattr(algo, "diagnostics") else None
-    state = _resume(plan, algo, sampler) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
+    state = _resume(plan, algo, sampler, log) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
+    progress.update(update=state["update"], reached=state["update"], runtime_s=state["train_s"])
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
     _write_status(plan, "running", update=state["update"], runtime_s=state["train_s"])
@@ -263,6 +320,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
         _record_eval(plan, task, algo, dataset, 0, pending, state, budget["eval_episodes"], probe)
     for done in range(state["update"] + 1, rounds + 1):
         pending.append(algo.update(sampler))
+        progress["reached"] = done
         if done % budget["eval_every"] == 0 or done == rounds:
             _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"], probe)
             point = state["curve"][-1]
@@ -274,6 +332,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log) -> dict:
             clock = time.time()
             state["update"] = done
             _checkpoint(plan, algo, sampler, state)
+            progress.update(update=done, runtime_s=state["train_s"])
             _write_status(plan, "running", update=done, runtime_s=state["train_s"])
     state["train_s"] += time.time() - clock
     final = _evaluate(task, algo, dataset, budget["final_eval_episodes"])
@@ -353,16 +412,22 @@ def _checkpoint(plan: RunPlan, algo, sampler, state: dict) -> None:
     atomic_write_bytes(plan.run_dir / "ckpt.pt", buf.getvalue())
 
 
-def _resume(plan: RunPlan, algo, sampler) -> dict | None:
+def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None) -> dict | None:
     path = plan.run_dir / "ckpt.pt"
     if not path.exists():
         return None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # unreadable (written atomically, so only by outside damage): start over
+        if not isinstance(payload, dict):
+            raise TypeError(f"holds a {type(payload).__name__}, not a checkpoint")
+    except Exception as exc:  # unreadable (written atomically, so only by outside damage): start over
         path.replace(path.with_name("ckpt.pt.unreadable"))
+        log(f"discarded unreadable checkpoint {path} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+            f"kept as ckpt.pt.unreadable, training from update 0")
         return None
     if payload.get("run_key") != plan.run_key:
+        log(f"discarded checkpoint {path}: it belongs to run {payload.get('run_key')!r}, not {plan.run_key}; "
+            f"training from update 0")
         return None
     algo.load_state_dict(payload["algo"])
     torch.set_rng_state(payload["torch_rng"])

@@ -272,14 +272,14 @@ class DamagedResults(BenchError):
 
 
 def enforce_strict(damaged: Iterable[Damaged], strict: bool, echo=None) -> None:
-    """Under ``strict``, raise DamagedResults (exit status 2) when any file was skipped, after
-    writing one line per file to ``echo`` (e.g. ``click.echo(..., err=True)``)."""
+    """Write one line per skipped file to ``echo`` (e.g. ``click.echo(..., err=True)``), then,
+    under ``strict``, raise DamagedResults (exit status 2) when any file was skipped."""
     damaged = list(damaged)
+    if echo is not None:
+        for d in damaged:
+            echo(f"skipped {d.path}: {d.reason}")
     if not strict or not damaged:
         return
-    for d in damaged:
-        if echo is not None:
-            echo(f"skipped {d.path}: {d.reason}")
     raise DamagedResults(f"{len(damaged)} result file{'s' if len(damaged) != 1 else ''} skipped "
                          f"(--strict); first: {damaged[0].path}: {damaged[0].reason}")
 

@@ -88,3 +88,16 @@ def test_a_missing_extra_names_the_pip_extra():
     assert "plcql-bench[mamujoco]" in p.fix
     p = diagnose("mpe-cn", "expert", RuntimeError("disk full"), "paper")
     assert p.cause == "RuntimeError: disk full" and "datasets build mpe-cn expert --profile paper" in p.fix
+
+
+def test_every_continuous_task_commits_its_medium_replay_sequence():
+    """MPE and Half-Cheetah medium-replay rebuild anywhere: each index names a checkpoint sequence
+    (no local replay file) whose checkpoints are all committed."""
+    root = Path(matd3.__file__).resolve().parent / "assets" / "behaviour"
+    for task in ("mpe-cn", "mpe-pp", "mpe-world", "mamujoco-halfcheetah-2x3"):
+        recipe = json.loads((root / task / "index.json").read_text())["medium_replay"]
+        assert "file" not in recipe and recipe["parts"], task
+        assert sum(p["episodes"] for p in recipe["parts"]) == recipe["episodes"], task
+        for part in recipe["parts"]:
+            if "checkpoint" in part:
+                assert (root / task / part["checkpoint"]).is_file(), (task, part["checkpoint"])

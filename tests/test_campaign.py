@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from lb_fixtures import write_run
 
 from plcql_bench.suite.campaign import load_campaign, publish
 from plcql_bench.suite.cli import cli
@@ -44,20 +45,21 @@ def test_bad_campaign_files_name_the_field(tmp_path, text, msg):
 
 
 def test_publish_copies_finished_runs_once(tmp_path):
-    res = tmp_path / "results" / "paper" / "bc" / "mpe-cn" / "random"
-    done, partial = res / "seed0-aaa", res / "seed1-bbb"
-    for d in (done, partial):
-        d.mkdir(parents=True)
-        (d / "config.json").write_text("{}")
-        (d / "metrics.jsonl").write_text("{}\n")
-        (d / "ckpt.pt").write_bytes(b"x")
-    (done / "final.json").write_text(json.dumps({"status": "done", "score": 1.0}))
-    dest = tmp_path / "board"
-    assert publish(tmp_path / "results", "paper", dest) == 1
+    done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
+    (done / "metrics.jsonl").write_text("{}\n")
+    partial = done.parent / "seed1-bbb"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    (partial / "ckpt.pt").write_bytes(b"x")
+    copied = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 2, 3.0)
+    (copied / "final.json").write_bytes((done / "final.json").read_bytes())  # seed 0's result in seed 2's folder
+    dest, warnings = tmp_path / "board", []
+    assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 1
     out = dest / "paper" / "bc" / "mpe-cn" / "random"
-    assert sorted(p.name for p in (out / "seed0-aaa").iterdir()) == ["config.json", "final.json", "metrics.jsonl"]
+    assert sorted(p.name for p in (out / done.name).iterdir()) == ["config.json", "final.json", "metrics.jsonl"]
     assert not (out / "seed1-bbb").exists()  # unfinished: nothing published
-    assert publish(tmp_path / "results", "paper", dest) == 0  # already there
+    assert not (out / copied.name).exists() and len(warnings) == 1 and copied.name in warnings[0]  # not its result
+    assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 0  # already there
 
 
 def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):

@@ -86,11 +86,29 @@ def test_cfcql_penalty_by_hand(arrays):
     assert torch.allclose(pen[m], expect[m], atol=1e-4)
 
 
+def test_behaviour_trains_for_the_reference_timestep_budget(arrays):
+    """β trains until its batches held `behaviour_timesteps` sampled timesteps, counted as the
+    reference counts them (L + 1 filled entries per episode), with no early stop, before the first
+    Q step; the update count is in the metrics."""
+    budget = 600
+    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=0, behaviour_timesteps=budget)
+    m = algo.update(EpisodeSampler(arrays, seed=0))
+    replay, seen, expect = EpisodeSampler(arrays, seed=0), 0, 0  # the same batches, drawn again
+    while seen < budget:
+        seen += int((replay(4).lengths + 1).sum())
+        expect += 1
+    assert expect > 20  # well past the old 20-step patience: no early stop
+    assert m["behaviour/updates"] == expect and m["behaviour/timesteps"] == seen
+    assert algo.behaviour_state == {**algo.behaviour_state, "updates": expect, "timesteps": seen, "done": True}
+    assert build("cfcql").cfg.behaviour_timesteps == 10_000_000  # max_behaviour_train_steps
+    assert build("cfcql").cfg.behaviour_max_updates == 3 and get_algorithm("cfcql", discrete=True).Config().behaviour_max_updates == 0
+
+
 def test_cfcql_lambda_from_behaviour(arrays):
     s = EpisodeSampler(arrays, seed=0)
-    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50, behaviour_patience=2)
+    algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50)
     m = algo.update(s)
-    assert 1 <= m["behaviour/updates"] <= 50 and algo.behaviour_state["done"]
+    assert m["behaviour/updates"] == 50 and algo.behaviour_state["done"]
     steps = algo.behaviour_state["updates"]
     algo.update(s)
     assert algo.behaviour_state["updates"] == steps  # trained once, before the first Q step
@@ -134,7 +152,7 @@ def test_reward_scale_multiplies_only_the_rewards(arrays):
     assert m_scaled == m_big
     b = EpisodeSampler(arrays, seed=0)(4)
     assert torch.equal(scaled.scaled(b).rewards, b.rewards * 10.0) and scaled.scaled(b).obs is b.obs
-    assert build("cfcql").scaled(b) is b
+    assert build("cfcql", bootstrap_timeouts=True).scaled(b) is b  # scale 1 (TINY) and no timeout change
 
 
 def _times(batch, c):
@@ -150,11 +168,12 @@ def test_tables():
     assert cf.task_overrides(mk("smac-2s3z"), "mixed") == {"cql_alpha": 0.5, "softmax_temp": 0.0}
     assert cf.task_overrides(mk("smax-5m_vs_6m"), "expert") == {"cql_alpha": 50.0, "softmax_temp": 100.0,
                                                                  "reward_scale": 10.0}
-    assert cf.task_overrides(mk("smax-6h_vs_8z"), "medium")["td_lambda"] == 0.3
+    # td_lambda 0.6 on every map: the README's command sets none (configs/cfcql_discrete.yaml)
+    assert "td_lambda" not in cf.task_overrides(mk("smax-6h_vs_8z"), "medium") and cf.Config().td_lambda == 0.6
     assert "reward_scale" not in cf.task_overrides(mk("smac-6h_vs_8z"), "medium")  # SC2: already at scale
     mc = get_algorithm("macql", discrete=True)
     assert mc.Config().cql_alpha == 5.0 and mc.task_overrides(mk("smax-2s3z"), "medium") == {"reward_scale": 10.0}
-    assert mc.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"td_lambda": 0.3, "reward_scale": 10.0}
+    assert mc.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"reward_scale": 10.0}
     for name in ("bc", "madtkd"):  # no reward learning (MADTKD scales its return token itself)
         assert "reward_scale" not in get_algorithm(name, discrete=True).task_overrides(mk("smax-2s3z"), "medium")
     for name in ("cfcql", "macql", "maicq", "omar", "iql", "awac", "spacql", "plcql", "plcql-k1"):

@@ -19,15 +19,15 @@ from plcql_bench.suite.cli import cli
 from plcql_bench.suite.errors import BenchError
 from plcql_bench.suite.executors import default_jobs
 
-# cql_alpha: "oops" breaks CFCQL at its first update (BC has no such field): a real failure
-# inside training, in a worker process, that must not stop the BC runs.
+# sample_action_class "0-1-1" passes the config schema but CFCQL refuses it at its first update (BC
+# has no such field): a real failure inside training, in a worker process, that must not stop the BC runs.
 PROFILE = """
 name: exec
 description: executor tests
 datasets: {episodes: {default: 6}}
 train: {updates: {default: 2}, eval_every: 2, eval_episodes: 1, final_eval_episodes: 2, checkpoint_every: 2}
 matrix: {algos: [bc, cfcql], tasks: [mpe-cn], tiers: [random], seeds: [0, 1]}
-algo_overrides: {batch_size: 32, hidden: 32, cql_alpha: oops}
+algo_overrides: {batch_size: 32, hidden: 32, sample_action_class: "0-1-1"}
 """
 
 
@@ -81,9 +81,9 @@ def test_jobs_isolate_failures_and_log_per_run(sweep):
         pids.add(int(log.split(" pid ")[1].split()[0]))
         status = json.loads((run_dir / "status.json").read_text())
         if "/cfcql/" in str(run_dir):
-            assert status["status"] == "failed" and "TypeError" in status["error"]
+            assert status["status"] == "failed" and "ValueError" in status["error"]
             assert "Traceback" in status["traceback"] and "_train_and_evaluate" in status["traceback"]
-            assert "failed: TypeError" in log
+            assert "failed: ValueError" in log
         else:
             assert status["status"] == "done" and "done bc" in log
     assert os.getpid() not in pids  # trained in workers, not in the parent

@@ -217,3 +217,16 @@ def test_plan_totals_from_a_machine_calibration(tmp_path, profile):
     assert "~26s with 4 job(s) (1m36s serial)" in out  # longest first on 4 slots: 11+11, 11+11, 11+5+5+5, ...
     assert "6 cell(s) from stand-in measurements" in out and "6 cell(s) not counted" in out
     assert "plcql/mpe-cn" in out
+
+
+def test_plan_shows_coverage_per_table_and_algorithm(tmp_path, profile):
+    """Rows (algo x task x tier) with >= 3 finished seeds, with 1-2, and with none."""
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
+    for cell in (*(Cell("bc", "mpe-cn", "random", s) for s in (0, 1, 2)), Cell("cfcql", "mpe-cn", "random", 0)):
+        execute(plan_run(cell, profile, tmp_path / "data", tmp_path / "results"), log=lambda *_: None)
+    out = _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"), "--no-cells").output
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines() if line.startswith(("  table", "  algo"))}
+    assert rows[("table", "mpe+mamujoco")] == ["1", "1", "4"]  # 3 algos x 2 tiers
+    assert rows[("algo", "bc")] == ["1", "0", "1"]
+    assert rows[("algo", "cfcql")] == ["0", "1", "1"]
+    assert rows[("algo", "plcql")] == ["0", "0", "2"]

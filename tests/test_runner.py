@@ -19,7 +19,7 @@ description: runner unit tests
 datasets: {episodes: {default: 6}}
 train: {updates: {default: 6}, eval_every: 2, eval_episodes: 2, final_eval_episodes: 2, checkpoint_every: 2}
 matrix: {algos: [cfcql], tasks: [mpe-cn], tiers: [random], seeds: [0]}
-algo_overrides: {batch_size: 64, no_such_field: 1}
+algo_overrides: {batch_size: 64, teacher_rounds: 5}  # teacher_rounds: MADTKD only
 """
 
 

@@ -9,13 +9,18 @@ from plcql_bench.suite.envs import smac
 
 
 class FakeSC2:
-    """Mimics the parts of smac.env.StarCraft2Env the adapter uses."""
+    """Mimics the parts of smac.env.StarCraft2Env the adapter uses, including how SMAC (d6aab33,
+    starcraft2.py lines 527-531) reports a timeout: `terminated` at the limit, and
+    info["episode_limit"] only when the env was built with continuing_episode=True (SMAC's default
+    is False). `ends` = (step the episode ends at, battle won, the end is the time limit)."""
 
-    def __init__(self, map_name, seed, shapes=None, ends=((3, True, False),)):
+    def __init__(self, map_name, seed, shapes=None, ends=((3, True, False),), continuing_episode=False,
+                 **smac_kwargs):
         self.n, self.obs_dim, self.state_dim, self.n_act = shapes or smac.SHAPES[map_name]
         self.limit = smac.EPISODE_LIMITS[map_name]
         self.seed, self.t, self.closed, self.steps_taken = seed, 0, False, []
         self.end_t, self.won, self.limit_hit = ends[0]
+        self.continuing_episode, self.kwargs = continuing_episode, smac_kwargs
 
     def get_env_info(self):
         return dict(n_agents=self.n, obs_shape=self.obs_dim, state_shape=self.state_dim,
@@ -39,8 +44,10 @@ class FakeSC2:
         self.t += 1
         done = self.t >= self.end_t
         info = {}
-        if done:
-            info = {"battle_won": self.won, "episode_limit": self.limit_hit}
+        if done and not self.limit_hit:
+            info = {"battle_won": self.won}
+        elif done:  # SMAC: no battle_won key at the limit, episode_limit only if continuing
+            info = {"episode_limit": True} if self.continuing_episode else {}
         return 0.5 * self.t, done, info
 
     def close(self):
@@ -57,8 +64,8 @@ def test_batched_env_conversions_and_freeze():
     made = []
     ends = {0: (2, True, False), 1: (3, False, True)}
 
-    def factory(m, seed):
-        made.append(FakeSC2(m, seed, ends=(ends[seed % 2],)))
+    def factory(m, seed, **kwargs):
+        made.append(FakeSC2(m, seed, ends=(ends[seed % 2],), **kwargs))
         return made[-1]
 
     task = smac.make_task("2s3z", env_factory=factory)
@@ -89,7 +96,7 @@ def test_batched_env_conversions_and_freeze():
 
 
 def test_shape_mismatch_is_reported():
-    task = smac.make_task("5m_vs_6m", env_factory=lambda m, s: FakeSC2(m, s, shapes=(5, 56, 98, 12)))
+    task = smac.make_task("5m_vs_6m", env_factory=lambda m, s, **kw: FakeSC2(m, s, shapes=(5, 56, 98, 12), **kw))
     with pytest.raises(RuntimeError, match="expects"):
         task.make_env(1).reset(np.array([0]))
 
@@ -99,3 +106,26 @@ def test_all_maps_specs():
         spec = smac.make_spec(m)
         assert spec.episode_limit == smac.EPISODE_LIMITS[m] and spec.score == "win_rate"
         assert spec.env_versions()["smac"] in ("not-installed",) or spec.env_versions()["smac"]
+
+
+def test_timeouts_are_reported_like_smax():
+    """A real SMAC env flags the limit only with continuing_episode=True; the adapter must ask for
+    it, or every timeout would arrive as a terminal (the opposite of the SMAX tasks' report)."""
+    made = []
+
+    def factory(m, seed, **kwargs):
+        made.append(FakeSC2(m, seed, ends=((2, False, True),), **kwargs))
+        return made[-1]
+
+    env = smac.make_task("2s3z", env_factory=factory).make_env(1)
+    env.reset(np.array([0]))
+    assert made[0].continuing_episode is True
+    assert {k: v for k, v in made[0].kwargs.items()} == {
+        k: v for k, v in smac.SMAC_KWARGS.items() if k != "continuing_episode"}
+    env.step(np.zeros((1, 5), np.int64))
+    s = env.step(np.zeros((1, 5), np.int64))
+    assert s.timeout.tolist() == [True] and s.terminal.tolist() == [False]
+    assert s.info["won"].tolist() == [False]
+    # without the flag (SMAC's default, the old adapter) the same episode reads as a terminal
+    plain = FakeSC2("2s3z", 0, ends=((1, False, True),))
+    assert smac.convert_step(*plain.step([0] * 5))[1:3] == (True, False)

@@ -42,7 +42,7 @@ def test_env_timeout_freeze_and_won():
     env = smax.SmaxEnv(spec, "2s3z", 4, episode_limit=3)
     s = env.reset(np.arange(4))
     assert s.obs.shape == (4, 5, 127) and s.obs.dtype == np.float32
-    assert s.state.shape == (4, 120) and s.avail.shape == (4, 5, 10) and s.avail.dtype == np.uint8
+    assert s.state.shape == (4, 100) and s.avail.shape == (4, 5, 10) and s.avail.dtype == np.uint8
     assert (s.avail[..., smax.STOP_ACTION] == 1).all()
     rng = np.random.default_rng(0)
     for t in range(3):
@@ -104,3 +104,37 @@ def test_collect_validates_and_is_deterministic(tmp_path):
     both, meta_both = concat_collections([(arrays, meta), (again, meta2)])
     assert meta_both["lengths"].tolist() == meta["lengths"].tolist() * 2
     fmt.write_dataset(tmp_path / "both.h5", both, _attrs(spec, meta_both), spec=spec)
+
+
+def test_inputs_are_scaled_as_smac_scales_them():
+    """The state is rebuilt from the unit state as SMAC scales its own (docs/smax.md): per unit
+    health fraction, position relative to the map centre over the map size, cooldown fraction and
+    a one-hot type; dead units are zero rows. The observations are SMAX's own, already scaled."""
+    spec = get_task(TASK).spec
+    env = smax.SmaxEnv(spec, "2s3z", 2)
+    s = env.reset(np.arange(2))
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        s = env.step(_random_actions(rng, s.avail))
+    u = env._carry.env_state.state  # the raw SMAX unit state behind the emitted step
+    n_units = spec.n_agents + 5
+    rows = s.state.reshape(2, n_units, 10)
+    alive = np.asarray(u.unit_alive)
+    health = np.asarray(u.unit_health) / np.array([45.0, 125.0, 160, 150, 35, 80])[np.asarray(u.unit_types)]
+    np.testing.assert_allclose(rows[..., 0][alive], health[alive], rtol=1e-6)
+    pos = (np.asarray(u.unit_positions) - 16.0) / 32.0
+    np.testing.assert_allclose(rows[..., 1:3][alive], pos[alive], rtol=1e-5, atol=1e-6)
+    onehot = np.eye(6)[np.asarray(u.unit_types)]
+    np.testing.assert_array_equal(rows[..., 4:][alive], onehot[alive])
+    assert (rows[~alive] == 0).all()
+    assert ((rows[..., 3] >= 0) & (rows[..., 3] <= 1)).all()
+    # raw SMAX world_state has positions up to 32 and integer types; ours stays in [-1, 1]
+    assert np.abs(s.state).max() <= 1.0 and np.abs(s.obs).max() <= 1.0
+    assert s.state.shape[-1] == spec.state_dim == 10 * n_units
+    # a dead unit's row is zero (SMAC zeroes dead units' state too)
+    import jax
+
+    one = jax.tree.map(lambda x: x[0], u)
+    dead = one.replace(unit_alive=one.unit_alive.at[1].set(False))
+    st = np.asarray(smax._core("2s3z").smac_state(dead)).reshape(n_units, 10)
+    assert (st[1] == 0).all() and st[0, 0] > 0

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.validate import ConfigError, unknown_key
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -31,7 +32,46 @@ def load_table(algo: str) -> dict[str, Any]:
     path = CONFIG_DIR / f"{algo}.yaml"
     if not path.exists():
         return {}
-    return yaml.safe_load(path.read_text()) or {}
+    try:
+        table = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
+    check_table(table, str(path))
+    return table
+
+
+def check_table(table: Any, where: str) -> None:
+    """The file's layout (see the module docstring); every field a config field of some algorithm.
+    Values are checked against each algorithm's own config when it resolves (suite/validate.py)."""
+    from plcql_bench.suite.tasks import ALL_TIERS
+    from plcql_bench.suite.validate import all_algorithm_classes, config_fields, known_task_ids
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a mapping with 'source' and 'tasks'")
+    for key in table:
+        if key not in ("source", "tasks"):
+            raise unknown_key(where, str(key), ("source", "tasks"))
+    fields = {f for cls in all_algorithm_classes() for f in config_fields(cls)}
+    tasks = table.get("tasks") or {}
+    if not isinstance(tasks, dict):
+        raise ConfigError(f"{where}: tasks: must be a mapping of task -> tiers")
+    for task, entry in tasks.items():
+        if not any(t.startswith(str(task)) for t in known_task_ids()):
+            raise unknown_key(where, str(task), known_task_ids(), what="matches no task id", path="tasks.")
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: tasks.{task}: must be a mapping of tier -> fields")
+        for tier, values in entry.items():
+            path = f"tasks.{task}."
+            if tier == "source":
+                continue
+            if tier not in ("all", *ALL_TIERS):
+                raise unknown_key(where, str(tier), ("all", "source", *ALL_TIERS), what="unknown tier", path=path)
+            if not isinstance(values, dict):
+                raise ConfigError(f"{where}: {path}{tier}: must be a mapping of config field -> value")
+            for name in values:
+                if name not in fields:
+                    raise unknown_key(where, str(name), fields, what="not a config field of any algorithm",
+                                      path=f"{path}{tier}.")
 
 
 def _task_entry(tasks: dict[str, Any], task_id: str) -> dict[str, Any]:

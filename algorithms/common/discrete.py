@@ -329,6 +329,13 @@ class RecurrentActing:
 # set per task by `task_overrides`; datasets keep SMAX's raw rewards). docs/smax.md.
 SMAX_REWARD_SCALE = 10.0
 
+# Timeouts (SMAX and SC2 alike). The datasets keep `terminals` (battle over) and `timeouts` (SMAC's
+# episode limit reached) apart. The references count a timeout as terminal: CFCQL's envs/sc2.yaml
+# sets `continuing_episode: False`, so SMAC never reports `episode_limit` in its info and PyMARL's
+# runner stores `terminated = True` at the limit (docs/smax.md, "Timeouts"). The TD learners do the
+# same by default (`bootstrap_timeouts` = False in every TD learner's Config; True bootstraps through
+# them instead); `DiscreteAlgorithm.scaled` applies it.
+
 
 class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     """Base of the discrete-action algorithms: episode batches, checkpointing of `modules()`,
@@ -352,9 +359,15 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
         return out
 
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
-        """The batch with rewards multiplied by the config's `reward_scale` (see SMAX_REWARD_SCALE)."""
+        """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`
+        (see SMAX_REWARD_SCALE) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
+        counted as terminals (the references' convention, see above)."""
         scale = float(getattr(self.cfg, "reward_scale", 1.0))
-        return batch if scale == 1.0 else dataclasses.replace(batch, rewards=batch.rewards * scale)
+        if scale != 1.0:
+            batch = dataclasses.replace(batch, rewards=batch.rewards * scale)
+        if not getattr(self.cfg, "bootstrap_timeouts", False) and batch.timeouts is not None:
+            batch = dataclasses.replace(batch, terminals=torch.maximum(batch.terminals, batch.timeouts))
+        return batch
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
         if not spec.discrete:

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from plcql_bench.algorithms.base import EpisodeBatch
 from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql
 from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
+from plcql_bench.algorithms.cfcql_discrete import new_behaviour_state
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
@@ -200,7 +201,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         if self.uses_behaviour():
             self.behaviour = self.build(3, lambda: self.agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
-        self.behaviour_state = {"updates": 0, "best": float("inf"), "since_best": 0, "done": False, "loss": 0.0}
+        self.behaviour_state = new_behaviour_state()
         self._policy = MeanQPolicy(self.q_ens)
 
     def value_modules(self) -> dict[str, nn.Module]:

@@ -10,13 +10,23 @@ difficulty "7", reward_only_positive, reward_scale with reward_scale_rate 20 (ma
 obs_last_action=False, state_last_action=True; SMAC's own episode limits (2s3z 120, 3s_vs_5z 250,
 5m_vs_6m 70, 6h_vs_8z 150). Agent-id / last-action inputs are the algorithm's business.
 
+One deliberate difference: ``continuing_episode=True`` (sc2.yaml: False). SMAC (d6aab33,
+starcraft2.py lines 527-531) puts ``episode_limit`` into the step's info only when
+``continuing_episode`` is set, and the flag changes nothing else; without it a timeout arrives as
+a plain ``terminated`` and could not be told from the end of a battle. With it the adapter reports
+``timeout`` exactly as the SMAX tasks do, the datasets keep both flags, and the learners count a
+timeout as terminal, as the references do, unless their config sets ``bootstrap_timeouts``
+(algorithms/common/discrete.py). The factory receives these settings (``SMAC_KWARGS``) as keyword
+arguments.
+
 Conversions (one ``StarCraft2Env`` = one SC2 process per batch slot, stepped in turn):
 * obs   ``env.get_obs()`` (list of n arrays)          -> float32 [n, obs_dim]
 * state ``env.get_state()``                           -> float32 [state_dim]
 * avail ``env.get_avail_actions()`` (n lists of 0/1)  -> uint8 [n, n_actions]
 * actions int [n]                                     -> list of Python ints for ``env.step``
 * ``reward, terminated, info = env.step(actions)``: team reward as reported;
-  timeout = terminated and info["episode_limit"]; terminal = terminated and not timeout;
+  timeout = terminated and info["episode_limit"] (set by SMAC only because of
+  ``continuing_episode=True``, see above); terminal = terminated and not timeout;
   won = info["battle_won"] (SMAC's own flag).
 * After done a slot is frozen: its final obs/state/avail are returned again, reward 0, the flags
   kept, and its actions ignored (same contract as the SMAX env).
@@ -46,17 +56,18 @@ SHAPES = {
     "6h_vs_8z": (6, 78, 140, 14),
 }
 SMAC_KWARGS = dict(difficulty="7", reward_only_positive=True, reward_scale=True,
-                   reward_scale_rate=20, obs_last_action=False, state_last_action=True)
+                   reward_scale_rate=20, obs_last_action=False, state_last_action=True,
+                   continuing_episode=True)  # True: SMAC flags timeouts (module docstring)
 PREFIX = "smac-"
 
 
-def _default_factory(map_name: str, seed: int):
+def _default_factory(map_name: str, seed: int, **kwargs):
     try:
         from smac.env import StarCraft2Env
     except ImportError as e:  # pragma: no cover - needs the SC2 image
         raise ImportError("smac-* tasks need the `smac` package and StarCraft II 4.10 "
                           "(use the StarCraft II container image)") from e
-    return StarCraft2Env(map_name=map_name, seed=int(seed), **SMAC_KWARGS)
+    return StarCraft2Env(map_name=map_name, seed=int(seed), **kwargs)
 
 
 def convert_obs(env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -80,7 +91,7 @@ class SmacEnv:
     """B real SMAC envs (implements suite.spec.BatchedEnv). See the module docstring."""
 
     def __init__(self, spec: TaskSpec, map_name: str, num_envs: int,
-                 env_factory: Callable[[str, int], Any] | None = None):
+                 env_factory: Callable[..., Any] | None = None):
         self.spec, self.map_name, self.num_envs = spec, map_name, int(num_envs)
         self._factory = env_factory or _default_factory
         self._envs: list[Any] = [None] * self.num_envs
@@ -113,7 +124,7 @@ class SmacEnv:
             if self._envs[b] is None or self._seeds[b] != int(s):
                 if self._envs[b] is not None:
                     self._envs[b].close()
-                self._envs[b] = self._factory(self.map_name, int(s))
+                self._envs[b] = self._factory(self.map_name, int(s), **SMAC_KWARGS)
                 self._seeds[b] = int(s)
                 self._check(self._envs[b])
             self._envs[b].reset()
@@ -167,7 +178,7 @@ def make_spec(map_name: str) -> TaskSpec:
     )
 
 
-def make_task(map_name: str, env_factory: Callable[[str, int], Any] | None = None) -> Task:
+def make_task(map_name: str, env_factory: Callable[..., Any] | None = None) -> Task:
     spec = make_spec(map_name)
     return Task(spec=spec, make_env=partial(SmacEnv, spec, map_name, env_factory=env_factory),
                 extras={"map_name": map_name, "tested_against_sc2": False})

@@ -17,6 +17,12 @@ Setup (jaxmarl 0.2.0; see docs/smax.md):
   was reached while both sides still stand; the two are never set together.
 * ``info["won"]`` is read from the unit state: every enemy dead and at least one ally alive (a
   simultaneous wipe-out is a terminal draw, not a win). It is not inferred from reward >= 1.
+* Inputs, scaled as SMAC scales its own (``INPUTS_VERSION``): the agents' observations are
+  SMAX's ``unit_list`` observations, which already are (relative positions over the observer's
+  sight range, health and cooldown fractions, one-hot unit types; own position over the map
+  size); the global state is rebuilt from the unit state by ``SmaxCore.smac_state`` (SMAX's
+  ``world_state`` has raw positions 0..32, raw cooldowns and integer unit types). Every input
+  lies in [-1, 1].
 * Reward: SMAX's shared team reward (normalised enemy health lost this step + 1.0 on a win),
   as reported; returns are at most about 2.
 * Actions: 0-3 move (N, E, S, W), 4 stop (always available, the only action of a dead unit),
@@ -47,6 +53,9 @@ MAPS = tuple(EPISODE_LIMITS)
 TIERS = ("medium", "medium-replay", "expert", "mixed")
 STOP_ACTION = 4
 PREFIX = "smax-"
+# Version of the obs/state the wrapper emits (enters env_versions and the behaviour-policy id, so
+# datasets built with other inputs show as stale). 1: SMAC-scaled state (smac_state).
+INPUTS_VERSION = "smac-scaled-1"
 
 _DESCRIPTIONS = {
     "2s3z": "2 stalkers + 3 zealots vs the same",
@@ -113,17 +122,37 @@ class SmaxCore:
         self.obs_dim = int(self.env.observation_spaces[self.agents[0]].shape[0])
         import jax
 
-        o = jax.eval_shape(lambda k: self.env.reset(k)[0]["world_state"], jax.random.PRNGKey(0))
+        o = jax.eval_shape(lambda k: self.smac_state(self.env.reset(k)[1].state), jax.random.PRNGKey(0))
         self.state_dim = int(o.shape[0])
 
     # -- helpers
+    def smac_state(self, s):
+        """The global state, scaled as SMAC scales its own (``get_state_dict``): per unit (allies
+        then enemies) health / max health, (x - W/2) / W, (y - H/2) / H (SMAC: relative to the map
+        centre over the playable width), weapon cooldown / the unit type's cooldown clipped to
+        [0, 1] (as SMAX's own observation scales it), and a one-hot unit type over SMAX's 6
+        types; a dead unit's row is all zeros. SMAX's ``world_state`` has raw positions (0..32),
+        raw cooldowns and the integer unit types and teams appended; see docs/smax.md."""
+        import jax.numpy as jnp
+
+        e = self.env._env  # the SMAX env inside HeuristicEnemySMAX (unit tables, map size)
+        types = s.unit_types
+        size = jnp.array([e.map_width, e.map_height], jnp.float32)
+        health = s.unit_health / e.unit_type_health[types]
+        pos = (s.unit_positions - size / 2) / size
+        cooldown = jnp.clip(s.unit_weapon_cooldowns / e.unit_type_weapon_cooldowns[types], 0.0, 1.0)
+        onehot = jnp.eye(e.unit_type_bits, dtype=jnp.float32)[types]
+        rows = jnp.concatenate([health[:, None], pos, cooldown[:, None], onehot], axis=-1)
+        rows = jnp.where(s.unit_alive[:, None], rows, 0.0)
+        return rows.reshape(-1).astype(jnp.float32)
+
     def _observe(self, obs_dict, env_state) -> Obs:
         import jax.numpy as jnp
 
         obs = jnp.stack([obs_dict[a] for a in self.agents]).astype(jnp.float32)
         avail_d = self.env.get_avail_actions(env_state)
         avail = jnp.stack([avail_d[a] for a in self.agents]).astype(jnp.uint8)
-        return Obs(obs, obs_dict["world_state"].astype(jnp.float32), avail)
+        return Obs(obs, self.smac_state(env_state.state), avail)
 
     # -- API
     def reset(self, key) -> Carry:
@@ -253,16 +282,17 @@ def env_versions(map_name: str) -> dict[str, str]:
         except PackageNotFoundError:
             v[pkg] = "not-installed"
     v.update({"smax_map": map_name, "smax_enemy": "heuristic(closest,shoot)",
-              "episode_limit": str(EPISODE_LIMITS[map_name]), "simulator": "jaxmarl-smax (not SC2)"})
+              "episode_limit": str(EPISODE_LIMITS[map_name]), "simulator": "jaxmarl-smax (not SC2)",
+              "inputs": INPUTS_VERSION})
     return v
 
 
 # Shapes per map (checked against jaxmarl in tests), so specs do not need jax to be built.
 SHAPES = {  # map: (n_agents, obs_dim, state_dim, n_actions)
-    "2s3z": (5, 127, 120, 10),
-    "3s_vs_5z": (3, 101, 96, 10),
-    "5m_vs_6m": (5, 140, 132, 11),
-    "6h_vs_8z": (6, 179, 168, 13),
+    "2s3z": (5, 127, 100, 10),
+    "3s_vs_5z": (3, 101, 80, 10),
+    "5m_vs_6m": (5, 140, 110, 11),
+    "6h_vs_8z": (6, 179, 140, 13),
 }
 
 
@@ -290,13 +320,7 @@ def _behaviour(task_id: str, tier: str):
         card = sb.read_card(task_id)
     except FileNotFoundError:
         return None
-    t = card["tiers"]
-    desc = {
-        "expert": f"{t['expert']}:greedy", "medium": f"{t['medium']}:greedy",
-        "mixed": f"mixed({t['medium']}+{t['expert']}):greedy",
-        "medium-replay": sb.replay_description(card),
-    }[tier]
-    return Behaviour(f"{task_id}:{card['algo_version']}:{desc}", lambda rng: tier,
+    return Behaviour(sb.policy_id(card, tier), lambda rng: tier,
                      f"MAPPO checkpoints, {tier} (see docs/smax.md)")
 
 

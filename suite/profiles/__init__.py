@@ -4,14 +4,16 @@ file shipped here, or any YAML path with the same keys."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
 from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.validate import check_algo_overrides, did_you_mean, is_int, known_task_ids, unknown_key
 
 
 @dataclass(frozen=True)
@@ -59,58 +61,173 @@ def _lookup(table: dict[str, int], task_id: str, tier: str) -> int:
     raise BenchError(f"profile table has no entry for {task_id}/{tier} and no 'default'")
 
 
-def _table(value: Any) -> dict[str, int]:
-    """A per-task table from YAML: a mapping, or one number for every task."""
-    if isinstance(value, dict):
-        return {str(k): int(v) for k, v in value.items()}
-    return {"default": int(value)}
-
-
 def builtin_profiles() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".yaml"))
 
 
 def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name or a YAML file, validated (suite/profiles: SCHEMA); BenchError
+    ``<file>: <field>: <problem>`` on anything malformed, before anything is written."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        text, source = path.read_text(), str(path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        try:
+            text, source = path.read_text(), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BenchError(f"{path}: cannot read profile: {type(exc).__name__}: {exc}") from None
     elif name_or_path in builtin_profiles():
         text = resources.files(__name__).joinpath(f"{name_or_path}.yaml").read_text()
         source = f"builtin:{name_or_path}"
     else:
         known = ", ".join(builtin_profiles())
-        raise BenchError(f"unknown profile {name_or_path!r} (built in: {known}; or pass a .yaml path)")
+        missing = " (no such file)" if path.suffix in (".yaml", ".yml") else ""
+        raise BenchError(f"unknown profile {name_or_path!r}{missing} (built in: {known}; or pass a .yaml path)")
     try:
         raw = yaml.safe_load(text)
-        return _parse(raw, source)
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BenchError(f"{source}: invalid profile: {msg}") from None
+    except yaml.YAMLError as exc:
+        raise BenchError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
+    return _parse(raw, source)
 
 
-def _parse(raw: dict[str, Any], source: str) -> Profile:
-    train = raw["train"]
-    if int(train["checkpoint_every"]) % int(train["eval_every"]):
-        raise ValueError("train.checkpoint_every must be a multiple of train.eval_every")
-    datasets, data_profile = raw["datasets"], str(raw["name"])
-    if "from" in datasets:  # reuse another built-in profile's datasets (same files, same sizes)
-        if set(datasets) != {"from"}:
-            raise ValueError("datasets: give either 'from: <profile>' or 'episodes', not both")
-        data_profile = str(datasets["from"])
+# ----------------------------------------------------------------------------- the schema
+# A profile's keys: required ones map to None, optional ones to their default.
+TOP_KEYS = {"name": None, "description": "", "datasets": None, "train": None, "matrix": None, "algo_overrides": {}}
+TRAIN_KEYS = ("updates", "eval_every", "eval_episodes", "final_eval_episodes", "checkpoint_every")
+MATRIX_KEYS = ("algos", "tasks", "tiers", "seeds")
+# Results live under <results>/<name>/: a plain identifier, never a path.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def _keys(obj: Any, allowed: Iterable[str], required: Iterable[str], source: str, path: str) -> dict:
+    """``obj`` is a mapping with every required key and no unknown one (with a suggestion)."""
+    if not isinstance(obj, dict):
+        what = "the file is empty" if obj is None and not path else f"got {_kind(obj)}"
+        raise BenchError(f"{source}: {path.rstrip('.') or 'profile'}: must be a mapping ({what})")
+    for key in obj:
+        if key not in allowed:
+            raise unknown_key(source, str(key), allowed, path=path)
+    for key in required:
+        if key not in obj:
+            raise BenchError(f"{source}: {path}{key}: required key missing")
+    return obj
+
+
+def _kind(v: Any) -> str:
+    return "nothing" if v is None else f"{type(v).__name__} {v!r}"[:80]
+
+
+def _count(v: Any, source: str, field: str, minimum: int = 1) -> int:
+    """An integer >= minimum (an integral float such as 20.0 is read as 20, as before)."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not is_int(v):
+        raise BenchError(f"{source}: {field}: must be an integer, got {_kind(v)}")
+    if v < minimum:
+        raise BenchError(f"{source}: {field}: must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _table_keys() -> tuple[set[str], set[str]]:
+    """Task ids a per-task table may name (the registered tasks and their StarCraft II twins) and tiers."""
+    from plcql_bench.suite.tasks import ALL_TIERS
+
+    return set(known_task_ids()), set(ALL_TIERS)
+
+
+def _table(value: Any, source: str, field: str, minimum: int = 1) -> dict[str, int]:
+    """A per-task table: one integer for every task, or a mapping 'default' / '<task>' /
+    '<task>/<tier>' -> integer."""
+    if not isinstance(value, dict):
+        return {"default": _count(value, source, field, minimum)}
+    tasks, tiers = _table_keys()
+    out = {}
+    for key, v in value.items():
+        key = str(key)
+        task, _, tier = key.partition("/")
+        if key != "default" and task not in tasks:
+            raise unknown_key(source, key, ["default", *sorted(tasks)], what="unknown task", path=f"{field}.")
+        if tier and tier not in tiers:
+            raise unknown_key(source, key, [f"{task}/{q}" for q in sorted(tiers)], what="unknown tier",
+                              path=f"{field}.")
+        out[key] = _count(v, source, f"{field}.{key}", minimum)
+    return out
+
+
+def _names(value: Any, source: str, field: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise BenchError(f"{source}: {field}: must be a non-empty list of names, got {_kind(value)}")
+    return list(value)
+
+
+def _seeds(value: Any, source: str, field: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise BenchError(f"{source}: {field}: must be a non-empty list of integers, got {_kind(value)}")
+    return [_count(v, source, f"{field}[{i}]", minimum=0) for i, v in enumerate(value)]
+
+
+def _block(raw: Any, source: str, path: str, extra_allowed: bool) -> dict[str, list]:
+    allowed = MATRIX_KEYS + (("extra",) if extra_allowed else ())
+    _keys(raw, allowed, MATRIX_KEYS, source, path)
+    return {"algos": _names(raw["algos"], source, f"{path}algos"),
+            "tasks": _names(raw["tasks"], source, f"{path}tasks"),
+            "tiers": _names(raw["tiers"], source, f"{path}tiers"),
+            "seeds": _seeds(raw["seeds"], source, f"{path}seeds")}
+
+
+def _matrix(raw: Any, source: str) -> dict[str, list]:
+    matrix = _block(raw, source, "matrix.", extra_allowed=True)
+    extra = raw.get("extra")
+    if extra is not None:
+        if not isinstance(extra, list):
+            raise BenchError(f"{source}: matrix.extra: must be a list of blocks, got {_kind(extra)}")
+        matrix["extra"] = [_block(b, source, f"matrix.extra[{i}].", extra_allowed=False) for i, b in enumerate(extra)]
+    return matrix
+
+
+def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None]:
+    """(episodes table, the built-in profile whose datasets are reused, or None)."""
+    _keys(raw, ("episodes", "from"), (), source, "datasets.")
+    if "from" in raw:  # reuse another built-in profile's datasets (same files, same sizes)
+        if "episodes" in raw:
+            raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes', not both")
+        data_profile = raw["from"]
         if data_profile not in builtin_profiles():
-            raise ValueError(f"datasets.from: unknown built-in profile {data_profile!r}")
-        datasets = yaml.safe_load(resources.files(__name__).joinpath(f"{data_profile}.yaml").read_text())["datasets"]
+            raise BenchError(f"{source}: datasets.from: unknown built-in profile {data_profile!r}"
+                             f"{did_you_mean(str(data_profile), builtin_profiles())} "
+                             f"(built in: {', '.join(builtin_profiles())})")
+        other = yaml.safe_load(resources.files(__name__).joinpath(f"{data_profile}.yaml").read_text())
+        return _table(other["datasets"]["episodes"], f"builtin:{data_profile}", "datasets.episodes"), data_profile
+    if "episodes" not in raw:
+        raise BenchError(f"{source}: datasets.episodes: required key missing (or datasets.from)")
+    return _table(raw["episodes"], source, "datasets.episodes"), None
+
+
+def _parse(raw: Any, source: str) -> Profile:
+    _keys(raw, TOP_KEYS, [k for k, v in TOP_KEYS.items() if v is None], source, "")
+    name = raw["name"]
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise BenchError(f"{source}: name: must be a plain identifier (letters, digits, '-', '_'; at most 64), "
+                         f"got {_kind(name)}")
+    description = raw.get("description") or ""
+    if not isinstance(description, str):
+        raise BenchError(f"{source}: description: must be a string, got {_kind(description)}")
+    episodes, data_profile = _datasets(raw["datasets"], source)
+    train = _keys(raw["train"], TRAIN_KEYS, TRAIN_KEYS, source, "train.")
+    eval_every = _count(train["eval_every"], source, "train.eval_every")
+    checkpoint_every = _count(train["checkpoint_every"], source, "train.checkpoint_every")
+    if checkpoint_every % eval_every:
+        raise BenchError(f"{source}: train.checkpoint_every: must be a multiple of train.eval_every "
+                         f"({checkpoint_every} is not a multiple of {eval_every})")
     return Profile(
-        name=str(raw["name"]),
-        description=str(raw.get("description", "")),
-        data_profile=data_profile,
-        dataset_episodes={k: int(v) for k, v in datasets["episodes"].items()},
-        updates=_table(train["updates"]),
-        eval_every=int(train["eval_every"]),
-        eval_episodes=_table(train["eval_episodes"]),
-        final_eval_episodes=_table(train["final_eval_episodes"]),
-        checkpoint_every=int(train["checkpoint_every"]),
-        matrix={k: list(v) for k, v in raw["matrix"].items()},
+        name=name,
+        description=description,
+        data_profile=data_profile or name,
+        dataset_episodes=episodes,
+        updates=_table(train["updates"], source, "train.updates"),
+        eval_every=eval_every,
+        eval_episodes=_table(train["eval_episodes"], source, "train.eval_episodes"),
+        final_eval_episodes=_table(train["final_eval_episodes"], source, "train.final_eval_episodes"),
+        checkpoint_every=checkpoint_every,
+        matrix=_matrix(raw["matrix"], source),
         source=source,
-        algo_overrides=dict(raw.get("algo_overrides") or {}),
+        algo_overrides=check_algo_overrides(raw.get("algo_overrides"), source),
     )

@@ -1,0 +1,206 @@
+"""Typed validation of what a user configures: algorithm config fields (from an algorithm's
+defaults, algorithms/configs/*.yaml, a profile's ``algo_overrides`` and ``--set``) and the small
+building blocks the profile schema (suite/profiles) uses.
+
+Every error is a :class:`ConfigError` (a BenchError: one line, exit status 2) of the form
+``<where>: <field>: <problem>``, where ``where`` names the file or the flag. Validation never
+changes a valid value (an int stays an int where a float is expected), so a valid config hashes
+to the same run key as before validation existed.
+
+    check_config(cls, values, where)       every field known to cls.Config, of its type and range
+    check_algo_overrides(values, where)    a profile's algo_overrides: fields some algorithm has
+    did_you_mean(name, choices)            " (did you mean 'x'?)" or ""
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from plcql_bench.suite.errors import BenchError
+
+
+class ConfigError(BenchError):
+    """A configuration value or key that is not allowed; the message names the file/flag and field."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_key(where: str, key: str, choices: Iterable[str], what: str = "unknown key",
+                path: str = "") -> ConfigError:
+    """``<where>: <path><key>: <what> (did you mean ...?)``; ``path`` is the dotted prefix of the key."""
+    choices = sorted(str(c) for c in choices)
+    hint = did_you_mean(key, choices) or (f" (known: {', '.join(choices)})" if len(choices) <= 40 else "")
+    return ConfigError(f"{where}: {path}{key}: {what}{hint}")
+
+
+# ----------------------------------------------------------------------------- value kinds
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_KIND_TEST: dict[str, Callable[[Any], bool]] = {
+    "int": is_int,
+    "float": is_number,  # an int is a valid float (kept as given: it is hashed as written)
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "None": lambda v: v is None,
+}
+_KIND_TEXT = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null"}
+
+
+def field_kinds(annotation: Any) -> tuple[str, ...] | None:
+    """The value kinds a dataclass field annotation allows ('int', 'float', 'bool', 'str', 'None'),
+    or None when the annotation is something this check does not cover (then any value passes)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    text = text.replace(" ", "").replace("typing.", "").replace("NoneType", "None")
+    m = re.fullmatch(r"(Optional|Union)\[(.*)\]", text)
+    if m:
+        parts = m.group(2).split(",") + (["None"] if m.group(1) == "Optional" else [])
+    else:
+        parts = text.split("|")
+    if not parts or any(p not in _KIND_TEST for p in parts):
+        return None
+    return tuple(dict.fromkeys(parts))
+
+
+def kinds_text(kinds: tuple[str, ...]) -> str:
+    return " or ".join(_KIND_TEXT[k] for k in kinds)
+
+
+# ----------------------------------------------------------------------------- ranges of config fields
+@dataclass(frozen=True)
+class Rule:
+    ok: Callable[[Any], bool]
+    text: str  # "must be <text>"
+
+
+def _at_least(lo: float) -> Rule:
+    return Rule(lambda v: not is_number(v) or v >= lo, f">= {lo:g}")
+
+
+_POSITIVE = Rule(lambda v: not is_number(v) or v > 0, "> 0")
+_UNIT = Rule(lambda v: not is_number(v) or 0 <= v <= 1, "in [0, 1]")
+_OPEN_UNIT = Rule(lambda v: not is_number(v) or 0 < v < 1, "in (0, 1)")
+
+
+def _one_of(*allowed: Any) -> Rule:
+    return Rule(lambda v: v in allowed, "one of " + ", ".join(repr(a) for a in allowed))
+
+
+# Field name -> its range, for every algorithm that has the field. Only ranges outside of which the
+# field is meaningless; sizes and counts are integers >= 1, learning rates positive.
+FIELD_RULES: dict[str, Rule] = {
+    **dict.fromkeys((
+        "batch_size", "batch_episodes", "hidden", "critic_hidden", "par_hidden", "n_critics", "n_hidden",
+        "n_sampled_actions", "n_timesteps", "omar_iters", "omar_num_elites", "omar_num_samples", "layers",
+        "heads", "embed", "hypernet_embed", "mixing_embed", "mixing_embed_dim", "context", "time_dim",
+        "ppo_epochs", "value_steps", "update_ema_every", "target_update_interval", "ca_ratio",
+        "behaviour_patience"), _at_least(1)),
+    # behaviour_max_updates: 0 = no cap (beta trains for the reference's timestep budget).
+    **dict.fromkeys(("teacher_rounds", "step_start_ema", "behaviour_max_updates"), _at_least(0)),
+    **dict.fromkeys(("lr", "critic_lr", "optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight",
+                     "cf_block_mb"), _POSITIVE),
+    # Auxiliary learning rates may be 0: it freezes that part (tests/test_plcql_par.py freezes pi_par).
+    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _at_least(0)),
+    "gamma": Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]"),
+    **dict.fromkeys(("tau", "target_rate", "ema_decay", "td_lambda", "optim_alpha"), _UNIT),
+    "expectile": _OPEN_UNIT,
+    **dict.fromkeys(("cql_alpha", "grad_clip", "par_grad_clip", "weight_decay", "entropy_coef", "action_l2",
+                     "target_noise", "cql_sample_noise", "other_action_jitter", "lcb_beta", "softmax_temp",
+                     "omar_coe"), _at_least(0)),
+    "u_ddof": _one_of(0, 1),
+    "fixed_k": Rule(lambda v: v is None or v in ("n", "uniform") or (is_int(v) and v >= 1),
+                    "null, 'n', 'uniform' or an integer >= 1"),
+    "par_reward": _one_of("paper", "lcb"),
+    "advantage_norm": _one_of("advantage", "reward", "none"),
+    "replace_with": _one_of("online", "target"),
+    "par_updates": _one_of("every-batch", "first-batch"),
+    "uncertainty_from": _one_of("online", "target"),
+    "weights_per": _one_of("sample", "batch"),
+    "omar_search": _one_of("argmax", "sampled"),
+    "omar_mode": _one_of("softmax", "cem"),
+    "cql_policy_density": _one_of("pdf", "log"),
+    # (CFCQL itself refuses a first flag of 0 at its first update: tests/test_exec.py relies on that)
+    "sample_action_class": Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[01]-[01]-[01]", v) is not None,
+                                "three 0/1 flags 'uniform-current-next', e.g. '1-0-0'"),
+}
+
+
+def field_problem(name: str, annotation: Any, value: Any) -> str | None:
+    """Why ``value`` is not valid for a config field (type, finiteness, range), or None."""
+    kinds = field_kinds(annotation)
+    if kinds is not None and not any(_KIND_TEST[k](value) for k in kinds):
+        return f"must be {kinds_text(kinds)}, got {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    rule = FIELD_RULES.get(name)
+    if rule is not None and not rule.ok(value):
+        return f"must be {rule.text}, got {value!r}"
+    return None
+
+
+def config_fields(cls: type) -> dict[str, Any]:
+    """{field name: annotation} of an algorithm class's Config."""
+    return {f.name: f.type for f in dataclasses.fields(cls.Config)}
+
+
+def check_config(cls: type, values: dict[str, Any], where: str, path: str = "") -> None:
+    """Every key a field of ``cls.Config``, every value of the field's type and in its range;
+    ConfigError ``<where>: <path><field>: <problem>`` naming the algorithm otherwise."""
+    known = config_fields(cls)
+    for key, value in values.items():
+        if key not in known:
+            raise unknown_key(where, key, known, what=f"unknown config field of {cls.name}", path=path)
+        problem = field_problem(key, known[key], value)
+        if problem:
+            raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
+
+
+def known_task_ids() -> list[str]:
+    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
+    from plcql_bench.suite.tasks import task_ids
+
+    ids = task_ids()
+    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
+
+
+def all_algorithm_classes() -> list[type]:
+    """Every registered implementation (both action kinds, variants included)."""
+    from plcql_bench.algorithms.base import IMPLEMENTATIONS, load_all
+
+    load_all()
+    return list(dict.fromkeys(c for reg in IMPLEMENTATIONS.values() for c in reg.values()))
+
+
+def check_algo_overrides(values: Any, where: str, path: str = "algo_overrides.") -> dict[str, Any]:
+    """A profile's ``algo_overrides``: a mapping whose keys are config fields of at least one
+    algorithm (it applies to those that have the field) and whose values are valid for each of them."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: {path.rstrip('.')}: must be a mapping of config field -> value, "
+                          f"got {type(values).__name__}")
+    owners: dict[str, list[type]] = {}
+    for cls in all_algorithm_classes():
+        for name in config_fields(cls):
+            owners.setdefault(name, []).append(cls)
+    for key, value in values.items():
+        if key not in owners:
+            raise unknown_key(where, str(key), owners, what="not a config field of any algorithm", path=path)
+        for cls in owners[key]:
+            problem = field_problem(key, config_fields(cls)[key], value)
+            if problem:
+                raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
+    return dict(values)
