@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from test_smac_adapter import FakeSC2
 
 from plcql_bench.suite import tasks
+from plcql_bench.suite.envs import smac
 from plcql_bench.suite.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,14 +50,16 @@ def test_sc2_smoke_script_plays_each_map(capsys):
     smoke = _smoke_module()
     made = []
 
-    def factory(map_name, seed):
-        made.append(FakeSC2(map_name, seed, ends=((4, True, False),)))
+    def factory(map_name, seed, **smac_kwargs):  # the adapter passes SMAC_KWARGS (difficulty, ...)
+        made.append(FakeSC2(map_name, seed, ends=((4, True, False),), **smac_kwargs))
         return made[-1]
 
     assert smoke.main(list(smoke.MAPS), factory) == 0
     out = capsys.readouterr().out
     assert "SC2-SMOKE OK" in out and out.count(": ok, 4 steps") == 4
     assert all(env.closed for env in made) and len(made) == 4
+    # the suite's SMAC settings reach SC2 (FakeSC2 keeps continuing_episode apart)
+    assert all({**env.kwargs, "continuing_episode": env.continuing_episode} == smac.SMAC_KWARGS for env in made)
     for env in made:  # only available actions were sent
         assert all(a < 6 for acts in env.steps_taken[1::2] for a in acts)
 
@@ -64,8 +67,8 @@ def test_sc2_smoke_script_plays_each_map(capsys):
 def test_sc2_smoke_script_fails_on_a_broken_map(capsys):
     smoke = _smoke_module()
 
-    def factory(map_name, seed):
-        return FakeSC2(map_name, seed, shapes=(1, 2, 3, 4))  # wrong shapes: the adapter refuses
+    def factory(map_name, seed, **smac_kwargs):
+        return FakeSC2(map_name, seed, shapes=(1, 2, 3, 4), **smac_kwargs)  # wrong shapes: the adapter refuses
 
     assert smoke.main(["2s3z"], factory) == 1
     assert "SC2-SMOKE FAILED (1 of 1 maps)" in capsys.readouterr().out
