@@ -33,7 +33,7 @@ from plcql_bench.algorithms.common.continuous import (
     mean_metrics,
     noisy_policy_samples,
 )
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

@@ -82,8 +82,8 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 def check_algo_names(names) -> None:
     """BenchError (exit 2) for a name no algorithm is registered under."""
     from plcql_bench.algorithms.base import load_all
-    from plcql_bench.suite.errors import BenchError
-    from plcql_bench.suite.validate import did_you_mean
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.core.validate import did_you_mean
 
     known = load_all()
     for name in names:

@@ -32,7 +32,7 @@ from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.independent import IndepCritics, omar_backbone
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

@@ -54,7 +54,7 @@ from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 IMPORTER_VERSION = "plcql-bench-import-1"
 FORMATS = ("omar-npy", "cfcql-h5")

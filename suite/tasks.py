@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.spec import Task
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.spec import Task
 
 # task id -> (module, factory function returning a Task, positional arguments for it)
 _FACTORIES: dict[str, tuple] = {
@@ -40,6 +40,12 @@ def task_tiers(task_id: str) -> tuple[str, ...]:
 
 def task_ids() -> list[str]:
     return list(_FACTORIES)
+
+
+def known_task_ids() -> list[str]:
+    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
+    ids = task_ids()
+    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
 
 
 @cache

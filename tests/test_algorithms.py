@@ -19,7 +19,7 @@ from plcql_bench.algorithms.common.continuous import (
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.algorithms.plcql import PLCQL, par_mask
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 # Tiny tensors: one thread is faster and immune to oversubscription on a busy machine.
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import CFCQL_ALPHA
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 CN = TaskSpec("mpe-cn", "mpe", n_agents=3, obs_dim=6, state_dim=10, act_dim=2, discrete=False,

@@ -13,8 +13,8 @@ from plcql_bench.algorithms.base import EpisodeBatch, get_algorithm, implementat
 from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent, last_action_onehot
 from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
 from plcql_bench.algorithms.spacql import inverse_std_weights
-from plcql_bench.suite.episodes import EpisodeSampler
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.core.spec import TaskSpec
 
 from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged
 

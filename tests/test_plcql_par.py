@@ -15,7 +15,7 @@ from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse,
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 TOY = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=4, act_dim=1, discrete=False,

@@ -24,7 +24,7 @@ import plcql_bench.algorithms.common.continuous as C
 from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common.continuous import EnsembleCritic, cf_cql_penalty, counterfactual_joint
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 

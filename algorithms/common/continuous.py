@@ -32,7 +32,7 @@ from plcql_bench.algorithms.common.nets import (
     hard_update_,
     polyak_,
 )
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 # --------------------------------------------------------------------------------------------
 # Per-task reference settings (reference-implementations.md §4.0 / §4.3)
