@@ -37,6 +37,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     the per-machine costs that `plan` estimates from."""
     import torch
 
+    from plcql_bench.suite.runner import configure_process
+
+    configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
     if machine:
         torch.set_num_threads(threads)
         given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from plcql_bench.algorithms.base import batch_kind, get_algorithm, make_config
+from plcql_bench.algorithms.common import kernels
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
@@ -200,6 +201,22 @@ class RunBusy(BenchError):
     """Another live process holds this run's lock (it is training it right now)."""
 
 
+KERNELS_ENV = "PLCQL_KERNELS"  # "fused" (default) or "plain": the continuous critics' kernels
+
+
+def configure_process(device: str = "cpu") -> None:
+    """Process-wide settings, made here once per process before an algorithm is built, never by an
+    algorithm: the continuous critics' kernels (PLCQL_KERNELS=fused|plain, algorithms/common/kernels.py;
+    not part of the run key, like the device and the thread count, which also move the last bits) and,
+    on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory)."""
+    choice = os.environ.get(KERNELS_ENV, "fused")
+    if choice not in ("fused", "plain"):
+        raise BenchError(f"{KERNELS_ENV}: must be 'fused' or 'plain', got {choice!r}")
+    kernels.use_fused(choice == "fused")
+    if torch.device(device).type == "cpu":
+        kernels.keep_freed_memory()
+
+
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
     """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
 
@@ -211,6 +228,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
     """
     if plan.is_done() and not fresh:
         return read_json(plan.final_path)
+    configure_process(device)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     with _run_lock(plan):
@@ -222,7 +240,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
-            f"torch threads {torch.get_num_threads()}")
+            f"torch threads {torch.get_num_threads()} kernels {'fused' if kernels.fused_default() else 'plain'}")
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}

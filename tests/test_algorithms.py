@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
+from plcql_bench.algorithms.cfcql import cf_cql_penalty
 from plcql_bench.algorithms.common.continuous import (
     EnsembleCritic,
-    cf_cql_penalty,
     counterfactual_joint,
     host_floats,
     mean_metrics,

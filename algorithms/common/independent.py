@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
+from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
 from plcql_bench.suite.core.spec import TaskSpec
@@ -77,8 +77,6 @@ class IndependentBase(Checkpointable, DeterministicActors):
             raise ValueError(f"{self.name} is for continuous actions; task {spec.task_id} is discrete")
         self.spec, self.cfg, self.seed, self.device = spec, config, seed, torch.device(device)
         self.n, self.A = spec.n_agents, spec.act_dim
-        if self.device.type == "cpu":
-            keep_freed_memory()
         g = torch.Generator().manual_seed(int(seed))
         c = config
         self.actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
