@@ -108,20 +108,27 @@ def get_algorithm(name: str, discrete: bool | None = None) -> type:
     return cls
 
 
-def load_all() -> dict[str, type]:
-    """Import every algorithm module so their @register decorators run."""
-    from plcql_bench.algorithms import (  # noqa: F401
-        awac, bc, cfcql, dof, iql, macql, maicq, matd3bc, omar, plcql, spacql,
-    )
-    from plcql_bench.algorithms import (  # noqa: F401  (discrete-action implementations)
-        bc_discrete, cfcql_discrete, macql_discrete, plcql_discrete, spacql_discrete,
-    )
-    from plcql_bench.algorithms import maicq_discrete  # noqa: F401
-    from plcql_bench.algorithms import omar_discrete  # noqa: F401
-    from plcql_bench.algorithms import iql_discrete  # noqa: F401
-    from plcql_bench.algorithms import awac_discrete  # noqa: F401
-    from plcql_bench.algorithms import madtkd  # noqa: F401
+# Modules of this package that define no algorithm; every other module in algorithms/ is one (or two:
+# continuous and discrete) and is imported by `load_all`, so a new file registers itself.
+NOT_ALGORITHMS = frozenset({"base", "cli"})
 
+
+def algorithm_modules() -> list[str]:
+    """The algorithm modules of this package (algorithms/*.py but base and cli), sorted by name."""
+    import pkgutil
+
+    import plcql_bench.algorithms as package
+
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+                  if not m.ispkg and m.name not in NOT_ALGORITHMS)
+
+
+def load_all() -> dict[str, type]:
+    """Import every algorithm module (discovered in the package) so their @register decorators run."""
+    import importlib
+
+    for name in algorithm_modules():
+        importlib.import_module(f"plcql_bench.algorithms.{name}")
     return REGISTRY
 
 

@@ -29,12 +29,11 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, BatchSampler, register
 from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import (
     CentralCriticAlgorithm,
     EnsembleCritic,
-    backbone_overrides,
     counterfactual_joint,
-    cql_alpha_override,
     host_floats,
     mean_metrics,
     noisy_policy_samples,
@@ -44,7 +43,7 @@ from plcql_bench.suite.core.spec import TaskSpec
 
 @dataclass
 class Config:
-    # --- backbone (CFCQL continuous/main.py defaults; per-task values via task_overrides) ---
+    # --- backbone (CFCQL continuous/main.py defaults; per-task values: configs/cfcql_backbone.yaml) ---
     hidden: int = 64  # --hidden_dim 64 (MPE); 256 on HalfCheetah
     lr: float = 1e-3  # --lr 0.001 (0.01 for simple_spread via task_overrides); actors and critic
     batch_size: int = 1024  # --batch_size 1024 (MPE); 256 on HalfCheetah
@@ -137,10 +136,10 @@ class CFCQL(CentralCriticAlgorithm):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        from plcql_bench.algorithms.common.configs import tier_table
-
-        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)  # configs/<algo>.yaml, if any
-        return {**backbone_overrides(spec), **cql_alpha_override(spec, tier), **own}
+        """configs/cfcql_backbone.yaml < cql_alpha of configs/cfcql.yaml < the algorithm's own configs/<name>.yaml."""
+        alpha = {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
+        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)
+        return {**tier_table("cfcql_backbone", spec, tier), **alpha, **own}
 
     # -- losses ------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -11,7 +11,6 @@ import torch
 
 from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.continuous import CFCQL_ALPHA
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -65,6 +64,16 @@ def test_seeding_and_resume(name, tmp_path):
     fresh = build(name, seed=7)
     fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
     assert a0.update(SyntheticBuffer(CN, 200, seed=3)) == fresh.update(SyntheticBuffer(CN, 200, seed=3))
+
+
+# CFCQL continuous `env_config_map` (maddpg_cc.py ~l.643): cql_alpha per task and dataset tier, as published;
+# algorithms/configs/cfcql.yaml is the one copy the code reads.
+CFCQL_ALPHA: dict[str, dict[str, float]] = {
+    "mpe-cn": {"random": 0.5, "medium-replay": 1.0, "medium": 5.0, "expert": 2.5},
+    "mpe-pp": {"random": 0.5, "medium-replay": 0.5, "medium": 0.6, "expert": 2.0},
+    "mpe-world": {"random": 0.5, "medium-replay": 0.5, "medium": 0.32, "expert": 0.3},
+    "mamujoco": {"random": 0.1, "medium-replay": 0.4, "medium": 1.0, "expert": 1.7},
+}
 
 
 def test_tables():

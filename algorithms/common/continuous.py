@@ -36,45 +36,6 @@ from plcql_bench.algorithms.common.nets import (
 from plcql_bench.suite.core.spec import TaskSpec
 
 # --------------------------------------------------------------------------------------------
-# Per-task reference settings (reference-implementations.md §4.0 / §4.3)
-# --------------------------------------------------------------------------------------------
-
-# CFCQL continuous `env_config_map` (maddpg_cc.py ~l.643): cql_alpha per task and dataset tier.
-CFCQL_ALPHA: dict[str, dict[str, float]] = {
-    "mpe-cn": {"random": 0.5, "medium-replay": 1.0, "medium": 5.0, "expert": 2.5},
-    "mpe-pp": {"random": 0.5, "medium-replay": 0.5, "medium": 0.6, "expert": 2.0},
-    "mpe-world": {"random": 0.5, "medium-replay": 0.5, "medium": 0.32, "expert": 0.3},
-    "mamujoco": {"random": 0.1, "medium-replay": 0.4, "medium": 1.0, "expert": 1.7},
-}
-
-
-def backbone_overrides(spec: TaskSpec) -> dict[str, Any]:
-    """Network/optimiser settings of the CFCQL continuous code for a task (§4.3).
-
-    MPE: hidden 64, batch 1024, tau 0.01, gamma 0.95, lr 0.01 on CN (simple_spread) else 0.001.
-    HalfCheetah (task ids starting with "mamujoco"): hidden 256, batch 256, lr 3e-4, tau 0.005,
-    gamma 0.99.
-    """
-    if spec.task_id.startswith("mamujoco"):
-        # HalfCheetah branch of maddpg_cc.py: uniform + noisy current- and next-policy samples
-        # (--sample_action_class 1-1-1, --cql_sample_noise_level 0.2, --beta_action_noise 1e-5)
-        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99, sample_action_class="1-1-1",
-                    other_action_jitter=1e-5)
-    if spec.task_id.startswith("mpe"):
-        return dict(hidden=64, batch_size=1024, lr=0.01 if spec.task_id == "mpe-cn" else 0.001,
-                    tau=0.01, gamma=0.95)
-    return {}
-
-
-def cql_alpha_override(spec: TaskSpec, tier: str) -> dict[str, Any]:
-    """cql_alpha from algorithms/configs/cfcql.yaml (the same table as CFCQL_ALPHA above, which is kept
-    as a readable copy; a test checks they agree)."""
-    from plcql_bench.algorithms.common.configs import tier_table
-
-    return {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
-
-
-# --------------------------------------------------------------------------------------------
 # Networks
 # --------------------------------------------------------------------------------------------
 

@@ -352,8 +352,9 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
         return out
 
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
-        """The batch with rewards multiplied by the config's `reward_scale` (see SMAX_REWARD_SCALE)."""
-        scale = float(getattr(self.cfg, "reward_scale", 1.0))
+        """The batch with rewards multiplied by the config's `reward_scale` (see SMAX_REWARD_SCALE); only
+        algorithms whose Config declares the field call it."""
+        scale = float(self.cfg.reward_scale)
         return batch if scale == 1.0 else dataclasses.replace(batch, rewards=batch.rewards * scale)
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
