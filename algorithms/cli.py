@@ -37,6 +37,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     the per-machine costs that `plan` estimates from."""
     import torch
 
+    from plcql_bench.suite.runner import configure_process
+
+    configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
     if machine:
         torch.set_num_threads(threads)
         given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT
@@ -82,8 +85,8 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 def check_algo_names(names) -> None:
     """BenchError (exit 2) for a name no algorithm is registered under."""
     from plcql_bench.algorithms.base import load_all
-    from plcql_bench.suite.errors import BenchError
-    from plcql_bench.suite.validate import did_you_mean
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.core.validate import did_you_mean
 
     known = load_all()
     for name in names:

@@ -25,8 +25,8 @@ import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.algorithms.common.independent import IndependentBase
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -66,12 +66,7 @@ class OMAR(IndependentBase):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        out = omar_backbone(spec)
-        if spec.task_id.startswith("mamujoco"):
-            out.update(omar_mode="cem", omar_iters=2, omar_num_samples=20, omar_num_elites=5,
-                       cql_policy_samples=True)
-        out.update(tier_table("omar", spec, tier))
-        return out
+        return {**tier_table("omar_backbone", spec, tier), **tier_table("omar", spec, tier)}
 
     def critic_loss(self, b) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.cfg

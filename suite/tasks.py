@@ -7,8 +7,8 @@ import importlib
 import os
 from functools import cache
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.spec import Task
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.spec import Task
 
 # task id -> (module, factory function returning a Task, positional arguments for it)
 _FACTORIES: dict[str, tuple] = {
@@ -50,6 +50,12 @@ def task_tiers(task_id: str) -> tuple[str, ...]:
 
 def task_ids() -> list[str]:
     return list(_factories())
+
+
+def known_task_ids() -> list[str]:
+    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
+    ids = task_ids()
+    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
 
 
 @cache

@@ -5,7 +5,7 @@ loops are over time, in `td_lambda_targets`' backward recursion (the GRU runs ov
 sequence in one `nn.GRU` call). See docs/algorithms/discrete-machinery.md.
 
 Shapes: B episodes, T steps (T+1 observations, the last being the final next observation),
-n agents, A actions, S state size. `EpisodeBatch` is in algorithms/base.py.
+n agents, A actions, S state size. `EpisodeBatch` is in suite/core/batch.py.
 
 Public API
   masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
@@ -32,7 +32,7 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch
 from plcql_bench.algorithms.common.protocol import Checkpointable
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 # Finite stand-in for log(0) in returned log-probabilities (exp() of it is exactly 0 in float32,
 # and 0 * NEG is 0, where 0 * -inf would be NaN).
@@ -361,11 +361,12 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
         """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`
         (see SMAX_REWARD_SCALE) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
-        counted as terminals (the references' convention, see above)."""
-        scale = float(getattr(self.cfg, "reward_scale", 1.0))
+        counted as terminals (the references' convention, see above). Only algorithms whose Config
+        declares both fields call it."""
+        scale = float(self.cfg.reward_scale)
         if scale != 1.0:
             batch = dataclasses.replace(batch, rewards=batch.rewards * scale)
-        if not getattr(self.cfg, "bootstrap_timeouts", False) and batch.timeouts is not None:
+        if not self.cfg.bootstrap_timeouts and batch.timeouts is not None:
             batch = dataclasses.replace(batch, terminals=torch.maximum(batch.terminals, batch.timeouts))
         return batch
 

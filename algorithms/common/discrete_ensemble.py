@@ -46,7 +46,7 @@ from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
     masked_softmax)
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class StackedRNNAgent(nn.Module):

@@ -17,19 +17,10 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
+from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
-from plcql_bench.suite.spec import TaskSpec
-
-
-def omar_backbone(spec: TaskSpec) -> dict[str, Any]:
-    """OMAR main.py defaults (MPE) and its HalfCheetah override (§4.0)."""
-    if spec.task_id.startswith("mamujoco"):
-        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99)
-    if spec.task_id.startswith("mpe"):
-        return dict(hidden=64, batch_size=1024, lr=0.01, tau=0.01, gamma=0.95)
-    return {}
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class IndepCritics(nn.Module):
@@ -62,13 +53,13 @@ class IndependentBase(Checkpointable, DeterministicActors):
     use_value = False  # IQL: an extra V_i(o_i)
     use_target_actors = True
 
-    # Keys taken from OMAR's per-domain backbone settings (None = all of them); the rest of an
-    # algorithm's config comes from its own table in algorithms/configs/<name>.yaml.
+    # Keys taken from the backbone's per-domain settings (configs/omar_backbone.yaml; None = all of them); the
+    # rest of an algorithm's config comes from its own table in algorithms/configs/<name>.yaml.
     backbone_keys: ClassVar[tuple[str, ...] | None] = ("hidden", "batch_size", "gamma")
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        bb = omar_backbone(spec)
+        bb = tier_table("omar_backbone", spec, tier)
         keys = bb if cls.backbone_keys is None else cls.backbone_keys
         return {**{k: bb[k] for k in keys if k in bb}, **tier_table(cls.name, spec, tier)}
 
@@ -77,8 +68,6 @@ class IndependentBase(Checkpointable, DeterministicActors):
             raise ValueError(f"{self.name} is for continuous actions; task {spec.task_id} is discrete")
         self.spec, self.cfg, self.seed, self.device = spec, config, seed, torch.device(device)
         self.n, self.A = spec.n_agents, spec.act_dim
-        if self.device.type == "cpu":
-            keep_freed_memory()
         g = torch.Generator().manual_seed(int(seed))
         c = config
         self.actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
@@ -92,9 +81,9 @@ class IndependentBase(Checkpointable, DeterministicActors):
         hard_update_(self.target_actors, self.actors)
         hard_update_(self.target_critic, self.critic)
         self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         if self.use_value:
-            self.value_opt = torch.optim.Adam(self.value.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+            self.value_opt = torch.optim.Adam(self.value.parameters(), lr=c.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
         self.rounds = 0
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class SyntheticBuffer:
@@ -49,7 +49,7 @@ def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, dev
     """An EpisodeSampler over random SMAX-shaped episodes of the task's episode limit (for timing
     episode-batch algorithms: every batch is padded to the full limit, the worst case)."""
     from plcql_bench.datasets.format import synthetic_dataset
-    from plcql_bench.suite.episodes import EpisodeSampler
+    from plcql_bench.datasets.episodes import EpisodeSampler
 
     arrays, _ = synthetic_dataset(spec, n_episodes=n_episodes, episode_len=spec.episode_limit, seed=seed)
     return EpisodeSampler(arrays, seed, device)
