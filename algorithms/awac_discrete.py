@@ -32,7 +32,7 @@ from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, 
 from plcql_bench.algorithms.common.discrete_critics import (
     TwinAgentQ, clipped_exp_weights, policy_expectation, soft_update)
 from plcql_bench.algorithms.iql_discrete import weighted_bc_loss
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

@@ -11,84 +11,13 @@ The runner owns data loading, evaluation, seeding, checkpoints and results.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-import torch
 
-from plcql_bench.suite.spec import TaskSpec
-
-
-@dataclass
-class Batch:
-    """A batch of B transitions as torch tensors on the algorithm's device.
-
-    obs            float32 [B, n, obs_dim]      next_obs          float32 [B, n, obs_dim]
-    state          float32 [B, state_dim]       next_state        float32 [B, state_dim]
-    actions        float32 [B, n, act_dim]  (continuous)  or int64 [B, n] (discrete)
-    next_actions   like actions: the dataset's next joint action a'
-    next_actions_valid float32 [B]: 1 where a' is known; 0 at the last step of an episode whose
-                   next action the dataset could not record (PAR targets then replace every agent)
-    rewards        float32 [B]   team reward
-    terminals      float32 [B]   1 = true terminal (no bootstrap); time-limit cuts are NOT terminal
-    avail, next_avail  float32 [B, n, n_actions] for discrete tasks, else None
-    """
-
-    obs: torch.Tensor
-    state: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    next_obs: torch.Tensor
-    next_state: torch.Tensor
-    next_actions: torch.Tensor
-    next_actions_valid: torch.Tensor
-    terminals: torch.Tensor
-    avail: torch.Tensor | None = None
-    next_avail: torch.Tensor | None = None
-
-    @property
-    def size(self) -> int:
-        return self.rewards.shape[0]
-
-
-@dataclass
-class EpisodeBatch:
-    """A batch of B whole episodes, padded to T steps (T = the longest episode in the dataset), as
-    torch tensors on the algorithm's device. Index t in 0..T-1 is a transition; the extra index T
-    (and index len for an episode of length len < T) holds the final next observation.
-
-    obs       float32 [B, T+1, n, obs_dim]   o_t; o_len = the episode's last next_obs; zeros after
-    state     float32 [B, T+1, state_dim]    s_t, same layout
-    avail     float32 [B, T+1, n, n_actions] availability at t (index len: next_avail of the last
-                                             step); all zeros on padding (no action available)
-    actions   int64   [B, T, n]              a_t (0 on padding)
-    rewards   float32 [B, T]                 team reward r_t (0 on padding)
-    terminals float32 [B, T]                 1 at a true terminal (no bootstrap); timeouts are 0
-    mask      float32 [B, T]                 1 on real steps t < len, 0 on padding
-    lengths   int64   [B]                    len of each episode
-    timeouts  float32 [B, T] or None         1 where the time limit cut the episode (a learner that
-                                             follows the references counts it as terminal:
-                                             DiscreteAlgorithm.scaled, `bootstrap_timeouts`)
-    """
-
-    obs: torch.Tensor
-    state: torch.Tensor
-    avail: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    terminals: torch.Tensor
-    mask: torch.Tensor
-    lengths: torch.Tensor
-    timeouts: torch.Tensor | None = None
-
-    @property
-    def size(self) -> int:
-        return self.rewards.shape[0]
-
-    @property
-    def max_t(self) -> int:
-        return self.rewards.shape[1]
+# The batch types are the runner's (suite/core/batch.py); algorithms import them from here.
+from plcql_bench.suite.core.batch import Batch, BatchSampler, EpisodeBatch  # noqa: F401
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class Algorithm(Protocol):
@@ -97,7 +26,7 @@ class Algorithm(Protocol):
     discrete: ClassVar[bool | None]  # None = both
     # What `update(sample)` receives: "transitions" -> sample(batch_size) returns a Batch;
     # "episodes" -> sample(batch_size) returns an EpisodeBatch of whole padded episodes
-    # (suite/episodes.py: EpisodeSampler). Optional; absent means "transitions".
+    # (datasets/episodes.py: EpisodeSampler). Optional; absent means "transitions".
     batch_kind: ClassVar[str]
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None: ...
@@ -119,10 +48,6 @@ class Algorithm(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class BatchSampler(Protocol):
-    def __call__(self, batch_size: int) -> Batch: ...  # EpisodeBatch for batch_kind "episodes"
 
 
 def batch_kind(cls_or_algo: Any) -> str:
@@ -183,21 +108,34 @@ def get_algorithm(name: str, discrete: bool | None = None) -> type:
     return cls
 
 
-def load_all() -> dict[str, type]:
-    """Import every algorithm module so their @register decorators run."""
-    from plcql_bench.algorithms import (  # noqa: F401
-        awac, bc, cfcql, dof, iql, macql, maicq, matd3bc, omar, plcql, spacql,
-    )
-    from plcql_bench.algorithms import (  # noqa: F401  (discrete-action implementations)
-        bc_discrete, cfcql_discrete, macql_discrete, plcql_discrete, spacql_discrete,
-    )
-    from plcql_bench.algorithms import maicq_discrete  # noqa: F401
-    from plcql_bench.algorithms import omar_discrete  # noqa: F401
-    from plcql_bench.algorithms import iql_discrete  # noqa: F401
-    from plcql_bench.algorithms import awac_discrete  # noqa: F401
-    from plcql_bench.algorithms import madtkd  # noqa: F401
+# Modules of this package that define no algorithm; every other module in algorithms/ is one (or two:
+# continuous and discrete) and is imported by `load_all`, so a new file registers itself.
+NOT_ALGORITHMS = frozenset({"base", "cli"})
 
+
+def algorithm_modules() -> list[str]:
+    """The algorithm modules of this package (algorithms/*.py but base and cli), sorted by name."""
+    import pkgutil
+
+    import plcql_bench.algorithms as package
+
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+                  if not m.ispkg and m.name not in NOT_ALGORITHMS)
+
+
+def load_all() -> dict[str, type]:
+    """Import every algorithm module (discovered in the package) so their @register decorators run."""
+    import importlib
+
+    for name in algorithm_modules():
+        importlib.import_module(f"plcql_bench.algorithms.{name}")
     return REGISTRY
+
+
+def all_algorithm_classes() -> list[type]:
+    """Every registered implementation (both action kinds, variants included)."""
+    load_all()
+    return list(dict.fromkeys(c for reg in IMPLEMENTATIONS.values() for c in reg.values()))
 
 
 def make_config(cls: type, overrides: dict[str, Any]) -> Any:

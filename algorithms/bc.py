@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -38,11 +39,7 @@ class BC(Checkpointable, DeterministicActors):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        if spec.task_id.startswith("mamujoco"):
-            return dict(hidden=256, batch_size=256, lr=3e-4)
-        if spec.task_id.startswith("mpe"):
-            return dict(hidden=64, batch_size=1024, lr=1e-3)
-        return {}
+        return tier_table("bc", spec, tier)  # algorithms/configs/bc.yaml
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         if spec.discrete:

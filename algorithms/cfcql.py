@@ -12,33 +12,38 @@ Follows the reference `thu-rllab/CFCQL` `continuous/algorithms/maddpg_cc.py` cla
            batch, then Polyak target updates (main.py with --ca_ratio 5).
 
 The HalfCheetah branch of the reference also samples noisy current- and next-policy actions for the
-penalty (`sample_action_class="1-1-1"`); this implementation uses the uniform sampler everywhere
-(see docs/algorithms/cfcql.md).
+penalty (`sample_action_class="1-1-1"`, set for the mamujoco tasks; docs/algorithms/cfcql.md).
+
+The penalty below is plain torch; with the critic's fused kernels on (the default,
+algorithms/common/kernels.py) its critic part runs cache-blocked, with the same numbers up to float
+summation order (tests/test_speed_equivalence.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from plcql_bench.algorithms.base import Batch, BatchSampler, register
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import (
     CentralCriticAlgorithm,
-    backbone_overrides,
-    cf_cql_penalty,
-    cql_alpha_override,
+    EnsembleCritic,
+    counterfactual_joint,
     host_floats,
     mean_metrics,
     noisy_policy_samples,
 )
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
 class Config:
-    # --- backbone (CFCQL continuous/main.py defaults; per-task values via task_overrides) ---
+    # --- backbone (CFCQL continuous/main.py defaults; per-task values: configs/cfcql_backbone.yaml) ---
     hidden: int = 64  # --hidden_dim 64 (MPE); 256 on HalfCheetah
     lr: float = 1e-3  # --lr 0.001 (0.01 for simple_spread via task_overrides); actors and critic
     batch_size: int = 1024  # --batch_size 1024 (MPE); 256 on HalfCheetah
@@ -62,6 +67,68 @@ class Config:
     other_action_jitter: float = 0.0  # --beta_action_noise 1e-5 on the other agents' actions (HalfCheetah)
 
 
+def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.Tensor,
+                   q_data: torch.Tensor, n_samples: int, generator: torch.Generator,
+                   weights: torch.Tensor | None = None, soft_q: bool = True,
+                   lse_temp: float = 1.0, extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   other_jitter: float = 0.0, state_part: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Counterfactual CQL term of CFCQL (continuous, maddpg_cc.py):
+
+        pen_j = mean_b [ sum_i lambda_i * T * logsumexp_m( (Q_j(s, a_i^m, a_-i) - log p(a_i^m)) / T )
+                         - Q_j(s, a) ]
+
+    with a_i^m ~ U[-1, 1]^A (m = 1..n_samples; log p = A log 1/2, subtracted when `soft_q`, the reference
+    default), a_-i the dataset actions of the other agents, lambda_i = 1/n unless given (MPE branch).
+    HalfCheetah branch (`sample_action_class="1-1-1"`): `extra` = (candidates [B, n, M', A], their
+    log-densities [B, n, M']) are appended to agent i's uniform samples (noisy current- and next-policy
+    actions), and `other_jitter` > 0 adds U(-jitter, jitter) noise to the other agents' dataset actions.
+    All counterfactual joint actions go through ONE critic call.
+
+    q_data [E, B]: the critic at the dataset joint action (from the TD loss). Returns the per-member
+    penalty [E] and diagnostics.
+    """
+    B, n, A = actions.shape
+    own = torch.rand(B, n, n_samples, A, generator=generator, device=actions.device) * 2 - 1
+    logp = torch.full((B, n, n_samples), A * math.log(0.5), device=actions.device)
+    if extra is not None:
+        own = torch.cat([own, extra[0]], 2)
+        logp = torch.cat([logp, extra[1]], 2)
+    others = actions
+    if other_jitter > 0:
+        others = actions + (torch.rand(actions.shape, generator=generator, device=actions.device) * 2 - 1) * other_jitter
+    M = own.shape[2]
+    lam = torch.full((n,), 1.0 / n, device=actions.device) if weights is None else weights
+    joint = counterfactual_joint(others, own)  # [B, n * M, n * A]: row (i, m) = (a_i^m, a_-i)
+    pol, zsum = lse_penalty(critic, state, joint, n, logp if soft_q else None, lam, lse_temp, state_part=state_part)
+    pen = pol - q_data.mean(-1)  # [E]
+    return pen, {"cql/lse_q": pol.detach().mean(),
+                 "cql/raw_cf_q": zsum.mean() / (B * n * M)}
+
+
+def lse_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.Tensor, n_groups: int,
+                offset: torch.Tensor | None, weights: torch.Tensor, temp: float = 1.0,
+                members: slice | None = None, state_part: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The penalty's critic part. state [B, S], actions [B, G * M, nA] (G = n_groups groups of M
+    candidates per state), offset [B, G, M] or None, weights [G] or [B, G]. With z = Q_j(s, a) - offset:
+
+        pol_j = mean_b sum_g weights_g * T * logsumexp_m(z / T)              -> [E']
+
+    Returns pol [E'] and the sum of z over all rows [E'] (detached, for diagnostics). A fused critic
+    computes it cache-blocked (kernels.blocked_lse_penalty) unless the actions carry gradient."""
+    if critic.fused and not actions.requires_grad:
+        return kernels.blocked_lse_penalty(critic, state, actions, n_groups, offset, weights, temp, members,
+                                           state_part)
+    B, R, _ = actions.shape
+    q = critic(state, actions, members, state_part=state_part)  # [E', B, R]
+    z = q.view(q.shape[0], B, n_groups, R // n_groups)
+    if offset is not None:
+        z = z - offset
+    lse = torch.logsumexp(z / temp, dim=-1) * temp  # [E', B, G]
+    return (lse * weights).sum(-1).mean(-1), z.detach().sum((1, 2, 3))
+
+
 @register
 class CFCQL(CentralCriticAlgorithm):
     name = "cfcql"
@@ -69,10 +136,10 @@ class CFCQL(CentralCriticAlgorithm):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        from plcql_bench.algorithms.common.configs import tier_table
-
-        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)  # configs/<algo>.yaml, if any
-        return {**backbone_overrides(spec), **cql_alpha_override(spec, tier), **own}
+        """configs/cfcql_backbone.yaml < cql_alpha of configs/cfcql.yaml < the algorithm's own configs/<name>.yaml."""
+        alpha = {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
+        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)
+        return {**tier_table("cfcql_backbone", spec, tier), **alpha, **own}
 
     # -- losses ------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -43,11 +43,11 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.bc_discrete import bc_step
-from plcql_bench.algorithms.common import discrete_fast as fast
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets)
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -194,7 +194,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
 
     @torch.no_grad()
     def behaviour_logprob(self, batch: EpisodeBatch) -> torch.Tensor | None:
-        """log(β + 1e-5) [B·T, n, A] for the fused λ (discrete_fast.cf_lambda); None when λ is uniform."""
+        """log(β + 1e-5) [B·T, n, A] for the fused λ (kernels_discrete.cf_lambda); None when λ is uniform."""
         if self.behaviour is None or self.cfg.softmax_temp == 0:
             return None
         T = batch.max_t
@@ -205,7 +205,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
                     mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics (mix_w: the
         mixer's weights at s_0..s_T-1 when the caller has them)."""
-        if fast.FUSED:  # mixer, λ and logsumexp in one cache-blocked pass (discrete_fast.cf_negative)
+        if self.mix.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             B, T, n, A = q.shape
             parts = self.mix.counterfactual_parts(q, batch.actions, batch.state[:, :T], mix_w)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
@@ -223,7 +223,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
         q = q_all[:, :T]
         q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
-        mix_w = self.mix.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if fast.FUSED else None
+        mix_w = self.mix.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix.fused else None
         q_tot = self.mix.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [B, T] (shared weights)
         y = self.compute_target(batch, q_all)
         td = masked_mean(0.5 * (q_tot - y).pow(2), batch.mask)

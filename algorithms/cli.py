@@ -33,8 +33,8 @@ import click
               help="Count each round's matmul FLOPs (one extra round) and print the floor: FLOPs / the "
                    "measured rate of a 2048x2048 fp32 matmul at these threads and clock.")
 @click.option("--compare-plain", is_flag=True,
-              help="Discrete algorithms: time the fused kernels against the plain ones (the code before "
-                   "them, algorithms/common/discrete_fast.py) in alternation, with the paired ratio.")
+              help="Time each algorithm with the fused kernels against the plain torch path "
+                   "(PLCQL_KERNELS=plain; algorithms/common/kernels*.py) in alternation, with the paired ratio.")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
                 description, seconds, floor, compare_plain) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
@@ -44,6 +44,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     costs that `plan` estimates from."""
     import torch
 
+    from plcql_bench.suite.runner import configure_process
+
+    configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
     if machine:
         torch.set_num_threads(threads)
         given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT
@@ -73,6 +76,7 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                + (f" {'GFLOP':>8} {'floor ms':>9} {'x floor':>7}" if floor else ""))
     for task_id in tasks:
         spec = get_task(task_id).spec
+        configure_process(device, discrete=spec.discrete)  # as a run of this task: kernels, allocator
         kind = "discrete" if spec.discrete else "continuous"
         for name in names:
             if kind not in implementations(name):
@@ -92,19 +96,24 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             click.echo(f"{name:<12} {task_id:<14} {bsz:>6} {t['median_ms']:>9.1f} "
                        f"{1000 / t['median_ms']:>9.2f} {tgt}{fl}")
             results[(name, task_id)] = t
-            if compare_plain and spec.discrete:
+            if compare_plain:
                 compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
 
 
 def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
-    """One algorithm with the fused discrete kernels against the plain ones, timed in alternation
-    (A B, B A, ...): the median per-round ratio fused/plain with its 95% bootstrap interval."""
-    from plcql_bench.algorithms.common.discrete_fast import plain_kernels
+    """One algorithm built with the fused kernels against one built with the plain torch path (both in
+    this process, same process settings), timed in alternation (A B, B A, ...): the median per-round ratio
+    fused/plain with its 95% bootstrap interval."""
+    import functools
+
+    from plcql_bench.algorithms.common.kernels import fused_kernels
     from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
 
-    inter = time_variants({"fused": (name, overrides, None), "plain": (name, overrides, plain_kernels)}, spec,
+    variants = {"fused": (name, overrides, functools.partial(fused_kernels, True)),
+                "plain": (name, overrides, functools.partial(fused_kernels, False))}
+    inter = time_variants(variants, spec,
                           rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
     ratio, lo, hi = paired_ratio(inter["fused"], inter["plain"])
     med = {k: statistics.median(v) for k, v in inter.items()}
@@ -115,8 +124,8 @@ def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, d
 def check_algo_names(names) -> None:
     """BenchError (exit 2) for a name no algorithm is registered under."""
     from plcql_bench.algorithms.base import load_all
-    from plcql_bench.suite.errors import BenchError
-    from plcql_bench.suite.validate import did_you_mean
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.core.validate import did_you_mean
 
     known = load_all()
     for name in names:
@@ -159,6 +168,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
 
     from plcql_bench.algorithms.base import get_algorithm, implementations
     from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
+    from plcql_bench.suite.runner import configure_process
     from plcql_bench.suite.calibration import calibrations_dir, save_calibration
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.tasks import get_task, task_tiers
@@ -176,6 +186,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
     for task_id in tasks:
         task = get_task(task_id)
         spec = task.spec
+        configure_process(device, discrete=spec.discrete)
         t = tier if tier in task_tiers(task_id) else task_tiers(task_id)[0]
         for name in algos:
             if ("discrete" if spec.discrete else "continuous") not in implementations(name):

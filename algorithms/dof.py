@@ -36,7 +36,7 @@ from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndepCritics, clip_grad_norm_agents_
 from plcql_bench.algorithms.common.protocol import Checkpointable
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

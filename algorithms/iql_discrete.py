@@ -35,7 +35,7 @@ from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_log_softmax, masked_mean)
 from plcql_bench.algorithms.common.discrete_critics import (
     AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss, soft_update)
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

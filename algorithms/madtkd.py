@@ -53,7 +53,7 @@ from torch import nn
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, bc_cross_entropy, masked_argmax, masked_log_softmax, masked_mean)
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

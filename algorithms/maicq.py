@@ -29,10 +29,10 @@ from torch import nn
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
-from plcql_bench.algorithms.common.independent import IndepCritics, omar_backbone
+from plcql_bench.algorithms.common.independent import IndepCritics
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -78,7 +78,7 @@ class MAICQ(Checkpointable, DeterministicActors):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        bb = omar_backbone(spec)
+        bb = tier_table("omar_backbone", spec, tier)
         return {**{k: bb[k] for k in ("hidden", "batch_size", "gamma") if k in bb}, **tier_table("maicq", spec, tier)}
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:

@@ -46,7 +46,7 @@ from plcql_bench.algorithms.common.discrete import (
     td_lambda_targets)
 from plcql_bench.algorithms.common.discrete_critics import (
     AgentMLP, batch_softmax_weights, obs_mask, policy_expectation)
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 
 from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.independent import IndependentBase, omar_backbone
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.algorithms.common.independent import IndependentBase
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -63,24 +63,18 @@ class Config:
 class OMAR(IndependentBase):
     name = "omar"
     Config = Config
-    # The fast path (same results as the plain one: tests/test_omar_fast.py). Sampled actions (CQL's and
-    # the search's) go through the critics with the observation part of the first layer computed once per
-    # observation (IndepCritics.split_first_layer); the CQL logsumexp is forwarded and backpropagated in
-    # cache-sized blocks (continuous._BlockedLSE); Q_1 alone where only Q_1 is used (the search, the
-    # actor's Q term: the reference's `critic.Q1`), the policy's Q_1 computed once, no critic weight
-    # gradients from the actor loss (the critic step zeroes them anyway). False: the plain path, every
-    # critic call on concatenated [o_i, a_i] rows with both twins. Not part of the config: run keys do
-    # not change.
-    fused = True
+    # The fast path, `self.critic.fused` (kernels.py's switch, read when the critic is built; same results
+    # as the plain path: tests/test_omar_fast.py). Sampled actions (CQL's and the search's) go through the
+    # critics with the observation part of the first layer computed once per observation
+    # (IndepCritics.split_first_layer); the CQL logsumexp is forwarded and backpropagated in cache-sized
+    # blocks (kernels.blocked_lse); Q_1 alone where only Q_1 is used (the search, the actor's Q term: the
+    # reference's `critic.Q1`), the policy's Q_1 computed once, no critic weight gradients from the actor
+    # loss (the critic step zeroes them anyway). Off: the plain path below, every critic call on
+    # concatenated [o_i, a_i] rows with both twins. Not part of the config: run keys do not change.
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        out = omar_backbone(spec)
-        if spec.task_id.startswith("mamujoco"):
-            out.update(omar_mode="cem", omar_iters=2, omar_num_samples=20, omar_num_elites=5,
-                       cql_policy_samples=True)
-        out.update(tier_table("omar", spec, tier))
-        return out
+        return {**tier_table("omar_backbone", spec, tier), **tier_table("omar", spec, tier)}
 
     def critic_loss(self, b) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.cfg
@@ -102,7 +96,7 @@ class OMAR(IndependentBase):
                 pol_s = (pol.unsqueeze(2) + noise).clamp(-1, 1).reshape(B, 2 * M, n, A)
             samples = torch.cat([samples, pol_s], 1)
             corr = torch.cat([corr, dens.reshape(B, 2 * M, n)], 1)
-        if self.fused:  # Σ over twins and agents of mean_b lse, minus the same of Q at the data
+        if self.critic.fused:  # Σ over twins and agents of mean_b lse, minus the same of Q at the data
             pen = self.critic.sampled_lse(b.obs, samples, corr, c.lse_temp).sum() - q.mean(1).sum()
         else:
             Mt = samples.shape[1]
@@ -115,7 +109,7 @@ class OMAR(IndependentBase):
 
     def q1(self, obs: torch.Tensor, act: torch.Tensor, frozen: bool = False) -> torch.Tensor:
         """Q_1 of every agent: [B, (M,) n] (fused: the first twin alone)."""
-        if self.fused:
+        if self.critic.fused:
             return self.critic(obs, act, twins=1, frozen=frozen)[0]
         return self.critic(obs, act)[0]
 
@@ -130,11 +124,11 @@ class OMAR(IndependentBase):
         mu = torch.full((B, n, A), c.omar_mu, device=self.device)
         sigma = torch.full((B, n, A), c.omar_sigma, device=self.device)
         elites = elite_q = None
-        obs_part = self.critic.obs_part(obs, slice(0, n)) if self.fused else None  # Q_1's, shared by the iterations
+        obs_part = self.critic.obs_part(obs, slice(0, n)) if self.critic.fused else None  # Q_1's, shared by the iterations
         for _ in range(c.omar_iters):  # iterations are sequential by nature (each uses the last)
             acs = (mu.unsqueeze(1) + sigma.unsqueeze(1) * torch.randn(B, M, n, A, generator=self.gen,
                                                                      device=self.device)).clamp(-1, 1)
-            if self.fused:
+            if self.critic.fused:
                 qv = self.critic.sampled_q(obs, acs, 1, obs_part)[0]  # [B, M, n]
             else:
                 qv = self.q1(obs_m.expand(B, M, n, -1), acs)
@@ -157,7 +151,7 @@ class OMAR(IndependentBase):
         c = self.cfg
         pi = self.actors(b.obs)
         q_pi = self.q1(b.obs, pi, frozen=True)  # [B, n], Q_1 of each agent; gradient to pi only
-        target, frac = self.rectified_actions(b.obs, pi.detach(), q_pi.detach() if self.fused else None)
+        target, frac = self.rectified_actions(b.obs, pi.detach(), q_pi.detach() if self.critic.fused else None)
         mimic = (pi - target).pow(2).mean((0, 2))  # [n]
         loss = (c.omar_coe * mimic - (1 - c.omar_coe) * q_pi.mean(0) + c.action_l2 * pi.pow(2).mean((0, 2))).sum()
         return loss, {"actor/mimic": float(mimic.detach().mean()), "actor/q": float(q_pi.detach().mean()),

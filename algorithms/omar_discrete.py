@@ -48,7 +48,7 @@ from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
     masked_softmax)
 from plcql_bench.algorithms.common.discrete_critics import TwinAgentQ, per_agent_td_lambda
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass

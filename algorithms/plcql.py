@@ -92,9 +92,6 @@ def check_par_config(cfg, n: int) -> None:
         raise ValueError(f"advantage_norm must be 'advantage', 'reward' or 'none', got {cfg.advantage_norm!r}")
     if cfg.u_ddof not in (0, 1):
         raise ValueError(f"u_ddof must be 0 or 1, got {cfg.u_ddof!r}")
-    for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
-        if hasattr(cfg, name) and getattr(cfg, name) not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
 
 
 def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -130,24 +127,42 @@ def par_reward_terms(q: torch.Tensor, cfg, q_data: torch.Tensor | None = None
     return w * q[0], u, w
 
 
-class ParLearner:
-    """pi_par and its baseline V: sampling k, the value update and the PPO update. Mixed into both
-    PLCQLs; expects `self.par_policy`, `self.par_value`, `self.par_opt`, `self.value_opt`, `self.cfg`,
-    `self.n` and `self.gen`."""
+class Par:
+    """The PAR component both PLCQLs hold as `self.par` (one implementation for both action spaces):
+    pi_par(k | s') and its baseline V(s'), their optimisers, and the PAR settings (`ParConfig`):
+    sampling k, the replacement mask, the reward r_par, the value update and the PPO update.
+
+    Checkpoint keys stay the algorithm's: `modules()` and `optimisers()` name the networks par_policy
+    and par_value and the optimisers par_opt and value_opt, which the algorithm merges into its own."""
+
+    def __init__(self, cfg: ParConfig, n: int, state_dim: int, init_gen: torch.Generator,
+                 device: torch.device | str = "cpu") -> None:
+        check_par_config(cfg, n)
+        self.cfg, self.n = cfg, n
+        self.policy = StackedMLP(1, state_dim, n, hidden=cfg.par_hidden, generator=init_gen).to(device)
+        self.value = StackedMLP(1, state_dim, 1, hidden=cfg.par_hidden, generator=init_gen).to(device)
+        self.policy_opt = make_adam(self.policy.parameters(), cfg.par_lr)
+        self.value_opt = make_adam(self.value.parameters(), cfg.value_lr)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"par_policy": self.policy, "par_value": self.value}
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"par_opt": self.policy_opt, "value_opt": self.value_opt}
 
     @property
-    def learned_par(self) -> bool:
+    def learned(self) -> bool:
         return self.cfg.fixed_k is None
 
-    def par_logits(self, next_state: torch.Tensor) -> torch.Tensor:
-        return self.par_policy(next_state)[0]  # [B, n]; column c is k = c + 1
+    def logits(self, next_state: torch.Tensor) -> torch.Tensor:
+        return self.policy(next_state)[0]  # [B, n]; column c is k = c + 1
 
     @torch.no_grad()
-    def par_probs(self, next_state: torch.Tensor) -> torch.Tensor:
+    def probs(self, next_state: torch.Tensor) -> torch.Tensor:
         """[B, n]: the distribution k is drawn from (one-hot for a fixed k, uniform for "uniform")."""
         B, fk = next_state.shape[0], self.cfg.fixed_k
         if fk is None:
-            return torch.softmax(self.par_logits(next_state), dim=-1)
+            return torch.softmax(self.logits(next_state), dim=-1)
         if fk == "uniform":
             return torch.full((B, self.n), 1.0 / self.n, device=next_state.device)
         probs = torch.zeros(B, self.n, device=next_state.device)
@@ -155,31 +170,32 @@ class ParLearner:
         return probs
 
     @torch.no_grad()
-    def sample_k(self, next_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample_k(self, next_state: torch.Tensor, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns k [B] (1..n), log pi_par(k|s') [B] and the probabilities [B, n]."""
         fk = self.cfg.fixed_k
         if fk is not None and fk != "uniform":  # a fixed k draws no random numbers
-            probs = self.par_probs(next_state)
+            probs = self.probs(next_state)
             kk = self.n if fk == "n" else int(fk)
             return torch.full_like(probs[:, 0], kk, dtype=torch.long), torch.zeros_like(probs[:, 0]), probs
         if fk is None:
-            logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
+            logp_all = torch.log_softmax(self.logits(next_state), dim=-1)
             probs = logp_all.exp()
         else:
-            probs = self.par_probs(next_state)
+            probs = self.probs(next_state)
             logp_all = probs.log()
-        idx = torch.multinomial(probs, 1, generator=self.gen)[:, 0]
+        idx = torch.multinomial(probs, 1, generator=generator)[:, 0]
         return idx + 1, logp_all.gather(1, idx[:, None])[:, 0], probs
 
     def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         loss = torch.zeros((), device=next_state.device)
         for _ in range(self.cfg.value_steps):
-            v = self.par_value(next_state)[0, :, 0]
+            v = self.value(next_state)[0, :, 0]
             loss = ((v - r_par).pow(2) * m).sum() / m.sum().clamp(min=1)
             self.value_opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.par_value.parameters(), self.cfg.par_grad_clip, foreach=True)
+                torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.par_grad_clip, foreach=True)
             self.value_opt.step()
         return loss.detach()
 
@@ -206,34 +222,34 @@ class ParLearner:
         idx = (k - 1).unsqueeze(1)
         stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
-            logp_all = torch.log_softmax(self.par_logits(next_state), dim=-1)
+            logp_all = torch.log_softmax(self.logits(next_state), dim=-1)
             logp = logp_all.gather(1, idx)[:, 0]
             ratio = (logp - logp_old).exp()
             surr = torch.min(ratio * adv, ratio.clamp(1 - self.cfg.ppo_clip, 1 + self.cfg.ppo_clip) * adv)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             loss = -((surr + self.cfg.entropy_coef * entropy) * m).sum() / denom
-            self.par_opt.zero_grad(set_to_none=True)
+            self.policy_opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.par_policy.parameters(), self.cfg.par_grad_clip, foreach=True)
-            self.par_opt.step()
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.par_grad_clip, foreach=True)
+            self.policy_opt.step()
             if epoch == self.cfg.ppo_epochs - 1:  # the logged statistics are the last epoch's
                 with torch.no_grad():
                     stats = {"ppo/loss": loss.detach(), "ppo/entropy": (entropy * m).sum() / denom,
                              "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
         return stats
 
-    def par_step(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, r_par: torch.Tensor,
+    def step(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, r_par: torch.Tensor,
                  m: torch.Tensor) -> dict[str, torch.Tensor]:
         """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s')."""
         out = {"par/value_loss": self.value_update(next_state, r_par, m)}
         with torch.no_grad():
-            adv = r_par - self.par_value(next_state)[0, :, 0]
+            adv = r_par - self.value(next_state)[0, :, 0]
         out["par/adv_raw"] = (adv * m).sum() / m.sum().clamp(min=1)
         out.update(self.ppo_update(next_state, k, logp_old, self.normalised_advantage(adv, r_par, m), m))
         return out
 
-    def par_stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
+    def stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
                   w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The logged PAR quantities of one batch (rows already selected)."""
         kvals = torch.arange(1, self.n + 1, dtype=probs.dtype, device=probs.device)
@@ -241,6 +257,22 @@ class ParLearner:
         out.update({"par/E_k": (probs * kvals).sum(1).mean(), "par/k_sampled": k.float().mean(),
                     "par/r_par": r_par.mean(), "par/u_q": u.mean(), "par/w": w.mean()})
         return out
+
+    @torch.no_grad()
+    def mask(self, k: torch.Tensor, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[B, n] bool: the agents whose next action is replaced (`par_mask`)."""
+        return par_mask(k, valid, self.n, generator)
+
+    @torch.no_grad()
+    def reward(self, q: torch.Tensor, q_data: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r_par, u, w) from the online members' Q at (s', a'^(k)) (`par_reward_terms`)."""
+        return par_reward_terms(q, self.cfg, q_data)
+
+    def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
+        """Warnings for final.json, and its extra fields (par_collapse, for a learned pi_par only)."""
+        warnings, info = collapse_warnings(history, self.learned, self.n)
+        return warnings, ({"par_collapse": info} if self.learned else {})
 
 
 def probe_terms(q: torch.Tensor, q_data: torch.Tensor, cfg) -> dict[str, torch.Tensor]:
@@ -298,26 +330,23 @@ def collapse_warnings(history: list[dict], learned: bool, n: int) -> tuple[list[
 
 
 @register
-class PLCQL(ParLearner, CFCQL):
+class PLCQL(CFCQL):
     name = "plcql"
     Config = Config
 
     # -- construction --------------------------------------------------------------------------------
     def _build_extra(self, init_gen: torch.Generator) -> None:
-        check_par_config(self.cfg, self.n)
-        S, n, h = self.spec.state_dim, self.n, self.cfg.par_hidden
-        self.par_policy = StackedMLP(1, S, n, hidden=h, generator=init_gen)
-        self.par_value = StackedMLP(1, S, 1, hidden=h, generator=init_gen)
-
-    def _build_extra_optimisers(self) -> None:
-        self.par_opt = make_adam(self.par_policy.parameters(), self.cfg.par_lr)
-        self.value_opt = make_adam(self.par_value.parameters(), self.cfg.value_lr)
+        """The PAR component (pi_par, V), drawn from init_gen after the actors and critics."""
+        for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
+            if getattr(self.cfg, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self.cfg, name)!r}")
+        self.par = Par(self.cfg, self.n, self.spec.state_dim, init_gen, self.device)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
+        return {**super().modules(), **self.par.modules()}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {**super().optimisers(), "par_opt": self.par_opt, "value_opt": self.value_opt}
+        return {**super().optimisers(), **self.par.optimisers()}
 
     # -- targets ---------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -332,7 +361,7 @@ class PLCQL(ParLearner, CFCQL):
                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """a'^(k) [B, n, A] and the replacement mask [B, n]."""
         gen = self.gen if generator is None else generator
-        mask = par_mask(k, batch.next_actions_valid, self.n, gen)
+        mask = self.par.mask(k, batch.next_actions_valid, gen)
         return replace_agents(batch.next_actions, self.replacement_actions(batch.next_obs, gen), mask), mask
 
     @torch.no_grad()
@@ -344,7 +373,7 @@ class PLCQL(ParLearner, CFCQL):
     @torch.no_grad()
     def compute_target(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Y [B] for one critic update: draw k ~ pi_par(.|s'), build a'^(k), one target-ensemble call."""
-        k, logp_old, probs = self.sample_k(batch.next_state)
+        k, logp_old, probs = self.par.sample_k(batch.next_state, self.gen)
         joint_next, mask = self.par_next_actions(batch, k)
         return self.par_target(batch, joint_next), dict(k=k, logp_old=logp_old, probs=probs,
                                                           joint_next=joint_next, mask=mask)
@@ -358,7 +387,7 @@ class PLCQL(ParLearner, CFCQL):
     def par_reward(self, batch: Batch, joint_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(r_par, u, w) at (s', a'^(k)) with the online ensemble (see `par_reward_terms`)."""
         q_data = self.online_q(batch, batch.next_actions) if self.cfg.par_reward == "lcb" else None
-        return par_reward_terms(self.online_q(batch, joint_next), self.cfg, q_data)
+        return self.par.reward(self.online_q(batch, joint_next), q_data)
 
     # -- one round -----------------------------------------------------------------------------------------
     def update(self, sample: BatchSampler) -> dict[str, float]:
@@ -376,10 +405,10 @@ class PLCQL(ParLearner, CFCQL):
             if u == 0:
                 out.update(self.actor_step(batch))
             if par_here:
-                ms = self.par_stats(probs, k, r_par, u_q, w)
-                if self.learned_par:
+                ms = self.par.stats(probs, k, r_par, u_q, w)
+                if self.par.learned:
                     # rows whose next action is unknown replace every agent whatever k: no signal for pi_par
-                    ms.update(self.par_step(batch.next_state, k, logp_old, r_par,
+                    ms.update(self.par.step(batch.next_state, k, logp_old, r_par,
                                             (batch.next_actions_valid > 0.5).float()))
                 par_ms.append(ms)
         self.update_targets()
@@ -402,12 +431,11 @@ class PLCQL(ParLearner, CFCQL):
             for kk in range(1, self.n + 1):
                 joint, _ = self.par_next_actions(batch, torch.full((batch.size,), kk, device=self.device), gen)
                 per_k.append(probe_terms(self.online_q(batch, joint), q_data, self.cfg))
-        return par_probe_stats(per_k, self.par_probs(batch.next_state))
+        return par_probe_stats(per_k, self.par.probs(batch.next_state))
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
         """Warnings for final.json, and extra fields for it (par_collapse, for a learned pi_par only)."""
-        warnings, info = collapse_warnings(history, self.learned_par, self.n)
-        return warnings, ({"par_collapse": info} if self.learned_par else {})
+        return self.par.run_warnings(history)
 
 
 register_variant(PLCQL, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)

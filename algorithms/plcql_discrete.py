@@ -33,20 +33,10 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
-from plcql_bench.algorithms.common.continuous import host_floats, make_adam
+from plcql_bench.algorithms.common.continuous import host_floats
 from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
-from plcql_bench.algorithms.common.nets import StackedMLP
-from plcql_bench.algorithms.plcql import (
-    ParConfig,
-    ParLearner,
-    check_par_config,
-    collapse_warnings,
-    par_mask,
-    par_probe_stats,
-    par_reward_terms,
-    probe_terms,
-)
+from plcql_bench.algorithms.plcql import Par, ParConfig, par_probe_stats, probe_terms
 
 
 @dataclass
@@ -55,25 +45,21 @@ class Config(EnsembleConfig, ParConfig):
 
 
 @register
-class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
+class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     name = "plcql"
     Config = Config
 
     def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
-        check_par_config(config, spec.n_agents)
         super().__init__(spec, config, seed, device)
-        g = torch.Generator().manual_seed(self.seed * 1000 + 7)
-        S, h = spec.state_dim, config.par_hidden
-        self.par_policy = StackedMLP(1, S, self.n, hidden=h, generator=g).to(self.device)
-        self.par_value = StackedMLP(1, S, 1, hidden=h, generator=g).to(self.device)
-        self.par_opt = make_adam(self.par_policy.parameters(), config.par_lr)
-        self.value_opt = make_adam(self.par_value.parameters(), config.value_lr)
+        # the PAR component (plcql.Par), its parameters from their own generator
+        self.par = Par(config, self.n, spec.state_dim, torch.Generator().manual_seed(self.seed * 1000 + 7),
+                       self.device)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {**super().modules(), "par_policy": self.par_policy, "par_value": self.par_value}
+        return {**super().modules(), **self.par.modules()}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {**super().optimisers(), "par_opt": self.par_opt, "value_opt": self.value_opt}
+        return {**super().optimisers(), **self.par.optimisers()}
 
     # -- targets --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -82,8 +68,8 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         B, T1, n = batch.size, batch.max_t + 1, self.n
         data, valid, boot = self.next_action_data(batch)
         greedy = self.greedy_actions(batch, q_all)
-        k, logp_old, probs = self.sample_k(batch.state.reshape(B * T1, -1))
-        mask = par_mask(k, valid.reshape(-1), n, self.gen).view(B, T1, n)
+        k, logp_old, probs = self.par.sample_k(batch.state.reshape(B * T1, -1), self.gen)
+        mask = self.par.mask(k, valid.reshape(-1), self.gen).view(B, T1, n)
         joint = torch.where(mask, greedy, data)
         return dict(joint=joint, mask=mask, k=k.view(B, T1), logp_old=logp_old.view(B, T1),
                     probs=probs.view(B, T1, n), valid=valid, boot=boot)
@@ -113,7 +99,7 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         q_data = None
         if self.cfg.par_reward == "lcb":  # the dataset's a_t' (0 where unknown: those rows are masked out)
             q_data = self.online_q_tot(batch, q_all, self.next_action_data(batch)[0])
-        return par_reward_terms(q, self.cfg, q_data)
+        return self.par.reward(q, q_data)
 
     def before_step(self, batch: EpisodeBatch, q_all: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
         r_par, u, w = self.par_reward(batch, q_all, info["joint"])
@@ -124,14 +110,14 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         if not bool(rows.any()):
             keys = [f"par/p_k{i + 1}" for i in range(self.n)] + ["par/E_k", "par/k_sampled", "par/r_par",
                                                                   "par/u_q", "par/w"]
-            if self.learned_par:
+            if self.par.learned:
                 keys += ["par/value_loss", "par/adv_raw", "ppo/loss", "ppo/entropy", "ppo/clip_frac"]
             return {kk: 0.0 for kk in keys}
         k = info["k"][rows]
-        out = self.par_stats(info["probs"][rows], k, pre["r_par"][rows], pre["u"][rows], pre["w"][rows])
-        if self.learned_par:
+        out = self.par.stats(info["probs"][rows], k, pre["r_par"][rows], pre["u"][rows], pre["w"][rows])
+        if self.par.learned:
             s = batch.state[rows]
-            out.update(self.par_step(s, k, info["logp_old"][rows], pre["r_par"][rows],
+            out.update(self.par.step(s, k, info["logp_old"][rows], pre["r_par"][rows],
                                      torch.ones(s.shape[0], device=s.device)))
         return host_floats(out)
 
@@ -150,14 +136,13 @@ class PLCQLDiscrete(ParLearner, EnsembleCFCQLDiscrete):
         per_k = []
         for kk in range(1, n + 1):
             k = torch.full((B * T1,), kk, dtype=torch.long, device=self.device)
-            mask = par_mask(k, valid.reshape(-1), n, gen).view(B, T1, n)
+            mask = self.par.mask(k, valid.reshape(-1), gen).view(B, T1, n)
             q = self.online_q_tot(probe, q_all, torch.where(mask, greedy, data))[:, rows]  # [E, R]
             per_k.append(probe_terms(q, q_data, self.cfg))
-        return par_probe_stats(per_k, self.par_probs(probe.state[rows]))
+        return par_probe_stats(per_k, self.par.probs(probe.state[rows]))
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
-        warnings, info = collapse_warnings(history, self.learned_par, self.n)
-        return warnings, ({"par_collapse": info} if self.learned_par else {})
+        return self.par.run_warnings(history)
 
 
 register_variant(PLCQLDiscrete, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)

@@ -77,8 +77,6 @@ def check_weight_choices(cfg) -> None:
     """The paper-silent SPaCQL choices shared by both action spaces (see the module docstring)."""
     if cfg.uncertainty_from not in ("target", "online"):
         raise ValueError(f"uncertainty_from must be 'target' or 'online', got {cfg.uncertainty_from!r}")
-    if getattr(cfg, "replace_with", "online") not in ("online", "target"):
-        raise ValueError(f"replace_with must be 'online' or 'target', got {cfg.replace_with!r}")
     if cfg.weights_per not in ("sample", "batch"):
         raise ValueError(f"weights_per must be 'sample' or 'batch', got {cfg.weights_per!r}")
 
@@ -90,6 +88,8 @@ class SPaCQL(CFCQL):
 
     def _build_extra(self, init_gen: torch.Generator) -> None:
         check_weight_choices(self.cfg)
+        if self.cfg.replace_with not in ("online", "target"):  # a continuous-only field
+            raise ValueError(f"replace_with must be 'online' or 'target', got {self.cfg.replace_with!r}")
 
     @torch.no_grad()
     def par_joint_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

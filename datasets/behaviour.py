@@ -9,7 +9,7 @@ Lookup order for (task, tier), see `behaviour_for`:
    checkpoint from the committed checkpoint sequence (kind="parts", matd3.replay_parts), or reads
    the training replay file where the index names no sequence and the file exists (kind="replay").
    Ids start "matd3:".
-2. A task's own behaviours: `task.extras["behaviours"](tier) -> Behaviour | None` (SMAX).
+2. A task family's own behaviours, from its dataset recipe (datasets/recipes.py; SMAX).
 3. Scripted fallbacks (datasets/scripted.py): CN landmark assignment + PD controller, PP/World a
    predator chase heuristic; medium = the same with heavy action noise; random = uniform. Ids
    start "scripted-" / "uniform-random".
@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from plcql_bench.datasets import scripted
-from plcql_bench.suite.spec import Policy
+from plcql_bench.suite.core.spec import Policy
 
 GENERATOR_VERSION = "plcql-bench-collect-1"
 
@@ -194,10 +194,10 @@ def unavailable(task_id: str, tier: str) -> tuple[str, str] | None:
 
 
 def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:
-    from plcql_bench.suite.tasks import get_task
+    from plcql_bench.datasets.recipes import recipe_for  # recipes build Behaviours: imported here
 
-    hook = get_task(task_id).extras.get("behaviours")
-    return hook(tier) if hook else None
+    hook = recipe_for(task_id).behaviours
+    return hook(task_id, tier) if hook else None
 
 
 def behaviour_for(task_id: str, tier: str) -> Behaviour | None:

@@ -3,19 +3,9 @@
 Deterministic for a given generator seed: env seeds come from suite.protocol.collection_seeds and
 the policy noise from a Generator seeded with (generator_seed, tier index).
 
-Collector hook. A task whose env is not a Python `BatchedEnv` loop (SMAX: jax vmap + scan) puts
-its own collector in `task.extras["collect"]`:
-
-    collect(task: Task, behaviour: Behaviour, seeds: np.ndarray[int64, E], rng: np.random.Generator)
-        -> dict[str, np.ndarray]
-
-It runs one episode per seed with the policy `behaviour.make(rng)` (whatever that object is for
-the task: params or a function) and returns format-v1 arrays, episode-major, episodes in seed
-order (obs, state, actions, rewards, next_obs, next_state, next_actions, next_actions_valid,
-terminals, timeouts, episode_ids, steps, and avail_actions/next_avail_actions for discrete
-tasks). It may add `episode_won` (bool [E]); build removes it and stores `win_rate`. Its reference
-returns come from `task.extras["references"]() -> {"random": float, "expert": float}` (NaN for
-win-rate tasks) when present; otherwise they are measured with `protocol.rollout_returns`.
+A task family whose env is not a Python `BatchedEnv` loop (SMAX: jax vmap + scan) brings its own
+collector and reference returns in its dataset recipe (datasets/recipes.py); otherwise the
+references are measured with `protocol.rollout_returns`.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ import numpy as np
 from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
+from plcql_bench.datasets.recipes import recipe_for
 from plcql_bench.datasets.behaviour import (
     GENERATOR_VERSION,
     Behaviour,
@@ -35,8 +26,8 @@ from plcql_bench.datasets.behaviour import (
     references_for,
 )
 from plcql_bench.suite import protocol
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.spec import Policy, Task
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.spec import Policy, Task
 from plcql_bench.suite.tasks import ALL_TIERS, get_task
 
 COLLECT_BATCH = 256
@@ -116,9 +107,9 @@ def uniform_random_return(task: Task, episodes: int = protocol.REFERENCE_EPISODE
 def reference_returns(task: Task) -> dict[str, float]:
     """Random and expert reference returns, measured on the protocol's evaluation seeds (cached
     per process by the reference policies' ids)."""
-    hook = task.extras.get("references")
+    hook = recipe_for(task.spec.task_id).references
     if hook is not None:
-        return dict(hook())
+        return dict(hook(task))
     refs_b = references_for(task.spec.task_id)
     if refs_b is None:
         raise BenchError(f"{task.spec.task_id}: no reference policies defined yet")
@@ -190,7 +181,7 @@ def _from_parts(task: Task, behaviour: Behaviour, episodes: int, generator_seed:
 
 
 def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.random.Generator):
-    hook = task.extras.get("collect")
+    hook = recipe_for(task.spec.task_id).collect
     if hook is not None:
         return hook(task, behaviour, seeds, rng)
     return collect(task, behaviour.make(rng), seeds)

@@ -19,7 +19,7 @@ from typing import Any
 
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import normalised_score
-from plcql_bench.suite.store import atomic_write_bytes
+from plcql_bench.suite.core.store import atomic_write_bytes
 
 CARDS_DIR = Path(__file__).resolve().parent / "cards"
 TIER_ORDER = ("expert", "mixed", "medium", "medium-replay", "random")
@@ -91,7 +91,7 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str) -> lis
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     entries = manifest.read_manifest(data_dir)
     if not entries:
-        from plcql_bench.suite.errors import BenchError
+        from plcql_bench.suite.core.errors import BenchError
 
         raise BenchError(f"{manifest.manifest_path(data_dir)}: no datasets built for profile {profile!r}")
     written: list[Path] = []

@@ -72,7 +72,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
     from plcql_bench.datasets.behaviour import available, stale
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.core.errors import BenchError
     from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task, task_ids
 
@@ -144,7 +144,7 @@ def datasets_cards(obj, profile, out) -> None:
 def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_file) -> None:
     """Convert an official dataset file (OMAR .npy, CFCQL SMAC .h5) to format v1 as TASK/TIER."""
     from plcql_bench.datasets.importers import import_dataset, normalise_tier
-    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.core.errors import BenchError
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import data_profile_dir
     from plcql_bench.suite.tasks import get_task
@@ -178,7 +178,7 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
 def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, assets) -> None:
     """Train MATD3 behaviour policies for TASK (continuous tasks); resumes from --out."""
     from plcql_bench.datasets import matd3
-    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.core.errors import BenchError
     from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task).spec
@@ -212,7 +212,7 @@ def datasets_publish_replay(task, run_dir, assets) -> None:
     from pathlib import Path
 
     from plcql_bench.datasets import matd3
-    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.core.errors import BenchError
 
     d = Path(assets or matd3.ASSETS_DIR) / task
     try:
@@ -247,25 +247,23 @@ def datasets_bench(tasks, episodes, workers) -> None:
 
     from plcql_bench.datasets.behaviour import _random
     from plcql_bench.datasets.build import _collect_tier
+    from plcql_bench.datasets.recipes import recipe_for
     from plcql_bench.suite import protocol
     from plcql_bench.suite.tasks import get_task, task_ids
 
     for task_id in tasks or task_ids():
-        task = get_task(task_id)
-        if task.spec.discrete and "collect" not in task.extras:
+        task, recipe = get_task(task_id), recipe_for(task_id)
+        if task.spec.discrete and recipe.collect is None:
             click.echo(f"{task_id:<26} skipped (discrete task without a collector)")
             continue
         n = max(2, episodes // 4) if task.spec.episode_limit >= 500 else episodes
-        if "bench" in task.extras:  # the task's own benchmark (SMAX: warm-up, then timed)
-            r = task.extras["bench"](task, n, workers=workers)
+        if recipe.bench is not None:  # the family's own benchmark (SMAX: warm-up, then timed)
+            r = recipe.bench(task, n, workers)
             steps, dt = r["env_steps"], r["seconds"]
             click.echo(f"{task_id:<26} {steps:>8} env steps in {dt:6.2f} s: {steps / dt:>10,.0f} "
                        f"env-steps/s ({r.get('workers', 1)} workers)")
             continue
         behaviour = _random(task.spec.act_dim)
-        hook = task.extras.get("bench_behaviour")  # discrete tasks: their own random behaviour
-        if hook is not None:
-            behaviour = hook()
         seeds = protocol.collection_seeds(0, 0, 0, n)
         _collect_tier(task, behaviour, seeds[:2], np.random.default_rng(0))  # warm-up / compile
         start = time.perf_counter()

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)

@@ -34,7 +34,7 @@ Two source formats:
 Both: ``next_actions[t] = actions[t+1]`` inside an episode; at an episode's last step the next
 action is unknown (``next_actions_valid = 0``, zero-filled), never the next episode's first.
 Reference returns are the paper-convention values (MADiff App. G.1 for MPE, an unattributed script
-for Half-Cheetah; see ../shared/research/reference-implementations.md §3), named in
+for Half-Cheetah; see docs/reference-implementations.md), named in
 ``attrs.ref_return_source``; SMAC tasks have none (NaN; the score is the win rate). The files do
 not record wins, so imported SMAC datasets carry no ``win_rate``.
 
@@ -54,7 +54,7 @@ from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 IMPORTER_VERSION = "plcql-bench-import-1"
 FORMATS = ("omar-npy", "cfcql-h5")

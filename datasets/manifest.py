@@ -31,8 +31,8 @@ from plcql_bench.datasets.format import (
     load_dataset,
     read_attrs,
 )
-from plcql_bench.suite.spec import TaskSpec
-from plcql_bench.suite.store import atomic_write_json
+from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.suite.core.store import atomic_write_json
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"

@@ -88,7 +88,7 @@ _HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000}
 
 def budget_for(task_id: str, profile: str) -> Budget:
     if profile not in _BUDGETS:
-        from plcql_bench.suite.errors import BenchError
+        from plcql_bench.suite.core.errors import BenchError
 
         raise BenchError(f"unknown behaviour-training profile {profile!r} "
                          f"(known: {', '.join(_BUDGETS)})")
@@ -268,7 +268,7 @@ class Trainer:
         same = {"critic_hidden": 0, **{k: v for k, v in blob["budget"].items() if k != "env_steps"}}
         mine = {k: v for k, v in asdict(self.b).items() if k != "env_steps"}
         if same != mine or blob["task_id"] != self.spec.task_id:
-            from plcql_bench.suite.errors import BenchError
+            from plcql_bench.suite.core.errors import BenchError
 
             raise BenchError(f"{path}: written with another task or budget; use a new --out")
         if blob["size"] > len(self.replay["rewards"]):

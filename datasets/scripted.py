@@ -16,7 +16,7 @@ from itertools import permutations
 
 import numpy as np
 
-from plcql_bench.suite.spec import Policy, Step
+from plcql_bench.suite.core.spec import Policy, Step
 
 _PERMS = np.array(list(permutations(range(3))))  # [6, 3]: perm[k][agent] = landmark
 

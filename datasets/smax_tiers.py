@@ -48,7 +48,7 @@ TIERS_VERSION = "smax-tiers-2"  # 1: mappo-smax-1 cards (medium = half expert's 
 
 # The reference's tiers per map. bc_win: BC's test win rate on each dataset (the PLCQL paper's SMAC
 # table, which repeats CFCQL's); return / episodes / transitions: OG-MARL's cards of CFCQL's
-# datasets (docs/dataset_cards/cfcql.md at og-marl f4eb8f0; research notes §2.2).
+# datasets (og-marl@f4eb8f0:docs/dataset_cards/cfcql.md; docs/reference-implementations.md).
 REFERENCE: dict[str, dict[str, dict[str, float]]] = {
     "2s3z": {"bc_win": {"medium": 0.16, "medium-replay": 0.33, "expert": 0.97, "mixed": 0.44},
              "return": {"medium": 12.76, "medium-replay": 7.94, "expert": 19.97, "mixed": 16.39},
@@ -64,7 +64,7 @@ REFERENCE: dict[str, dict[str, dict[str, float]]] = {
                  "episodes": {"medium": 5000, "medium-replay": 5000, "expert": 5000, "mixed": 5000}},
 }
 REFERENCE_SOURCES = ("PLCQL paper, SMAC table (BC column), as in CFCQL's paper; "
-                     "OG-MARL docs/dataset_cards/cfcql.md (returns, episodes)")
+                     "og-marl@f4eb8f0:docs/dataset_cards/cfcql.md (returns, episodes)")
 
 
 def relative(map_name: str, tier: str, what: str = "bc_win") -> float:

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from plcql_bench.leaderboard.scoring import View, run_values
 from plcql_bench.leaderboard.stats import t_interval
-from plcql_bench.suite.schema import RunRecord
+from plcql_bench.suite.core.schema import RunRecord
 
 __all__ = ["Run", "Cell", "Stats", "group_cells", "cell_stats", "format_score", "format_mean_std",
            "format_interval", "MIN_SEEDS"]

@@ -1,6 +1,6 @@
 """Loading a results folder: valid runs, unfinished runs, and every file that was skipped.
 
-Runs come from ``final.json`` files through the one result schema (suite/schema.py: types,
+Runs come from ``final.json`` files through the one result schema (suite/core/schema.py: types,
 score = final evaluation, finite numbers, run key = hash of the identity, file in the run
 directory its key names). On top of that the leaderboard skips, with the reason:
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plcql_bench.leaderboard.cells import Run
-from plcql_bench.suite.schema import Damaged, RunRecord, scan_records
+from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
 
 __all__ = ["Loaded", "Unfinished", "load"]
 

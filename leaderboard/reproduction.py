@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
-from plcql_bench.suite.schema import scan_records
+from plcql_bench.suite.core.schema import scan_records
 
 STUDY_ALGOS = ["bc", "cfcql", "spacql", "plcql", "plcql-k1", "plcql-k2", "plcql-kn", "plcql-w1", "plcql-uniform",
                "plcql-t0.1", "plcql-t10", "plcql-lcb"]

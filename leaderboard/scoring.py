@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plcql_bench.suite.schema import RunRecord
+from plcql_bench.suite.core.schema import RunRecord
 
 __all__ = ["View", "VIEWS", "DEFAULT_VIEW", "SCORINGS", "NORMS", "omar_reference", "run_values"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.store import atomic_write_bytes
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.store import atomic_write_bytes
 
 DEFAULT_MACHINE = "cpu-dev-2core"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 import yaml
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
 
@@ -77,7 +77,7 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
     paths); returns how many runs were newly published. Files already there are left alone; a
     final.json that is not a valid result of its run directory is not published (one warning line)."""
-    from plcql_bench.suite.schema import RecordError, check_location, read_record
+    from plcql_bench.suite.core.schema import RecordError, check_location, read_record
 
     src_root = Path(results_dir) / profile
     n = 0

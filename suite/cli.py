@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
@@ -315,7 +315,7 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
     from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
     from plcql_bench.suite.preflight import check_buildable
-    from plcql_bench.suite.schema import Damaged
+    from plcql_bench.suite.core.schema import Damaged
 
     prof, cells = _select(obj, profile, only, shard)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
@@ -430,7 +430,7 @@ _STRICT = click.option("--strict", is_flag=True,
 
 def _finish(damaged, strict: bool) -> None:
     """One warning line per damaged file (on stderr); exit status 2 under --strict if any."""
-    from plcql_bench.suite.schema import enforce_strict
+    from plcql_bench.suite.core.schema import enforce_strict
 
     enforce_strict(damaged, strict, echo=lambda line: click.echo(f"warning: {line}", err=True))
 
@@ -446,7 +446,7 @@ def status(obj, profile, states, strict) -> None:
     file (a final.json that is not the run's valid result, an unreadable status.json or config.json)
     is named in a warning line; its run is listed by what its other files say."""
     from plcql_bench.suite.matrix import format_seconds, run_record
-    from plcql_bench.suite.schema import Damaged
+    from plcql_bench.suite.core.schema import Damaged
 
     root = _results_root(obj)
     rows, damaged = [], []
@@ -487,7 +487,7 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
     layout <profile>/<algo>/<task>/<tier>/seed<k>-<key>/."""
     import re
 
-    from plcql_bench.suite.store import read_json
+    from plcql_bench.suite.core.store import read_json
 
     ident: dict = {}
     if not any(p.name == "config.json" for p, _ in rec["damaged"]):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 
 @dataclass
@@ -132,7 +132,7 @@ def run_job(job: Job) -> dict:
 
 
 def _score(plan) -> float | None:
-    from plcql_bench.suite.store import read_json
+    from plcql_bench.suite.core.store import read_json
 
     try:
         return read_json(plan.final_path).get("score")

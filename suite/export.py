@@ -32,16 +32,16 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.schema import Damaged, RunRecord, scan_records
-from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
+from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json
 
 COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "step", "metric", "value")
 
 
 def finished_runs(results_dir: Path, profile: str | None = None,
                   damaged: list[Damaged] | None = None) -> Iterator[tuple[Path, RunRecord]]:
-    """(run_dir, record) of every valid finished run (suite/schema.py), in a stable order; the
+    """(run_dir, record) of every valid finished run (suite/core/schema.py), in a stable order; the
     files skipped as damaged are appended to ``damaged`` (those of ``profile``'s folder only)."""
     records, bad = scan_records(Path(results_dir))
     if damaged is not None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.profiles import Profile
-from plcql_bench.suite.store import read_json
-from plcql_bench.suite.validate import did_you_mean
+from plcql_bench.suite.core.store import read_json
+from plcql_bench.suite.core.validate import did_you_mean
 
 # --only keys, with the aliases users type.
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
@@ -177,7 +177,7 @@ def run_record(run_dir: Path) -> dict:
     `damaged`: [(file, why)] for each file it holds that cannot be used (a final.json that is not
     a valid result of the run in this directory, an unreadable status.json or config.json). A run
     whose final.json is rejected is not done: its state comes from its other files."""
-    from plcql_bench.suite.schema import RecordError, check_location, read_record
+    from plcql_bench.suite.core.schema import RecordError, check_location, read_record
 
     run_dir = Path(run_dir)
     damaged: list[tuple[Path, str]] = []
@@ -236,7 +236,7 @@ def cell_state(plan) -> str:
 def recorded_runtimes(results_dir: Path) -> list[dict]:
     """(algo, task, tier, profile, updates, seconds) of every valid finished run under results_dir
     (damaged files are skipped: the read commands report them)."""
-    from plcql_bench.suite.schema import scan_records
+    from plcql_bench.suite.core.schema import scan_records
 
     out = []
     records, _damaged = scan_records(Path(results_dir)) if Path(results_dir).is_dir() else ([], [])

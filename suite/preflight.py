@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from plcql_bench.suite.store import atomic_write_json
+from plcql_bench.suite.core.store import atomic_write_json
 
 NO_DATASET_DIR = "no-dataset"
 

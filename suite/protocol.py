@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from plcql_bench.suite.spec import Step, Task
+from plcql_bench.suite.core.spec import Step, Task
 
 PROTOCOL_VERSION = 1
 EVAL_SEED_BASE = 1_000_000

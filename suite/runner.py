@@ -26,16 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
+from plcql_bench.algorithms.base import batch_kind, get_algorithm, make_config
+from plcql_bench.algorithms.common import kernels
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.batch import Batch
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.schema import RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record
+from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, read_json
+from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.profiles import Profile
-from plcql_bench.suite.schema import RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record
-from plcql_bench.suite.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.tasks import get_task
-from plcql_bench.suite.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.versions import git_commit, image_labels, package_versions
 
 
@@ -65,7 +67,7 @@ class RunPlan:
         return self.run_dir / "final.json"
 
     def is_done(self) -> bool:
-        """final.json holds a valid result of this very run (suite/schema.py, and its run key is
+        """final.json holds a valid result of this very run (suite/core/schema.py, and its run key is
         this run's: a file copied from another run or edited is not "done")."""
         return self.final_problem() is None and self.final_path.is_file()
 
@@ -118,7 +120,7 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
     """The cell's algorithm config (task defaults < profile overrides < --set), each layer checked
-    against the config's schema (suite/validate.py: field names, types, ranges); BenchError naming
+    against the config's schema (suite/core/validate.py: field names, types, ranges); BenchError naming
     the file or flag and the field when the task, tier, algorithm or a config value is not valid."""
     task = get_task(cell.task)
     if cell.tier not in task.spec.tiers:
@@ -170,9 +172,9 @@ class Sampler:
 
 def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, device: str):
     """The sampler the algorithm class asks for (`batch_kind`): uniform transitions (Sampler) or
-    whole padded episodes (suite/episodes.py: EpisodeSampler). Both expose `.generator`."""
+    whole padded episodes (datasets/episodes.py: EpisodeSampler). Both expose `.generator`."""
     if batch_kind(cls) == "episodes":
-        from plcql_bench.suite.episodes import EpisodeSampler
+        from plcql_bench.datasets.episodes import EpisodeSampler
 
         return EpisodeSampler(arrays, seed, device)
     return Sampler(arrays, discrete, seed, device)
@@ -199,6 +201,25 @@ class RunBusy(BenchError):
     """Another live process holds this run's lock (it is training it right now)."""
 
 
+KERNELS_ENV = "PLCQL_KERNELS"  # "fused" (default) or "plain": the networks' kernels
+
+
+def configure_process(device: str = "cpu", discrete: bool = False) -> None:
+    """Process-wide settings, made here once per process before an algorithm is built, never by an
+    algorithm: the networks' kernels (PLCQL_KERNELS=fused|plain, algorithms/common/kernels.py and
+    kernels_discrete.py; not part of the run key, like the device and the thread count, which also move
+    the last bits) and, on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory) and,
+    for a discrete task, serving large allocations from the heap (kernels.large_allocations_from_heap:
+    a discrete ensemble round's GRU tensors are re-faulted page by page otherwise)."""
+    choice = os.environ.get(KERNELS_ENV, "fused")
+    if choice not in ("fused", "plain"):
+        raise BenchError(f"{KERNELS_ENV}: must be 'fused' or 'plain', got {choice!r}")
+    kernels.use_fused(choice == "fused")
+    if torch.device(device).type == "cpu":
+        kernels.keep_freed_memory()
+        kernels.large_allocations_from_heap(discrete)
+
+
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
     """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
 
@@ -210,6 +231,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
     """
     if plan.is_done() and not fresh:
         return read_json(plan.final_path)
+    configure_process(device, discrete=get_task(plan.cell.task).spec.discrete)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     with _run_lock(plan):
@@ -221,7 +243,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
-            f"torch threads {torch.get_num_threads()}")
+            f"torch threads {torch.get_num_threads()} kernels {'fused' if kernels.fused_default() else 'plain'}")
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
@@ -255,7 +277,7 @@ def _set_aside_rejected_final(plan: RunPlan, log) -> None:
 
 
 def _validated(result: dict, device: str) -> dict:
-    """The result as the one schema (suite/schema.py) states it, with the hardware it ran on; an
+    """The result as the one schema (suite/core/schema.py) states it, with the hardware it ran on; an
     inconsistent result raises here, so it is recorded as failed, never as done."""
     return RunRecord.from_json({**result, "hardware": hardware_info(device)}).to_json()
 
@@ -352,7 +374,7 @@ PROBE_SIZE = {"transitions": 1024, "episodes": 16}
 def _probe_batch(sampler):
     """A fixed batch for the algorithm's diagnostics at every evaluation point (the same rows at every
     point and after a resume), drawn without touching the sampler's training random stream."""
-    from plcql_bench.suite.episodes import EpisodeSampler
+    from plcql_bench.datasets.episodes import EpisodeSampler
 
     saved = sampler.generator.get_state()
     sampler.generator.manual_seed(PROBE_SEED)

@@ -4,10 +4,11 @@ core CLI works without the optional extras installed."""
 from __future__ import annotations
 
 import importlib
+import os
 from functools import cache
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.spec import Task
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.spec import Task
 
 # task id -> (module, factory function returning a Task, positional arguments for it)
 _FACTORIES: dict[str, tuple] = {
@@ -20,6 +21,15 @@ _FACTORIES: dict[str, tuple] = {
     "smax-6h_vs_8z": ("plcql_bench.suite.envs.smax", "make_task", "6h_vs_8z"),
     "mamujoco-halfcheetah-2x3": ("plcql_bench.suite.envs.mamujoco", "halfcheetah_task"),
 }
+# Real StarCraft II (suite/envs/smac.py): registered only where SC2 is installed, i.e. when the
+# StarCraft II image sets PLCQL_SMAC_TASKS=1; elsewhere smac-* stays unknown.
+SMAC_TASKS_ENV = "PLCQL_SMAC_TASKS"
+_SMAC_FACTORIES = {f"smac-{m}": ("plcql_bench.suite.envs.smac", "make_task", m)
+                   for m in ("2s3z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z")}
+
+
+def _factories() -> dict[str, tuple]:
+    return {**_FACTORIES, **_SMAC_FACTORIES} if os.environ.get(SMAC_TASKS_ENV) == "1" else _FACTORIES
 
 # Quality tiers, in the paper's order.
 CONTINUOUS_TIERS = ("expert", "medium", "medium-replay", "random")
@@ -39,12 +49,19 @@ def task_tiers(task_id: str) -> tuple[str, ...]:
 
 
 def task_ids() -> list[str]:
-    return list(_FACTORIES)
+    return list(_factories())
+
+
+def known_task_ids() -> list[str]:
+    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
+    ids = task_ids()
+    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
 
 
 @cache
 def get_task(task_id: str) -> Task:
-    if task_id not in _FACTORIES:
-        raise UnknownTaskError(f"unknown task {task_id!r} (known: {', '.join(_FACTORIES)})")
-    module, factory, *args = _FACTORIES[task_id]
+    factories = _factories()
+    if task_id not in factories:
+        raise UnknownTaskError(f"unknown task {task_id!r} (known: {', '.join(factories)})")
+    module, factory, *args = factories[task_id]
     return getattr(importlib.import_module(module), factory)(*args)

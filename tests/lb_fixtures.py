@@ -9,7 +9,7 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from plcql_bench.suite.schema import run_key_of
+from plcql_bench.suite.core.schema import run_key_of
 
 NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
 SHA = "ab" * 32

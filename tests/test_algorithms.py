@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
+from plcql_bench.algorithms.cfcql import cf_cql_penalty
 from plcql_bench.algorithms.common.continuous import (
     EnsembleCritic,
-    cf_cql_penalty,
     counterfactual_joint,
     host_floats,
     mean_metrics,
@@ -19,7 +19,7 @@ from plcql_bench.algorithms.common.continuous import (
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.algorithms.plcql import PLCQL, par_mask
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 # Tiny tensors: one thread is faster and immune to oversubscription on a busy machine.
 torch.set_num_threads(1)
@@ -211,13 +211,13 @@ def test_ppo_step_moves_probabilities():
                                        "advantage_norm": "none"}), 0)
     s = torch.randn(64, 4)
     with torch.no_grad():
-        p0 = torch.softmax(algo.par_logits(s), -1)
+        p0 = torch.softmax(algo.par.logits(s), -1)
     k = torch.tensor([1] * 32 + [3] * 32)
     logp_old = torch.log(p0.gather(1, (k - 1)[:, None])[:, 0])
     adv = torch.tensor([1.0] * 32 + [-1.0] * 32)
-    algo.ppo_update(s, k, logp_old, adv, torch.ones(64))
+    algo.par.ppo_update(s, k, logp_old, adv, torch.ones(64))
     with torch.no_grad():
-        p1 = torch.softmax(algo.par_logits(s), -1)
+        p1 = torch.softmax(algo.par.logits(s), -1)
     assert p1[:, 0].mean() > p0[:, 0].mean()  # positive advantage -> more likely
     assert p1[:, 2].mean() < p0[:, 2].mean()  # negative advantage -> less likely
 

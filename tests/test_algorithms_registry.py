@@ -11,9 +11,8 @@ import torch
 
 from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.continuous import CFCQL_ALPHA
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 CN = TaskSpec("mpe-cn", "mpe", n_agents=3, obs_dim=6, state_dim=10, act_dim=2, discrete=False,
@@ -65,6 +64,16 @@ def test_seeding_and_resume(name, tmp_path):
     fresh = build(name, seed=7)
     fresh.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=False))
     assert a0.update(SyntheticBuffer(CN, 200, seed=3)) == fresh.update(SyntheticBuffer(CN, 200, seed=3))
+
+
+# CFCQL continuous `env_config_map` (maddpg_cc.py ~l.643): cql_alpha per task and dataset tier, as published;
+# algorithms/configs/cfcql.yaml is the one copy the code reads.
+CFCQL_ALPHA: dict[str, dict[str, float]] = {
+    "mpe-cn": {"random": 0.5, "medium-replay": 1.0, "medium": 5.0, "expert": 2.5},
+    "mpe-pp": {"random": 0.5, "medium-replay": 0.5, "medium": 0.6, "expert": 2.0},
+    "mpe-world": {"random": 0.5, "medium-replay": 0.5, "medium": 0.32, "expert": 0.3},
+    "mamujoco": {"random": 0.1, "medium-replay": 0.4, "medium": 1.0, "expert": 1.7},
+}
 
 
 def test_tables():
@@ -127,7 +136,8 @@ def test_fused_trunk_matches_autograd_and_refuses_second_backward():
 def test_halfcheetah_cql_uses_policy_samples():
     """HalfCheetah branch: agent i's CQL candidates = 10 uniform + 10 noisy current-policy + 10 noisy
     next-policy actions, each corrected by its own log-density."""
-    from plcql_bench.algorithms.common.continuous import cf_cql_penalty, counterfactual_joint
+    from plcql_bench.algorithms.cfcql import cf_cql_penalty
+    from plcql_bench.algorithms.common.continuous import counterfactual_joint
 
     algo = build("cfcql", HC, n_critics=2)
     assert algo.cfg.sample_action_class == "1-1-1" and algo.cfg.other_action_jitter == 1e-5

@@ -9,7 +9,7 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
 from plcql_bench.algorithms.spacql import inverse_std_weights, par_masks_all_k
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 TOY = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=1, act_dim=1, discrete=False,

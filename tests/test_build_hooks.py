@@ -1,5 +1,5 @@
-"""datasets build: a task's own collector hook (task.extras["collect"]), references hook, mixed
-tier composition, and deterministic builds."""
+"""datasets build: a task family's own collector and references (its dataset recipe,
+datasets/recipes.py), mixed tier composition, and deterministic builds."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import numpy as np
 
 from plcql_bench.datasets import build, format as fmt
 from plcql_bench.datasets.behaviour import Behaviour
+from plcql_bench.datasets.recipes import RECIPES, Recipe
 from plcql_bench.suite import tasks
-from plcql_bench.suite.spec import Task, TaskSpec
+from plcql_bench.suite.core.spec import Task, TaskSpec
 
 
-def _fake_task() -> Task:
+def _fake_task() -> tuple[Task, Recipe]:
     spec = TaskSpec("fake-smax", "smax", 2, 4, 6, 5, True, 6, tasks.SMAC_TIERS, score="win_rate")
     calls = []
 
@@ -22,18 +23,19 @@ def _fake_task() -> Task:
         arrays["episode_won"] = np.arange(len(seeds)) % 2 == 0
         return arrays
 
-    def behaviours(tier):
+    def behaviours(task_id, tier):
         if tier in ("medium", "expert"):
             return Behaviour(f"fake-{tier}", lambda rng: {"params": tier})
         return None
 
-    return Task(spec, make_env=None, extras={
-        "collect": collect, "behaviours": behaviours, "calls": calls,
-        "references": lambda: {"random": float("nan"), "expert": float("nan")}})
+    recipe = Recipe(collect=collect, behaviours=behaviours,
+                    references=lambda task: {"random": float("nan"), "expert": float("nan")})
+    return Task(spec, make_env=None, extras={"calls": calls}), recipe
 
 
 def test_collector_hook_and_mixed(tmp_path, monkeypatch):
-    task = _fake_task()
+    task, recipe = _fake_task()
+    monkeypatch.setitem(RECIPES, "fake-smax", recipe)
     monkeypatch.setitem(tasks._FACTORIES, "fake-smax", ("tests.none", "none"))
     monkeypatch.setattr(build, "get_task", lambda tid: task)
     import plcql_bench.suite.tasks as t

@@ -12,7 +12,7 @@ from lb_fixtures import write_run
 
 from plcql_bench.suite.campaign import load_campaign, publish
 from plcql_bench.suite.cli import cli
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 PROFILE = """
 name: unitcamp

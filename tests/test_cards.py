@@ -10,7 +10,7 @@ import pytest
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.datasets.cards import export_cards, tier_order_ok
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 
 def test_build_writes_a_card_with_the_manifest_numbers(tmp_path):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import plcql_bench.algorithms.common.continuous as C
+import plcql_bench.algorithms.common.kernels as C
+from plcql_bench.algorithms.cfcql import lse_penalty
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all, make_config
 from plcql_bench.algorithms.common.continuous import counterfactual_joint
 from plcql_bench.algorithms.common.speed import SyntheticBuffer, batch_field, synthetic_episodes
@@ -36,7 +37,7 @@ def test_cuda_takes_one_block_and_matches_the_cpu_blocks():
     results = []
     for dev in ("cpu", "cuda"):
         c = copy.deepcopy(critic).to(dev)
-        pol, _ = c.lse_penalty(state.to(dev), joint.to(dev), n, None, w.to(dev))
+        pol, _ = lse_penalty(c, state.to(dev), joint.to(dev), n, None, w.to(dev))
         gr = torch.autograd.grad(pol.sum(), list(c.parameters()))
         results.append((pol.cpu(), [x.cpu() for x in gr]))
     (p_cpu, g_cpu), (p_gpu, g_gpu) = results

@@ -20,7 +20,7 @@ from plcql_bench.datasets.format import (
     synthetic_dataset,
     write_dataset,
 )
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 CONT = TaskSpec("test-cont", "mpe", n_agents=3, obs_dim=4, state_dim=7, act_dim=2,
                 discrete=False, episode_limit=10, tiers=("expert",))  # fmt: skip

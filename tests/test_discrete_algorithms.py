@@ -13,8 +13,8 @@ import torch
 
 from plcql_bench.algorithms.base import get_algorithm, make_config
 from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_uniform_sample
-from plcql_bench.suite.episodes import EpisodeSampler
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.core.spec import TaskSpec
 
 from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged, random_masks
 

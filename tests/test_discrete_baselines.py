@@ -12,7 +12,7 @@ import torch
 from plcql_bench.algorithms.base import get_algorithm, make_config
 from plcql_bench.algorithms.common.discrete_critics import (
     TwinAgentQ, batch_softmax_weights, clipped_exp_weights, expectile_loss, policy_expectation)
-from plcql_bench.suite.episodes import EpisodeSampler
+from plcql_bench.datasets.episodes import EpisodeSampler
 
 from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged, random_masks
 

@@ -1,5 +1,6 @@
-"""The fused discrete kernels (algorithms/common/discrete_fast.py) against the plain paths they
-replace, which are the code as it was before them (`plain_kernels()`):
+"""The fused discrete kernels (algorithms/common/kernels_discrete.py) against the plain torch paths they
+replace (discrete.py, discrete_ensemble.py: a network's `fused` off, or built under
+kernels.fused_kernels(False), the runner's PLCQL_KERNELS=plain), which are the code as it was before them:
 
   * fused_gru vs the stacked autograd GRU (StackedRNNAgent) and nn.GRU (RNNAgent): outputs, last
     hidden state, the gradients of every parameter and of h0, with and without h0, one step and many;
@@ -15,10 +16,11 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import get_algorithm, make_config
-from plcql_bench.algorithms.common import discrete_fast as fast
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent
 from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
-from plcql_bench.suite.episodes import EpisodeSampler
+from plcql_bench.datasets.episodes import EpisodeSampler
 
 from test_discrete_machinery import SPEC, ragged
 
@@ -33,12 +35,19 @@ def _grads(out, params, seed=1):
     return torch.autograd.grad(loss, params)
 
 
-def _run_both(fn):
-    """fn() under the fused and under the plain kernels."""
-    with fast.plain_kernels(False):
-        got = fn()
-    with fast.plain_kernels(True):
-        exp = fn()
+def _set_fused(net: torch.nn.Module, on: bool) -> None:
+    for m in net.modules():
+        if hasattr(m, "fused"):
+            m.fused = on
+
+
+def _run_both(net, fn):
+    """fn() with `net`'s fused kernels on, then with its plain path."""
+    _set_fused(net, True)
+    got = fn()
+    _set_fused(net, False)
+    exp = fn()
+    _set_fused(net, True)
     return got, exp
 
 
@@ -64,7 +73,7 @@ def test_fused_gru_matches_stacked_autograd_gru(steps, with_h0):
         out, hT = agent(obs, last, h0)
         return out, hT, _grads((out, hT), params)
 
-    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(run)
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(agent, run)
     _close([out, hT, *gr], [out_p, hT_p, *gr_p])
     with torch.no_grad():  # the no-grad path (targets, acting) gives the same values
         out_ng, hT_ng = agent(obs, last, h0)
@@ -86,7 +95,7 @@ def test_fused_gru_matches_nn_gru_agent(dtype):
         out, hT = agent(obs, last, h0)
         return out, hT, _grads((out, hT), params)
 
-    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(run)
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(agent, run)
     rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
     _close([out, hT, *gr], [out_p, hT_p, *gr_p], rtol, atol)
 
@@ -111,7 +120,7 @@ def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
         cf = mixer.counterfactual(q, acts, state)
         return cf, _grads((cf,), params)
 
-    (cf, gr), (cf_p, gr_p) = _run_both(run)
+    (cf, gr), (cf_p, gr_p) = _run_both(mixer, run)
     _close([cf, *gr], [cf_p, *gr_p])
     # the weights argument (shared with the TD mixer) gives the same values
     w = mixer.weights(state)
@@ -133,18 +142,18 @@ def test_counterfactual_mix_matches_the_single_mixer(tiny_blocks, dtype):
         cf = mixer.counterfactual(q, acts, state)
         return cf, _grads((cf,), params)
 
-    (cf, gr), (cf_p, gr_p) = _run_both(run)
+    (cf, gr), (cf_p, gr_p) = _run_both(mixer, run)
     rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
     _close([cf, *gr], [cf_p, *gr_p], rtol, atol)
 
 
 def test_fused_gru_refuses_a_second_backward():
     agent = StackedRNNAgent([RNNAgent(2, 3, 4, 5) for _ in range(2)])
-    with fast.plain_kernels(False):
-        out, _ = agent(torch.randn(2, 3, 2, 3), torch.zeros(2, 3, 2, 4))
-        out.sum().backward(retain_graph=True)
-        with pytest.raises(RuntimeError, match="retain_graph"):
-            out.sum().backward()
+    assert agent.fused  # the default
+    out, _ = agent(torch.randn(2, 3, 2, 3), torch.zeros(2, 3, 2, 4))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        out.sum().backward()
 
 
 TINY = {"batch_episodes": 4, "hidden": 8, "mixing_embed": 4, "hypernet_embed": 8, "behaviour_max_updates": 3,
@@ -165,10 +174,11 @@ def test_update_rounds_match_the_plain_kernels(name, temp, monkeypatch):
     runs = {}
     for plain in (False, True):
         torch.manual_seed(0)
-        algo = cls(SPEC, make_config(cls, cfg), 0)
+        with kernels.fused_kernels(not plain):  # what PLCQL_KERNELS=plain does: networks built on the plain path
+            algo = cls(SPEC, make_config(cls, cfg), 0)
+        assert all(m.fused != plain for net in algo.modules().values() for m in net.modules() if hasattr(m, "fused"))
         sampler = EpisodeSampler(arrays, 0, "cpu")
-        with fast.plain_kernels(plain):
-            metrics = [algo.update(sampler) for _ in range(3)]
+        metrics = [algo.update(sampler) for _ in range(3)]
         runs[plain] = (algo, metrics)
     (fa, fm), (pa, pm) = runs[False], runs[True]
     for key, mod in fa.modules().items():
@@ -201,8 +211,9 @@ def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
     up = torch.randn(E, M, generator=g, dtype=F64)
     params = [q, *mixer.parameters()]
 
-    with fast.plain_kernels(True):
-        cf = mixer.counterfactual(q, acts, state)  # [E, M, n, A]
+    mixer.fused = False
+    cf = mixer.counterfactual(q, acts, state)  # [E, M, n, A]: the plain path
+    mixer.fused = True
     mu = masked_softmax(cf.detach(), avail) + 1e-5
     kl = (mu * (mu.log() - logbeta) * avail).sum(-1)
     lam_r = {0.0: torch.full_like(kl, 1 / n), 100.0: torch.nn.functional.one_hot(kl.argmax(-1), n).to(F64)}.get(
@@ -214,3 +225,42 @@ def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
     assert torch.allclose(neg.view(E, M), neg_r, rtol=1e-10) and torch.allclose(lam.view(E, M, n), lam_r, rtol=1e-10)
     got = torch.autograd.grad((neg.view(E, M) * up).sum(), params)
     _close(got, exp)
+
+
+def test_the_runner_switch_reaches_the_discrete_networks(monkeypatch):
+    """PLCQL_KERNELS=plain (the runner's configure_process) builds every discrete network on its plain path;
+    fused (the default) on the kernels."""
+    from plcql_bench.suite.runner import KERNELS_ENV, configure_process
+
+    cls = get_algorithm("plcql", discrete=True)
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8}.items() if k in cls.Config.__dataclass_fields__}
+    try:
+        for choice, on in (("plain", False), ("fused", True)):
+            monkeypatch.setenv(KERNELS_ENV, choice)
+            configure_process("cpu", discrete=True)
+            algo = cls(SPEC, make_config(cls, cfg), 0)
+            flags = [m.fused for net in algo.modules().values() for m in net.modules() if hasattr(m, "fused")]
+            assert len(flags) >= 4 and all(f == on for f in flags), (choice, flags)
+    finally:
+        kernels.use_fused(True)
+
+
+def test_the_allocator_is_set_by_the_runner_not_by_an_algorithm(monkeypatch):
+    """Large allocations from the heap: set by configure_process for a discrete task on CPU (and reset for a
+    continuous one), never by building or updating an algorithm; no algorithm file calls mallopt."""
+    from pathlib import Path
+
+    from plcql_bench.suite.runner import configure_process
+
+    calls = []
+    monkeypatch.setattr(kernels, "large_allocations_from_heap", lambda on=True: calls.append(on))
+    cls = get_algorithm("cfcql", discrete=True)
+    cfg = {k: v for k, v in TINY.items() if k in cls.Config.__dataclass_fields__}
+    cls(SPEC, make_config(cls, cfg), 0).update(EpisodeSampler(ragged(lens=(3, 2)), 0, "cpu"))
+    assert calls == []
+    configure_process("cpu", discrete=True)
+    configure_process("cpu", discrete=False)
+    assert calls == [True, False]
+    root = Path(__file__).resolve().parent.parent / "algorithms"
+    callers = [p.name for p in root.rglob("*.py") if "mallopt" in p.read_text() and p.name != "kernels.py"]
+    assert callers == []

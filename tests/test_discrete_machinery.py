@@ -1,4 +1,4 @@
-"""Shared discrete-action machinery (algorithms/common/discrete.py, suite/episodes.py): masks,
+"""Shared discrete-action machinery (algorithms/common/discrete.py, datasets/episodes.py): masks,
 QMIX, TD(lambda), episode batches, recurrent evaluation and the two-implementation registry."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from plcql_bench.algorithms.common.discrete import (
     NEG, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_log_softmax, masked_logsumexp,
     masked_sample, masked_softmax, td_lambda_targets)
 from plcql_bench.datasets.format import synthetic_dataset
-from plcql_bench.suite.episodes import EpisodeSampler
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 SPEC = TaskSpec("smax-2s3z", "smax", n_agents=3, obs_dim=7, state_dim=9, act_dim=6, discrete=True,
@@ -234,7 +234,7 @@ def test_registry_two_implementations():
 
 
 def test_resolve_config_error_is_one_line():
-    from plcql_bench.suite.errors import BenchError
+    from plcql_bench.suite.core.errors import BenchError
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, resolve_config
 
@@ -251,7 +251,7 @@ class _FakeEnv:
         self.spec, self.t, self.seen = spec, 0, []
 
     def _step(self):
-        from plcql_bench.suite.spec import Step
+        from plcql_bench.suite.core.spec import Step
 
         n, A = self.spec.n_agents, self.spec.act_dim
         avail = np.zeros((2, n, A), np.uint8)
@@ -273,7 +273,7 @@ class _FakeEnv:
 
 def test_recurrent_evaluation_protocol():
     from plcql_bench.suite import protocol
-    from plcql_bench.suite.spec import Task
+    from plcql_bench.suite.core.spec import Task
 
     cls = get_algorithm("bc", discrete=True)
     algo = cls(SPEC, make_config(cls, {"hidden": 8}), 0)

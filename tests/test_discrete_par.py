@@ -13,8 +13,8 @@ from plcql_bench.algorithms.base import EpisodeBatch, get_algorithm, implementat
 from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent, last_action_onehot
 from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
 from plcql_bench.algorithms.spacql import inverse_std_weights
-from plcql_bench.suite.episodes import EpisodeSampler
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.core.spec import TaskSpec
 
 from test_discrete_machinery import SPEC, check_acts_available, check_seeding_and_resume, ragged
 
@@ -155,12 +155,12 @@ def test_ppo_step_raises_probability_of_positive_advantage():
     k = torch.tensor([2, 1] * 32)
     adv = torch.tensor([1.0, -1.0] * 32)
     with torch.no_grad():
-        logp_all = torch.log_softmax(algo.par_logits(s), -1)
+        logp_all = torch.log_softmax(algo.par.logits(s), -1)
     logp_old = logp_all.gather(1, (k - 1)[:, None])[:, 0]
     p_before = logp_all.exp()[0]
-    algo.ppo_update(s, k, logp_old, adv, torch.ones(64))
+    algo.par.ppo_update(s, k, logp_old, adv, torch.ones(64))
     with torch.no_grad():
-        p_after = torch.softmax(algo.par_logits(s), -1)[0]
+        p_after = torch.softmax(algo.par.logits(s), -1)[0]
     assert p_after[1] > p_before[1] and p_after[0] < p_before[0]
 
 

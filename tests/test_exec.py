@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.cli import cli
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.executors import default_jobs
 
 # sample_action_class "0-1-1" passes the config schema but CFCQL refuses it at its first update (BC

@@ -23,7 +23,7 @@ import pytest
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, RunBusy, execute, plan_run
 
@@ -319,7 +319,8 @@ def test_weak_every_shipped_profile_and_algorithm_config_passes_the_schema():
     from plcql_bench.algorithms.common.configs import CONFIG_DIR, load_table
     from plcql_bench.suite.profiles import builtin_profiles
     from plcql_bench.suite.tasks import get_task, task_ids
-    from plcql_bench.suite.validate import all_algorithm_classes, check_config
+    from plcql_bench.algorithms.base import all_algorithm_classes
+    from plcql_bench.suite.core.validate import check_config
 
     for name in builtin_profiles():
         load_profile(name)
@@ -357,7 +358,7 @@ def test_committed_results_keep_their_run_keys():
     config through the schema) to the run key it was filed under."""
     from plcql_bench.suite import protocol
     from plcql_bench.suite.runner import resolve_config
-    from plcql_bench.suite.schema import run_key_of
+    from plcql_bench.suite.core.schema import run_key_of
 
     finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "results").rglob("final.json"))
     if not finals:

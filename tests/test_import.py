@@ -15,7 +15,7 @@ from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError, load_dataset
 from plcql_bench.datasets.importers import import_dataset, read_cfcql_h5, read_omar
 from plcql_bench.suite.envs import prey as prey_mod
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 from plcql_bench.suite.tasks import SMAC_TIERS, get_task
 
 

@@ -19,7 +19,7 @@ from plcql_bench.leaderboard import build, cells, scoring, summary, tables
 from plcql_bench.leaderboard.cells import Stats, cell_stats, format_mean_std, format_score, format_spread
 from plcql_bench.leaderboard.paper import load_paper_results, paper_claims_check, paper_value
 from plcql_bench.leaderboard.stats import best_in_row, t_interval, welch_p, welch_p_summary
-from plcql_bench.suite.schema import RunRecord
+from plcql_bench.suite.core.schema import RunRecord
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # arch's RandomState deprecation
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import get_algorithm, make_config
-from plcql_bench.suite.episodes import EpisodeSampler
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.core.spec import TaskSpec
 
 from test_discrete_machinery import SPEC, random_masks, ragged
 

@@ -1,4 +1,4 @@
-"""OMAR's fast path (`OMAR.fused`) against the plain one, which is the code as it was before it:
+"""OMAR's fast path (`IndepCritics.fused`, kernels.py's switch) against the plain one, which is the code as it was before it:
 
   * IndepCritics.sampled_lse (observation part of the first layer once per observation, the input
     normaliser folded in, cache-blocked forward+backward) vs concatenated [o_i, a_i] rows through
@@ -19,12 +19,12 @@ import math
 import pytest
 import torch
 
-import plcql_bench.algorithms.common.continuous as C
 from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common.independent import IndepCritics
 from plcql_bench.algorithms.common.nets import StackedMLP
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -36,7 +36,7 @@ HC = TaskSpec("mamujoco-halfcheetah-2x3", "mamujoco", n_agents=2, obs_dim=6, sta
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(C, "BLOCK_BYTES", 4096)  # several observation blocks and a ragged last one
+    monkeypatch.setattr(kernels, "BLOCK_BYTES", 4096)  # several observation blocks and a ragged last one
 
 
 def critics(n, o, A, input_norm, seed=0):
@@ -115,8 +115,9 @@ def test_omar_rounds_match_the_plain_path(spec):
     runs = {}
     for fused in (True, False):
         torch.manual_seed(0)
-        algo = cls(spec, make_config(cls, ov), 0)
-        algo.fused = fused
+        with kernels.fused_kernels(fused):  # PLCQL_KERNELS=plain builds the critics on the plain path
+            algo = cls(spec, make_config(cls, ov), 0)
+        assert algo.critic.fused == fused and algo.target_critic.fused == fused
         buf = SyntheticBuffer(spec, 500, seed=1)
         runs[fused] = (algo, [algo.update(buf) for _ in range(3)])
     (fa, fm), (pa, pm) = runs[True], runs[False]

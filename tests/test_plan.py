@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.cli import cli
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells
 from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run

@@ -15,7 +15,7 @@ from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse,
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 TOY = TaskSpec("toy", "mpe", n_agents=3, obs_dim=2, state_dim=4, act_dim=1, discrete=False,
@@ -45,9 +45,9 @@ class CountingSampler:
 
 
 def _trace_par(algo, monkeypatch):
-    """Records (batch tag, k drawn for that batch's target) at every compute_target and every par_step."""
+    """Records (batch tag, k drawn for that batch's target) at every compute_target and every PAR step."""
     drawn, updated = [], []
-    real_target, real_step = algo.compute_target, algo.par_step
+    real_target, real_step = algo.compute_target, algo.par.step
 
     def target(batch):
         y, aux = real_target(batch)
@@ -59,7 +59,7 @@ def _trace_par(algo, monkeypatch):
         return real_step(next_state, k, logp_old, r_par, m)
 
     monkeypatch.setattr(algo, "compute_target", target)
-    monkeypatch.setattr(algo, "par_step", step)
+    monkeypatch.setattr(algo.par, "step", step)
     return drawn, updated
 
 
@@ -96,7 +96,7 @@ def test_fixed_and_uniform_k_do_not_learn(monkeypatch):
         if name == "plcql-k2":
             assert (ks == 2).all()
     uniform = _algo("plcql-uniform")
-    k, logp, probs = uniform.sample_k(torch.zeros(30000, 4))
+    k, logp, probs = uniform.par.sample_k(torch.zeros(30000, 4), uniform.gen)
     assert torch.allclose(torch.bincount(k, minlength=4)[1:].float() / 30000, torch.full((3,), 1 / 3), atol=0.02)
     assert torch.allclose(logp, torch.full_like(logp, -math.log(3)))
 
@@ -123,7 +123,7 @@ def test_advantage_normalisations_by_hand():
     adv = torch.tensor([1.0, 3.0, 100.0])
     r_par = torch.tensor([10.0, 14.0, -50.0])
     m = torch.tensor([1.0, 1.0, 0.0])
-    got = {norm: _algo(advantage_norm=norm).normalised_advantage(adv, r_par, m) for norm in ("advantage", "reward", "none")}
+    got = {norm: _algo(advantage_norm=norm).par.normalised_advantage(adv, r_par, m) for norm in ("advantage", "reward", "none")}
     torch.testing.assert_close(got["advantage"][:2], torch.tensor([-1.0, 1.0]))  # mean 2, std 1
     torch.testing.assert_close(got["reward"][:2], torch.tensor([-0.5, 0.5]))  # std of r_par over rows 0-1: 2
     assert torch.equal(got["none"], adv)
@@ -224,7 +224,7 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
     def pinned(self, gen):
         real_build(self, gen)
         with torch.no_grad():
-            self.par_policy.out.bias[..., -1] = 50.0
+            self.par.policy.out.bias[..., -1] = 50.0
 
     monkeypatch.setattr(PLCQL, "_build_extra", pinned)
     logs: list[str] = []

@@ -9,7 +9,7 @@ import pytest
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 

@@ -1,4 +1,4 @@
-"""The one result schema (suite/schema.py): RunRecord round trip, consistency checks, location
+"""The one result schema (suite/core/schema.py): RunRecord round trip, consistency checks, location
 checks, scanning and --strict."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lb_fixtures import final_record, run_dir, write_run
-from plcql_bench.suite.schema import (DamagedResults, RecordError, RunRecord, check_location, enforce_strict,
+from plcql_bench.suite.core.schema import (DamagedResults, RecordError, RunRecord, check_location, enforce_strict,
                                       run_key_of, scan_records)
 
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"

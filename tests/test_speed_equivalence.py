@@ -1,5 +1,7 @@
-"""The fast critic paths (cache-blocked CF-CQL penalty `_BlockedLSE`, folded input normalisation,
-two-pass statistics, `_FusedTrunk`) against a plain-autograd reference written from the formulas:
+"""The fast critic paths (algorithms/common/kernels.py: cache-blocked CF-CQL penalty `_BlockedLSE`,
+`_FusedTrunk`, the workspace pool; continuous.py: folded input normalisation, two-pass statistics)
+against a plain-autograd reference written from the formulas, and against the algorithms' own plain
+path (the kernels switched off):
 
     concatenated input rows [s, a_joint] -> BatchNorm1d (training-mode statistics of the call's rows)
     -> per-member Linear/ReLU/Linear/ReLU/Linear, one member at a time;
@@ -20,11 +22,12 @@ import math
 import pytest
 import torch
 
-import plcql_bench.algorithms.common.continuous as C
+import plcql_bench.algorithms.common.kernels as C
 from plcql_bench.algorithms.base import load_all, make_config
-from plcql_bench.algorithms.common.continuous import EnsembleCritic, cf_cql_penalty, counterfactual_joint
+from plcql_bench.algorithms.cfcql import cf_cql_penalty, lse_penalty
+from plcql_bench.algorithms.common.continuous import EnsembleCritic, counterfactual_joint
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
 
@@ -122,7 +125,7 @@ def test_lse_penalty_matches_reference(case, input_norm, dtype):
     w = weights.to(dtype) if weights is not None else torch.full((n,), 1.0 / n, dtype=dtype)
     params = list(critic.parameters())
 
-    pol, zsum = critic.lse_penalty(state, joint, n, offset, w, temp, members=members)
+    pol, zsum = lse_penalty(critic, state, joint, n, offset, w, temp, members=members)
     rng = range(*members.indices(E)) if members is not None else None
     pol_r, zsum_r = ref_lse(critic, state, joint, n, offset, w, temp, rng)
     rtol = 1e-5 if dtype == torch.float32 else 1e-10
@@ -138,7 +141,7 @@ def test_lse_penalty_matches_reference(case, input_norm, dtype):
     names = [n_ for n_, _ in critic.named_parameters()]
     assert_close_grads(got, exp, dtype, names)
     with torch.no_grad():  # the forward-only path gives the same values
-        pol_ng, zsum_ng = critic.lse_penalty(state, joint, n, offset, w, temp, members=members)
+        pol_ng, zsum_ng = lse_penalty(critic, state, joint, n, offset, w, temp, members=members)
     assert torch.allclose(pol_ng, pol.detach(), rtol=1e-6, atol=1e-6) and torch.allclose(zsum_ng, zsum)
 
 
@@ -151,7 +154,7 @@ def test_block_size_does_not_change_the_result(block_bytes, monkeypatch):
     state, data = torch.randn(9, 6, generator=g, dtype=torch.float64), torch.rand(9, 3, 2, generator=g, dtype=torch.float64)
     joint = counterfactual_joint(data, torch.rand(9, 3, 5, 2, generator=g, dtype=torch.float64))
     w = torch.full((3,), 1 / 3, dtype=torch.float64)
-    pol, _ = critic.lse_penalty(state, joint, 3, None, w)
+    pol, _ = lse_penalty(critic, state, joint, 3, None, w)
     pol_r, _ = ref_lse(critic, state, joint, 3, None, w, 1.0)
     assert torch.allclose(pol, pol_r, rtol=1e-12)
     assert_close_grads(grads(pol.sum(), list(critic.parameters())), grads(pol_r.sum(), list(critic.parameters())),
@@ -165,7 +168,7 @@ def test_lse_penalty_action_gradients_fall_back():
     state = torch.randn(5, 4, generator=g, dtype=torch.float64)
     joint = (torch.rand(5, 6, 4, generator=g, dtype=torch.float64) * 2 - 1).requires_grad_()
     w = torch.full((2,), 0.5, dtype=torch.float64)
-    pol, _ = critic.lse_penalty(state, joint, 2, None, w)
+    pol, _ = lse_penalty(critic, state, joint, 2, None, w)
     pol_r, _ = ref_lse(critic, state, joint, 2, None, w, 1.0)
     assert torch.allclose(pol, pol_r, rtol=1e-10)
     ga, = torch.autograd.grad(pol.sum(), [joint])
@@ -312,3 +315,132 @@ def test_stacked_input_norm_matches_batchnorm():
         gxe, gwe, gbe = torch.autograd.grad((ye * up[e]).sum(), [xe, bn.weight, bn.bias])
         assert torch.allclose(gx[e], gxe, rtol=1e-9, atol=1e-12)
         assert torch.allclose(gw[e, 0], gwe, rtol=1e-9) and torch.allclose(gb[e, 0], gbe, rtol=1e-9)
+
+
+# -- the plain path (kernels switched off) against the fused one ----------------------------------------
+
+
+def _same_critics(E, S, nA, H, input_norm, dtype):
+    fused = make_critic(E, S, nA, H, input_norm, dtype)
+    plain = make_critic(E, S, nA, H, input_norm, dtype)
+    plain.fused = False
+    assert fused.fused and all(torch.equal(a, b) for a, b in zip(fused.parameters(), plain.parameters()))
+    return fused, plain
+
+
+@pytest.mark.parametrize("input_norm", [True, False], ids=["bn", "nobn"])
+def test_plain_critic_matches_fused_trunk(input_norm):
+    """EnsembleCritic with fused=False (plain torch) = the `_FusedTrunk` path: values, parameter and
+    action gradients, for R = 1 and R > 1, members= slices and frozen= calls."""
+    fused, plain = _same_critics(4, 7, 6, 8, input_norm, torch.float64)
+    g = torch.Generator().manual_seed(11)
+    state = torch.randn(9, 7, generator=g, dtype=torch.float64)
+    for R, members, frozen in [(1, None, False), (5, None, False), (3, slice(1, 3), False), (3, slice(0, 1), True)]:
+        acts = (torch.rand(9, R, 6, generator=g, dtype=torch.float64) * 2 - 1).requires_grad_()
+        up = torch.randn(fused(state, acts, members).shape, generator=g, dtype=torch.float64)
+        outs = []
+        for c in (fused, plain):
+            q = c(state, acts, members=members, frozen=frozen)
+            params = ([] if frozen else list(c.parameters())) + [acts]
+            gr = torch.autograd.grad((q * up).sum(), params, allow_unused=True)
+            outs.append((q.detach(), [torch.zeros_like(p) if x is None else x for p, x in zip(params, gr)]))
+        assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-12, atol=1e-12)
+        assert_close_grads(outs[0][1], outs[1][1], torch.float64)
+
+
+@pytest.mark.parametrize("case", ["mpe", "temp-weights", "members"])
+def test_plain_lse_penalty_matches_blocked(case):
+    """The penalty's critic part on a plain critic (cfcql.lse_penalty in torch) = `_BlockedLSE` on a fused one."""
+    E, B, S, n, A, M = 3, 11, 5, 3, 2, 4
+    fused, plain = _same_critics(E, S, n * A, 8, True, torch.float64)
+    g = torch.Generator().manual_seed(12)
+    state = torch.randn(B, S, generator=g, dtype=torch.float64)
+    joint = counterfactual_joint(torch.rand(B, n, A, generator=g, dtype=torch.float64) * 2 - 1,
+                                 torch.rand(B, n, M, A, generator=g, dtype=torch.float64) * 2 - 1)
+    offset = torch.randn(B, n, M, generator=g, dtype=torch.float64)
+    w, temp, members = torch.full((n,), 1 / n, dtype=torch.float64), 1.0, None
+    if case == "temp-weights":
+        w, temp = torch.rand(B, n, generator=g, dtype=torch.float64), 0.4
+    if case == "members":
+        members = slice(1, 3)
+    res = []
+    for c in (fused, plain):
+        pol, zsum = lse_penalty(c, state, joint, n, offset, w, temp, members=members)
+        res.append((pol.detach(), zsum, grads(pol.sum(), list(c.parameters()))))
+    assert torch.allclose(res[0][0], res[1][0], rtol=1e-12) and torch.allclose(res[0][1], res[1][1], rtol=1e-12)
+    assert_close_grads(res[0][2], res[1][2], torch.float64)
+
+
+@pytest.mark.parametrize("name,spec", [("cfcql", CN), ("cfcql", HC), ("plcql", CN), ("spacql", HC)],
+                         ids=["cfcql-cn", "cfcql-hc", "plcql-cn", "spacql-hc"])
+def test_algorithm_rounds_plain_match_fused(name, spec):
+    """Whole update rounds with the kernels switched off (the runner's PLCQL_KERNELS=plain) stay within
+    float rounding of the fused rounds: same random draws, same logged values, same parameters."""
+    results = []
+    for on in (True, False):
+        C.use_fused(on)
+        try:
+            algo = _build(name, spec, **({"n_critics": 2} if spec is HC else {}))
+        finally:
+            C.use_fused(True)
+        assert algo.critic.fused is on and algo.target_critic.fused is on
+        buf = SyntheticBuffer(spec, 500, seed=1)
+        metrics = [algo.update(buf) for _ in range(2)]
+        results.append((metrics, {k: v.detach().clone() for k, v in algo.critic.state_dict().items()}))
+    (m_f, p_f), (m_p, p_p) = results
+    for a, b in zip(m_f, m_p):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert math.isclose(a[k], b[k], rel_tol=1e-3, abs_tol=1e-4), (k, a[k], b[k])
+    for k in p_f:
+        assert torch.allclose(p_f[k], p_p[k], rtol=1e-4, atol=1e-5), k
+
+
+def test_add_relu_is_add_then_relu_bitwise():
+    g = torch.Generator().manual_seed(13)
+    x, y = torch.randn(3, 40, 9, generator=g), torch.randn(3, 40, 1, generator=g)
+    assert torch.equal(C._add_relu_(x.clone(), y), (x + y).relu())
+
+
+def test_workspace_pool_reuses_only_free_buffers(monkeypatch):
+    """A buffer is handed out again only after it was given back; buffers in use are never shared; and
+    critic calls that reuse pooled buffers give the same numbers as the first call."""
+    ws = C._Workspace(min_bytes=0)
+    like = torch.zeros(1)
+    a, b = ws.take((4, 5), like), ws.take((4, 5), like)
+    assert a.data_ptr() != b.data_ptr()
+    ws.give(a)
+    ws.give(a)  # given twice: pooled once
+    assert ws.take((4, 5), like).data_ptr() == a.data_ptr()
+    assert ws.take((4, 5), like).data_ptr() not in (a.data_ptr(), b.data_ptr())
+    monkeypatch.setattr(C, "_WORKSPACE", C._Workspace(min_bytes=0))  # pool the small test activations too
+    critic = make_critic(3, 6, 6, 64, True, torch.float32)
+    state, acts = torch.randn(64, 6, generator=torch.Generator().manual_seed(1)), torch.rand(64, 30, 6)
+    first = None
+    for i in range(3):
+        q = critic(state, acts)
+        gr = grads(q.square().sum(), list(critic.parameters()))
+        assert sum(len(v) for v in C._WORKSPACE.free.values()) == 3  # h1, h2, dh1 given back after backward
+        if first is None:
+            first = (q.detach(), gr)
+        assert torch.equal(q.detach(), first[0]) and all(torch.equal(x, y) for x, y in zip(gr, first[1]))
+
+
+def test_runner_sets_the_kernels_once_per_process(monkeypatch):
+    """PLCQL_KERNELS=plain|fused is read by the runner's configure_process (not by an algorithm); any
+    other value is one line naming the variable."""
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.runner import KERNELS_ENV, configure_process
+
+    try:
+        monkeypatch.setenv(KERNELS_ENV, "plain")
+        configure_process("cpu")
+        assert not C.fused_default() and not _build("cfcql", CN).critic.fused
+        monkeypatch.setenv(KERNELS_ENV, "fused")
+        configure_process("cpu")
+        assert C.fused_default() and _build("cfcql", CN).critic.fused
+        monkeypatch.setenv(KERNELS_ENV, "fast")
+        with pytest.raises(BenchError, match="PLCQL_KERNELS: must be 'fused' or 'plain', got 'fast'"):
+            configure_process("cpu")
+    finally:
+        C.use_fused(True)

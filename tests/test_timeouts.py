@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import get_algorithm, make_config
-from plcql_bench.suite.episodes import EpisodeSampler
+from plcql_bench.datasets.episodes import EpisodeSampler
 
 from test_discrete_machinery import SPEC, ragged
 

@@ -5,7 +5,7 @@ loops are over time, in `td_lambda_targets`' backward recursion (the GRU runs ov
 sequence in one `nn.GRU` call). See docs/algorithms/discrete-machinery.md.
 
 Shapes: B episodes, T steps (T+1 observations, the last being the final next observation),
-n agents, A actions, S state size. `EpisodeBatch` is in algorithms/base.py.
+n agents, A actions, S state size. `EpisodeBatch` is in suite/core/batch.py.
 
 Public API
   masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.algorithms.common import discrete_fast as fast
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.protocol import Checkpointable
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 # Finite stand-in for log(0) in returned log-probabilities (exp() of it is exactly 0 in float32,
 # and 0 * NEG is 0, where 0 * -inf would be NaN).
@@ -151,6 +152,7 @@ class RNNAgent(nn.Module):
         self.fc1 = nn.Linear(obs_dim + n_actions + n_agents, hidden)
         self.rnn = nn.GRU(hidden, hidden, batch_first=True)
         self.fc2 = nn.Linear(hidden, n_actions)
+        self.fused = kernels.fused_default()  # the recurrence through kernels_discrete.fused_gru
 
     def init_hidden(self, batch: int) -> torch.Tensor:
         return self.fc1.weight.new_zeros(batch, self.n_agents, self.hidden)
@@ -165,7 +167,7 @@ class RNNAgent(nn.Module):
         """obs [B, L, n, o], last_onehot [B, L, n, A], h0 [B, n, H] (zeros if None)
         -> (outputs [B, L, n, A], last hidden state [B, n, H])."""
         B, L, n, _ = obs.shape
-        if fast.FUSED:  # time-major rows through discrete_fast.fused_gru (one member)
+        if self.fused:  # time-major rows through kernels_discrete.fused_gru (one member)
             H, rnn = self.hidden, self.rnn
             x = F.relu(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
             h = None if h0 is None else h0.reshape(1, B * n, H)
@@ -207,6 +209,7 @@ class QMixer(nn.Module):
         self.hyper_b1 = nn.Linear(state_dim, embed)
         self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet), nn.ReLU(), nn.Linear(hypernet, embed))
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+        self.fused = kernels.fused_default()  # counterfactuals through kernels_discrete
 
     def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """state [M, S] -> |W1| [M, n, E], b1 [M, 1, E], |W2| [M, E, 1], b2 [M, 1, 1]."""
@@ -238,7 +241,7 @@ class QMixer(nn.Module):
         Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents
         (`w` = weights(state) when the caller has them)."""
         lead, (n, A) = state.shape[:-1], q_all.shape[-2:]
-        if fast.FUSED:  # the [M, n, A, E] intermediate in cache-sized blocks (discrete_fast)
+        if self.fused:  # the [M, n, A, E] intermediate in cache-sized blocks (kernels_discrete)
             pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
             out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
             return out.reshape(*lead, n, A)
@@ -254,7 +257,7 @@ class QMixer(nn.Module):
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
                              w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-        """The inputs of the fused counterfactual kernels (discrete_fast) per state m: QMIX's first layer
+        """The inputs of the fused counterfactual kernels (kernels_discrete) per state m: QMIX's first layer
         at the data pre [M, E], the deltas q_all − q_taken [M, n, A], |W1| [M, n, E], |W2| [M, E], b2 [M, 1]."""
         n, A = q_all.shape[-2:]
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
@@ -388,11 +391,12 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
         """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`
         (see SMAX_REWARD_SCALE) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
-        counted as terminals (the references' convention, see above)."""
-        scale = float(getattr(self.cfg, "reward_scale", 1.0))
+        counted as terminals (the references' convention, see above). Only algorithms whose Config
+        declares both fields call it."""
+        scale = float(self.cfg.reward_scale)
         if scale != 1.0:
             batch = dataclasses.replace(batch, rewards=batch.rewards * scale)
-        if not getattr(self.cfg, "bootstrap_timeouts", False) and batch.timeouts is not None:
+        if not self.cfg.bootstrap_timeouts and batch.timeouts is not None:
             batch = dataclasses.replace(batch, terminals=torch.maximum(batch.terminals, batch.timeouts))
         return batch
 
@@ -403,8 +407,6 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
         self.n, self.A = spec.n_agents, spec.act_dim
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed))
         self.rounds = 0
-        if self.device.type == "cpu":
-            fast.keep_heap_memory()
 
     def build(self, offset: int, fn: Callable[[], nn.Module]) -> nn.Module:
         """fn() under `seeded(seed * 1000 + offset)`, moved to the device."""

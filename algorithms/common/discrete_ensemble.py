@@ -45,9 +45,10 @@ from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
     masked_softmax)
-from plcql_bench.algorithms.common import discrete_fast as fast
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class StackedRNNAgent(nn.Module):
@@ -69,6 +70,7 @@ class StackedRNNAgent(nn.Module):
         self.b_hh = st(lambda m: m.rnn.bias_hh_l0[None])  # [E, 1, 3H]
         self.fc2_w = st(lambda m: m.fc2.weight.t())  # [E, H, A]
         self.fc2_b = st(lambda m: m.fc2.bias[None])  # [E, 1, A]
+        self.fused = kernels.fused_default()  # the recurrence through kernels_discrete.fused_gru
 
     def init_hidden(self, batch: int) -> torch.Tensor:
         return self.fc1_w.new_zeros(self.n_members, batch, self.n_agents, self.hidden)
@@ -82,7 +84,7 @@ class StackedRNNAgent(nn.Module):
         eye = torch.eye(n, device=obs.device, dtype=obs.dtype).expand(B, L, n, n)
         x = torch.cat([obs, last_onehot, eye], -1).transpose(0, 1).reshape(1, L * B * n, -1)  # time-major rows
         x = F.relu(torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w))  # [E, L·B·n, H]
-        if fast.FUSED:  # the recurrence below as one Function (algorithms/common/discrete_fast.py)
+        if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
             h0r = None if h0 is None else h0.reshape(E, B * n, H)
             y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
             out = torch.baddbmm(self.fc2_b, y.view(E, L * B * n, H), self.fc2_w)
@@ -138,6 +140,7 @@ class StackedQMixer(nn.Module):
             layers = [getattr(m, attr) if idx is None else getattr(m, attr)[idx] for m in members]
             setattr(self, key + "_w", nn.Parameter(torch.stack([lin.weight.detach().t().clone() for lin in layers])))
             setattr(self, key + "_b", nn.Parameter(torch.stack([lin.bias.detach()[None].clone() for lin in layers])))
+        self.fused = kernels.fused_default()  # counterfactuals through kernels_discrete
 
     def _lin(self, key: str, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(getattr(self, key + "_b"), x, getattr(self, key + "_w"))
@@ -170,7 +173,7 @@ class StackedQMixer(nn.Module):
         """QMixer.counterfactual per member: q_all [E, *L, n, A], actions [*L, n], state [*L, S] -> [E, *L, n, A];
         `w` = weights(state) when the caller already has them."""
         E, lead, (n, A) = self.n_members, state.shape[:-1], q_all.shape[-2:]
-        if fast.FUSED:  # the [E, M, n, A, Em] intermediate in cache-sized blocks, never stored
+        if self.fused:  # the [E, M, n, A, Em] intermediate in cache-sized blocks, never stored
             pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
             out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
             return out.reshape(E, *lead, n, A)
@@ -186,7 +189,7 @@ class StackedQMixer(nn.Module):
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
                              w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-        """The inputs of the fused counterfactual kernels (discrete_fast), rows r = e·M + m: QMIX's first
+        """The inputs of the fused counterfactual kernels (kernels_discrete), rows r = e·M + m: QMIX's first
         layer at the data pre [R, Em], the deltas q_all − q_taken [R, n, A], |W1| [R, n, Em], |W2| [R, Em],
         b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
         E, (n, A) = self.n_members, q_all.shape[-2:]
@@ -291,12 +294,12 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
                                w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """mix_ens.counterfactual over rows [B·T] in blocks of ~cf_block_mb, each under activation
         checkpointing (its [E, rows, n, A, embed] intermediate is recomputed in the backward pass).
-        The fused kernel (discrete_fast.counterfactual_mix) blocks inside and takes all rows at once,
+        The fused kernel (kernels_discrete.counterfactual_mix) blocks inside and takes all rows at once,
         with the mixer weights `w` of these states when given."""
         E, B, T, n, A = q.shape
         M = B * T
         qf, af, sf = q.reshape(E, M, n, A), actions.reshape(M, n), state.reshape(M, -1)
-        if fast.FUSED:
+        if self.mix_ens.fused:
             return self.mix_ens.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
         per_row = E * n * A * self.cfg.mixing_embed * 4 * 3  # pre_cf, elu, product (bytes)
         rows = M if self.cfg.cf_block_mb <= 0 else max(1, int(self.cfg.cf_block_mb * 2 ** 20 // per_row))
@@ -315,7 +318,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
                         w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics (`w`: the online
         mixers' weights at the batch's states s_0..s_T-1, when the caller has them)."""
-        if fast.FUSED:  # mixer, λ and logsumexp in one cache-blocked pass (discrete_fast.cf_negative)
+        if self.mix_ens.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
             parts = self.mix_ens.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
@@ -348,7 +351,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
         # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
-        mix_w = self.mix_ens.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if fast.FUSED else None
+        mix_w = self.mix_ens.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix_ens.fused else None
         q_tot = self.mix_ens.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [E, B, T]
         y, info = self.compute_target(batch, q_all)
         pre = self.before_step(batch, q_all, info)

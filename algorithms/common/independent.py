@@ -16,20 +16,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.continuous import Actors, keep_freed_memory
+from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
-from plcql_bench.suite.spec import TaskSpec
-
-
-def omar_backbone(spec: TaskSpec) -> dict[str, Any]:
-    """OMAR main.py defaults (MPE) and its HalfCheetah override (§4.0)."""
-    if spec.task_id.startswith("mamujoco"):
-        return dict(hidden=256, batch_size=256, lr=3e-4, tau=0.005, gamma=0.99)
-    if spec.task_id.startswith("mpe"):
-        return dict(hidden=64, batch_size=1024, lr=0.01, tau=0.01, gamma=0.95)
-    return {}
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class IndepCritics(nn.Module):
@@ -41,6 +33,7 @@ class IndepCritics(nn.Module):
         self.n, self.T = n_agents, n_twins
         self.mlp = StackedMLP(n_twins * n_agents, obs_dim + act_dim, 1, hidden=hidden, input_norm=input_norm,
                               generator=generator)
+        self.fused = kernels.fused_default()  # OMAR's sampled actions through kernels.py (omar.py)
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor | None = None, twins: int | None = None,
                 frozen: bool = False) -> torch.Tensor:
@@ -108,53 +101,31 @@ class IndepCritics(nn.Module):
 
     def sampled_lse(self, obs: torch.Tensor, samples: torch.Tensor, offset: torch.Tensor, temp: float = 1.0
                     ) -> torch.Tensor:
-        """OMAR's CQL logsumexp, cache-blocked (continuous._BlockedLSE: forward and backward of each block
+        """OMAR's CQL logsumexp, cache-blocked (kernels.blocked_lse: forward and backward of each block
         of observations while it is in cache): obs [B, n, o], samples [B, R, n, A], offset [B, R, n]
-        -> [T·n]: mean over b of T·logsumexp_r((Q_e(o_i, a^r_i) - offset[b, r, i]) / T), member e = t·n + i."""
-        from plcql_bench.algorithms.common.continuous import _BlockedLSE
-
+        -> [T·n]: mean over b of T·logsumexp_r((Q_e(o_i, a^r_i) - offset[b, r, i]) / T), member e = t·n + i.
+        The plain statement is OMAR.critic_loss's non-fused branch (omar.py)."""
         B, R, n, _ = samples.shape
         h_s, w1a, a = self.split_first_layer(obs, samples)
         mlp, E = self.mlp, h_s.shape[0]
         off = offset.permute(2, 0, 1)[torch.arange(E, device=obs.device) % n].unsqueeze(2)  # [E, B, 1, R]
-        args = (h_s, w1a, mlp.hidden[1].weight, mlp.hidden[1].bias, mlp.out.weight, mlp.out.bias)
-        keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
-        w = h_s.new_ones(B, 1)
-        pol, _ = _BlockedLSE.apply(*args, a.detach(), off.detach().contiguous(), w, float(temp), keep)
+        pol, _ = kernels.blocked_lse(h_s, w1a, mlp.hidden[1].weight, mlp.hidden[1].bias, mlp.out.weight,
+                                     mlp.out.bias, a, off, h_s.new_ones(B, 1), temp)
         return pol
 
     @torch.no_grad()
     def sampled_q(self, obs: torch.Tensor, samples: torch.Tensor, twins: int = 1,
                   obs_part: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """Q of the first `twins` twins at R sampled actions per observation (no gradient), in blocks of
-        observations whose activations stay in cache: obs [B, n, o], samples [B, R, n, A] -> [twins, B, R, n]
-        (`obs_part`: self.obs_part(obs, those twins' members), shared by calls on the same observations)."""
-        from plcql_bench.algorithms.common.continuous import _add_relu_, block_bytes
-
+        observations whose activations stay in cache (kernels.blocked_trunk): obs [B, n, o], samples
+        [B, R, n, A] -> [twins, B, R, n] (`obs_part`: self.obs_part(obs, those twins' members), shared by
+        calls on the same observations)."""
         B, R, n, _ = samples.shape
         sl = slice(0, twins * n)
         h_s, w1a, a = self.split_first_layer(obs, samples, sl, obs_part)
         mlp = self.mlp
-        w2, b2, w3, b3 = mlp.hidden[1].weight[sl], mlp.hidden[1].bias[sl], mlp.out.weight[sl], mlp.out.bias[sl]
-        E, _, H = h_s.shape
-        nA = a.shape[1]
-        # as _BlockedLSE's forward: h1 carries a constant-1 column so b2 rides in the second GEMM
-        w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)
-        h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)
-        w2_ = torch.cat([w2, b2], 1)
-        w3t = w3.transpose(1, 2)
-        bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))
-        buf1, buf2 = h_s.new_empty(E * bs * R * (H + 1)), h_s.new_empty(E * bs * R * H)
-        q = h_s.new_empty(E, B * R)
-        for b0 in range(0, B, bs):
-            nb = min(B, b0 + bs) - b0
-            rows = nb * R
-            h1 = buf1[:E * rows * (H + 1)].view(E, rows, H + 1)
-            h2 = buf2[:E * rows * H].view(E, rows, H)
-            torch.bmm(a[b0 * R:b0 * R + rows].expand(E, rows, nA), w1a_, out=h1)
-            _add_relu_(h1.view(E, nb, R, H + 1), h_s_[:, b0:b0 + nb].unsqueeze(2))
-            torch.bmm(h1, w2_, out=h2).relu_()
-            q[:, b0 * R:b0 * R + rows] = torch.baddbmm(b3, w3t, h2.transpose(1, 2)).view(E, rows)  # GEMV, row-major h2
+        q = kernels.blocked_trunk(h_s, w1a, mlp.hidden[1].weight[sl], mlp.hidden[1].bias[sl], mlp.out.weight[sl],
+                                  mlp.out.bias[sl], a)  # [E', B·R]
         return q.view(twins, n, B, R).permute(0, 2, 3, 1)
 
 
@@ -167,13 +138,13 @@ class IndependentBase(Checkpointable, DeterministicActors):
     use_value = False  # IQL: an extra V_i(o_i)
     use_target_actors = True
 
-    # Keys taken from OMAR's per-domain backbone settings (None = all of them); the rest of an
-    # algorithm's config comes from its own table in algorithms/configs/<name>.yaml.
+    # Keys taken from the backbone's per-domain settings (configs/omar_backbone.yaml; None = all of them); the
+    # rest of an algorithm's config comes from its own table in algorithms/configs/<name>.yaml.
     backbone_keys: ClassVar[tuple[str, ...] | None] = ("hidden", "batch_size", "gamma")
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        bb = omar_backbone(spec)
+        bb = tier_table("omar_backbone", spec, tier)
         keys = bb if cls.backbone_keys is None else cls.backbone_keys
         return {**{k: bb[k] for k in keys if k in bb}, **tier_table(cls.name, spec, tier)}
 
@@ -182,8 +153,6 @@ class IndependentBase(Checkpointable, DeterministicActors):
             raise ValueError(f"{self.name} is for continuous actions; task {spec.task_id} is discrete")
         self.spec, self.cfg, self.seed, self.device = spec, config, seed, torch.device(device)
         self.n, self.A = spec.n_agents, spec.act_dim
-        if self.device.type == "cpu":
-            keep_freed_memory()
         g = torch.Generator().manual_seed(int(seed))
         c = config
         self.actors = Actors(self.n, spec.obs_dim, self.A, c.hidden, c.input_norm, g)
@@ -197,9 +166,9 @@ class IndependentBase(Checkpointable, DeterministicActors):
         hard_update_(self.target_actors, self.actors)
         hard_update_(self.target_critic, self.critic)
         self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=c.lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         if self.use_value:
-            self.value_opt = torch.optim.Adam(self.value.parameters(), lr=getattr(c, "critic_lr", None) or c.lr)
+            self.value_opt = torch.optim.Adam(self.value.parameters(), lr=c.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
         self.rounds = 0
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
-from plcql_bench.suite.spec import TaskSpec
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 class SyntheticBuffer:
@@ -50,7 +50,7 @@ def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, dev
     """An EpisodeSampler over random SMAX-shaped episodes of the task's episode limit (for timing
     episode-batch algorithms: every batch is padded to the full limit, the worst case)."""
     from plcql_bench.datasets.format import synthetic_dataset
-    from plcql_bench.suite.episodes import EpisodeSampler
+    from plcql_bench.datasets.episodes import EpisodeSampler
 
     arrays, _ = synthetic_dataset(spec, n_episodes=n_episodes, episode_len=spec.episode_limit, seed=seed)
     return EpisodeSampler(arrays, seed, device)
@@ -147,9 +147,9 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
 def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], Any] | None]], spec: TaskSpec,
                   rounds: int = 20, warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall",
                   batch_size: int | None = None) -> dict[str, list[float]]:
-    """`time_interleaved` for labelled variants {label: (algorithm, overrides, context)}: each round of
-    a variant runs inside `context()` when one is given (e.g. discrete_fast.plain_kernels, to time the
-    plain kernels against the fused ones of the same algorithm)."""
+    """`time_interleaved` for labelled variants {label: (algorithm, overrides, context)}: a variant is
+    built and each of its rounds runs inside `context()` when one is given (e.g. kernels.fused_kernels(False),
+    to time the plain torch path against the fused kernels of the same algorithm)."""
     labels = list(variants)
     algos, contexts = {}, {}
     buf = make_buffer(get_algorithm(variants[labels[0]][0], discrete=spec.discrete), spec, 100_000, device, seed)
@@ -158,9 +158,10 @@ def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], An
         ov = dict(overrides)
         if batch_size is not None:
             ov[batch_field(cls)] = batch_size
-        torch.manual_seed(seed)
-        algos[label] = cls(spec, timing_config(cls, ov), seed, device)
         contexts[label] = context or contextlib.nullcontext
+        torch.manual_seed(seed)
+        with contexts[label]():
+            algos[label] = cls(spec, timing_config(cls, ov), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {n: [] for n in labels}
     timer = time.process_time if clock == "cpu" else time.perf_counter

@@ -43,7 +43,7 @@ from functools import partial
 
 import numpy as np
 
-from plcql_bench.suite.spec import Step, Task, TaskSpec
+from plcql_bench.suite.core.spec import Step, Task, TaskSpec
 
 TASK_ID = "mamujoco-halfcheetah-2x3"
 EPISODE_LIMIT = 1000
@@ -96,7 +96,7 @@ def layout(env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class MaMuJoCoEnv:
-    """B Half-Cheetah 2x3 envs in lockstep (implements suite.spec.BatchedEnv)."""
+    """B Half-Cheetah 2x3 envs in lockstep (implements suite.core.spec.BatchedEnv)."""
 
     def __init__(self, spec: TaskSpec, num_envs: int, backend: str = "mujoco"):
         if backend not in BACKENDS:

@@ -52,7 +52,7 @@ from typing import Callable
 import numpy as np
 
 from plcql_bench.suite.envs import prey as prey_mod
-from plcql_bench.suite.spec import Step, Task, TaskSpec
+from plcql_bench.suite.core.spec import Step, Task, TaskSpec
 
 EPISODE_LIMIT = 25
 DT, DAMPING = 0.1, 0.25
@@ -298,7 +298,7 @@ class Mpe2Physics:
 
 
 class MPEEnv:
-    """B MPE envs in lockstep (implements suite.spec.BatchedEnv)."""
+    """B MPE envs in lockstep (implements suite.core.spec.BatchedEnv)."""
 
     def __init__(self, spec: TaskSpec, sc: Scenario, num_envs: int, backend: str = "numpy",
                  physics: str = "omar", prey: PreyFn | None = None):

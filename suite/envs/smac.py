@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from plcql_bench.suite.spec import Step, Task, TaskSpec
+from plcql_bench.suite.core.spec import Step, Task, TaskSpec
 
 EPISODE_LIMITS = {"2s3z": 120, "3s_vs_5z": 250, "5m_vs_6m": 70, "6h_vs_8z": 150}
 TIERS = ("medium", "medium-replay", "expert", "mixed")
@@ -88,7 +88,7 @@ def convert_step(reward, terminated, info: dict) -> tuple[float, bool, bool, boo
 
 
 class SmacEnv:
-    """B real SMAC envs (implements suite.spec.BatchedEnv). See the module docstring."""
+    """B real SMAC envs (implements suite.core.spec.BatchedEnv). See the module docstring."""
 
     def __init__(self, spec: TaskSpec, map_name: str, num_envs: int,
                  env_factory: Callable[..., Any] | None = None):

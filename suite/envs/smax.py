@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from plcql_bench.suite.spec import Step, Task, TaskSpec
+from plcql_bench.suite.core.spec import Step, Task, TaskSpec
 
 # SMAC's episode limits (smac/env/starcraft2/maps/smac_maps.py).
 EPISODE_LIMITS = {"2s3z": 120, "3s_vs_5z": 250, "5m_vs_6m": 70, "6h_vs_8z": 150}
@@ -231,7 +231,7 @@ def _jitted(map_name: str, episode_limit: int | None = None):
 
 
 class SmaxEnv:
-    """B SMAX envs in lockstep (implements suite.spec.BatchedEnv); jitted, vmapped step."""
+    """B SMAX envs in lockstep (implements suite.core.spec.BatchedEnv); jitted, vmapped step."""
 
     def __init__(self, spec: TaskSpec, map_name: str, num_envs: int,
                  episode_limit: int | None = None):
@@ -308,50 +308,6 @@ def make_spec(map_name: str) -> TaskSpec:
     )
 
 
-def _behaviour(task_id: str, tier: str):
-    """datasets/build.py hook: the Behaviour generating (task, tier) from the committed MAPPO
-    checkpoints (datasets/smax_behaviour.py), or None when there is no card yet."""
-    from plcql_bench.datasets import smax_behaviour as sb
-    from plcql_bench.datasets.behaviour import Behaviour
-
-    if tier not in TIERS:
-        return None
-    try:
-        card = sb.read_card(task_id)
-    except FileNotFoundError:
-        return None
-    return Behaviour(sb.policy_id(card, tier), lambda rng: tier,
-                     f"MAPPO checkpoints, {tier} (see docs/smax.md)")
-
-
-def _collect(task: Task, behaviour, seeds: np.ndarray, rng) -> dict[str, np.ndarray]:
-    """datasets/build.py hook: vmap + scan collection; adds episode_won [E]. Runs in
-    ``PLCQL_SMAX_WORKERS`` processes (default 1; `datasets build --workers N` sets it), which
-    changes the dataset for mixed/medium-replay and may change it in the last bits otherwise
-    (see docs/smax.md)."""
-    from plcql_bench.datasets.smax_collect import collect_smax_tier, workers_from_env
-
-    arrays, meta, _ = collect_smax_tier(task.spec.task_id, behaviour.make(rng), seeds,
-                                        workers=workers_from_env())
-    arrays["episode_won"] = meta["won"]
-    return arrays
-
-
-def _bench(task: Task, episodes: int, workers: int = 1) -> dict[str, float]:
-    """`datasets bench` hook: random-policy collection speed, compile excluded
-    (smax_collect.bench); returns its result for this map."""
-    from plcql_bench.datasets.smax_collect import bench
-
-    return bench([task.extras["map_name"]], episodes, log=None, workers=workers)[task.spec.task_id]
-
-
-def _references() -> dict[str, float]:
-    return {"random": float("nan"), "expert": float("nan")}  # win-rate task: no normalisation
-
-
 def make_task(map_name: str) -> Task:
     spec = make_spec(map_name)
-    return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name),
-                extras={"map_name": map_name,
-                        "behaviours": partial(_behaviour, spec.task_id),
-                        "collect": _collect, "references": _references, "bench": _bench})
+    return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name), extras={"map_name": map_name})

@@ -12,8 +12,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from plcql_bench.suite.errors import BenchError
-from plcql_bench.suite.validate import check_algo_overrides, did_you_mean, is_int, known_task_ids, unknown_key
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.validate import ConfigError, config_fields, did_you_mean, field_problem, is_int, unknown_key
+from plcql_bench.suite.tasks import known_task_ids
 
 
 @dataclass(frozen=True)
@@ -231,3 +232,27 @@ def _parse(raw: Any, source: str) -> Profile:
         source=source,
         algo_overrides=check_algo_overrides(raw.get("algo_overrides"), source),
     )
+
+
+def check_algo_overrides(values: Any, where: str, path: str = "algo_overrides.") -> dict[str, Any]:
+    """A profile's ``algo_overrides``: a mapping whose keys are config fields of at least one
+    algorithm (it applies to those that have the field) and whose values are valid for each of them."""
+    from plcql_bench.algorithms.base import all_algorithm_classes  # imports torch: only when checked
+
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: {path.rstrip('.')}: must be a mapping of config field -> value, "
+                          f"got {type(values).__name__}")
+    owners: dict[str, list[type]] = {}
+    for cls in all_algorithm_classes():
+        for name in config_fields(cls):
+            owners.setdefault(name, []).append(cls)
+    for key, value in values.items():
+        if key not in owners:
+            raise unknown_key(where, str(key), owners, what="not a config field of any algorithm", path=path)
+        for cls in owners[key]:
+            problem = field_problem(key, config_fields(cls)[key], value)
+            if problem:
+                raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
+    return dict(values)

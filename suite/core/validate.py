@@ -8,7 +8,6 @@ changes a valid value (an int stays an int where a float is expected), so a vali
 to the same run key as before validation existed.
 
     check_config(cls, values, where)       every field known to cls.Config, of its type and range
-    check_algo_overrides(values, where)    a profile's algo_overrides: fields some algorithm has
     did_you_mean(name, choices)            " (did you mean 'x'?)" or ""
 """
 
@@ -21,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 
 class ConfigError(BenchError):
@@ -166,41 +165,3 @@ def check_config(cls: type, values: dict[str, Any], where: str, path: str = "") 
         problem = field_problem(key, known[key], value)
         if problem:
             raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
-
-
-def known_task_ids() -> list[str]:
-    """Task ids a config table may name: the registered tasks and their StarCraft II (smac-) twins."""
-    from plcql_bench.suite.tasks import task_ids
-
-    ids = task_ids()
-    return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
-
-
-def all_algorithm_classes() -> list[type]:
-    """Every registered implementation (both action kinds, variants included)."""
-    from plcql_bench.algorithms.base import IMPLEMENTATIONS, load_all
-
-    load_all()
-    return list(dict.fromkeys(c for reg in IMPLEMENTATIONS.values() for c in reg.values()))
-
-
-def check_algo_overrides(values: Any, where: str, path: str = "algo_overrides.") -> dict[str, Any]:
-    """A profile's ``algo_overrides``: a mapping whose keys are config fields of at least one
-    algorithm (it applies to those that have the field) and whose values are valid for each of them."""
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: {path.rstrip('.')}: must be a mapping of config field -> value, "
-                          f"got {type(values).__name__}")
-    owners: dict[str, list[type]] = {}
-    for cls in all_algorithm_classes():
-        for name in config_fields(cls):
-            owners.setdefault(name, []).append(cls)
-    for key, value in values.items():
-        if key not in owners:
-            raise unknown_key(where, str(key), owners, what="not a config field of any algorithm", path=path)
-        for cls in owners[key]:
-            problem = field_problem(key, config_fields(cls)[key], value)
-            if problem:
-                raise ConfigError(f"{where}: {path}{key}: {problem} ({cls.name} config)")
-    return dict(values)

@@ -20,69 +20,20 @@ in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
               recomputed in backward instead of stored.
   cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
               blocks, the gradient computed in forward while the block is in cache (no recomputation).
-  keep_heap_memory
-              large allocations from the heap, freed memory kept (no per-round page faults).
+  (the allocator: kernels.large_allocations_from_heap, set once per process by the runner for discrete
+  tasks on CPU: serving the round's large tensors from the heap avoids ~3 million page faults per round)
 
-`FUSED` switches all of them on (default) or off (the plain paths: `plain_kernels()` in the tests and
-in `bench-speed --compare-plain`). None is part of an algorithm's config, so run keys do not change.
+The switch is the one in kernels.py (`use_fused`, the runner's PLCQL_KERNELS): each network reads it
+when it is built (the `fused` attribute of RNNAgent, QMixer, StackedRNNAgent, StackedQMixer) and takes
+its plain torch path (discrete.py, discrete_ensemble.py) when it is off. Not part of an algorithm's config, so run keys do not change.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 import torch.nn.functional as F
 
-FUSED = True
 BLOCK_BYTES = 1 << 20  # counterfactual_mix: bytes of [rows, n, A, embed] intermediate per block
-
-
-@contextlib.contextmanager
-def plain_kernels(plain: bool = True) -> Iterator[None]:
-    """Run the plain (autograd) paths inside the block, with glibc's default large-allocation
-    behaviour (see `keep_heap_memory`): the code as it was before the fused paths."""
-    global FUSED
-    old, FUSED = FUSED, not plain
-    _set_heap_only(_HEAP_ONLY and not plain)
-    try:
-        yield
-    finally:
-        FUSED = old
-        _set_heap_only(_HEAP_ONLY and FUSED)
-
-
-# --------------------------------------------------------------------------------------------
-# Memory: glibc mmaps every allocation above 32 MiB and unmaps it on free, so each of the round's
-# large tensors (a [10, 77440, 192] GRU gate tensor is 595 MB) is faulted in page by page on every
-# round: ~3 million page faults, ~40 % of a PLCQL round's CPU time on smax-2s3z. Serving them from
-# the heap (M_MMAP_MAX = 0) and never trimming it (keep_freed_memory) reuses the same pages from
-# round to round. The process keeps its peak memory; requests the heap cannot grow for still fall
-# back to mmap inside glibc.
-
-_HEAP_ONLY = False
-_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
-
-
-def _set_heap_only(on: bool) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
-    except (OSError, AttributeError):
-        pass
-
-
-def keep_heap_memory() -> None:
-    """Large allocations from the heap, freed memory kept (process-wide, idempotent, CPU only;
-    nothing where glibc is not available). Called by the discrete algorithms' constructors."""
-    global _HEAP_ONLY
-    from plcql_bench.algorithms.common.continuous import keep_freed_memory
-
-    keep_freed_memory()
-    _HEAP_ONLY = True
-    _set_heap_only(FUSED)
 
 
 class _Pool:
@@ -326,7 +277,7 @@ class _CFNegative(torch.autograd.Function):
     λ from cf (detached, `cf_lambda`'s formula). Each row depends only on its own inputs, so the gradient
     of neg[r] for an upstream gradient of 1 is computed in forward, block by block, while the block's
     [rows, n, A, embed] activations are in cache (no recomputation), and backward scales it by each
-    row's upstream gradient (as continuous._BlockedLSE). d neg / d cf = λ_i · softmax_avail(cf_i).
+    row's upstream gradient (as kernels._BlockedLSE). d neg / d cf = λ_i · softmax_avail(cf_i).
     The per-block softmax, logsumexp and λ share one exp pass (few ops: they run once per block)."""
 
     @staticmethod

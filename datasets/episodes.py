@@ -3,7 +3,7 @@
 The dataset stores transitions episode by episode (docs/dataset-format.md). `EpisodeSampler`
 rearranges them once into an episode-major flat store with one extra row per episode (the final
 next observation / state / availability), and each call draws B episodes and pads them into an
-`EpisodeBatch` (algorithms/base.py) of length T = the longest episode in the batch, as PyMARL
+`EpisodeBatch` (suite/core/batch.py) of length T = the longest episode in the batch, as PyMARL
 truncates its padded batches to the longest filled episode. Padding is zeros, mask 0, and no
 available action.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.batch import EpisodeBatch
+from plcql_bench.suite.core.errors import BenchError
 
 
 class EpisodeSampler:

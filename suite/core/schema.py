@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from plcql_bench.suite.errors import BenchError
+from plcql_bench.suite.core.errors import BenchError
 
 __all__ = [
     "RESULT_SCHEMA_VERSION", "RecordError", "RunRecord", "Damaged", "DamagedResults", "run_key_of",

@@ -1,0 +1,402 @@
+"""Fused and cache-blocked CPU kernels for the continuous critics (`EnsembleCritic` in continuous.py,
+OMAR's `IndepCritics` in independent.py), behind a switch: the plain torch code in continuous.py,
+cfcql.py, independent.py and omar.py states the math, these compute the same numbers (up to float
+summation order) with less memory traffic. The discrete networks' kernels are in kernels_discrete.py,
+behind the same switch.
+
+    _FusedTrunk   the critic from the first layer's action part on, with a hand-written in-place backward
+    _BlockedLSE   the CF-CQL penalty's critic part, forwarded and backpropagated block by block of states
+                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
+    _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
+    keep_freed_memory, large_allocations_from_heap
+                  the glibc allocator settings the runner makes once per process (suite/runner.py)
+
+Switch: `use_fused(False)` (the runner: PLCQL_KERNELS=plain; `fused_kernels(False)` for a block) makes
+every network built afterwards take the plain path. On by default: on CPU the fused path is the faster
+one (docs/algorithms/cfcql.md "Speed", docs/algorithms/discrete-machinery.md "Fused kernels"); it is
+what every committed result ran with. Not part of the run key, like the device and the thread count,
+which also move the last bits. tests/test_speed_equivalence.py, tests/test_omar_fast.py and
+tests/test_discrete_fast.py check every kernel against a plain-autograd reference and the plain path of
+the algorithms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+_FUSED = True
+
+
+def use_fused(on: bool) -> None:
+    """Critics built after this call take the fused kernels (True) or the plain torch path (False)."""
+    global _FUSED
+    _FUSED = bool(on)
+
+
+def fused_default() -> bool:
+    return _FUSED
+
+
+@contextlib.contextmanager
+def fused_kernels(on: bool) -> Iterator[None]:
+    """`use_fused(on)` inside the block, the previous choice restored after it: networks built inside
+    take the fused (True) or plain (False) path for their lifetime (tests, `bench-speed --compare-plain`)."""
+    old = _FUSED
+    use_fused(on)
+    try:
+        yield
+    finally:
+        use_fused(old)
+
+
+# --------------------------------------------------------------------------------------------
+# The critic trunk
+# --------------------------------------------------------------------------------------------
+
+
+class _FusedTrunk(torch.autograd.Function):
+    """The critic from the first layer's action part on, for R joint actions per state, with a
+    hand-written backward that works in place on the saved activations.
+
+        h1 = relu(a @ W1a + h_s[state of the row])      [E, B*R, H]
+        h2 = relu(h1 @ W2 + b2)                          [E, B*R, H]
+        q  = h2 @ w3 + b3                                [E, B*R]
+
+    a [B*R, nA] (rows grouped by state: row b*R + r belongs to state b), h_s [E, B, H] (the state
+    part of the first layer, bias included). Mathematically the same graph as autograd's; the
+    differences are in memory traffic, which dominates on CPU for the CF-CQL term's large
+    [E, B*R, H] activations:
+      * forward: the broadcast add and both ReLUs are in place (no copies);
+      * backward: the ReLU masks are taken in place from the saved post-ReLU activations
+        (sign_() of a ReLU output is its 0/1 derivative), and the output layer's weight w3 is folded
+        into the small [H, H] matrices instead of being multiplied into the big gradient:
+        dh2 = m2 * g * w3^T  =>  dW2 = (h1^T (m2 * g)) * w3^T and dh1 = (m2 * g) @ (W2 * w3^T)^T.
+    The saved activations are overwritten by backward, so the graph can be backpropagated once
+    (no retain_graph / double backward), which is all the algorithms do.
+    """
+
+    @staticmethod
+    def forward(ctx, h_s, a, w1a, w2, b2, w3, b3, keep):
+        E, B, H = h_s.shape
+        BR = a.shape[0]
+        h1 = _WORKSPACE.take((E, BR, H), h_s)
+        torch.matmul(a, w1a, out=h1)  # [E, BR, H]
+        h1.view(E, B, BR // B, H).add_(h_s.unsqueeze(2))
+        h1.relu_()
+        h2 = torch.baddbmm(b2, h1, w2, out=_WORKSPACE.take((E, BR, H), h_s)).relu_()
+        # [E, 1, H] @ [E, H, BR]: a batched GEMV laid out so that MKL streams h2 row-major
+        # (h2 @ w3 as [E, BR, H] @ [E, H, 1] is ~4x slower on CPU)
+        q = torch.baddbmm(b3, w3.transpose(1, 2), h2.transpose(1, 2))  # [E, 1, BR]
+        if keep:  # a backward will come (decided by the caller: inside forward grad mode is off)
+            ctx.save_for_backward(a, w1a, w2, w3, h1, h2)
+            ctx.B = B
+        else:  # no backward will come: the activations go straight back to the pool
+            _WORKSPACE.give(h1, h2)
+        return q.view(E, BR)
+
+    @staticmethod
+    def backward(ctx, gq):
+        if getattr(ctx, "done", False):
+            raise RuntimeError("the fused critic trunk frees its activations in backward: no retain_graph")
+        ctx.done = True
+        a, w1a, w2, w3, h1, h2 = ctx.saved_tensors
+        E, BR, H = h1.shape
+        need = ctx.needs_input_grad
+        g3 = gq.reshape(E, BR, 1)
+        # dW3 = h2^T g as (g^T h2)^T: [E, 1, BR] @ [E, BR, H] (h2^T @ g is ~10x slower on CPU)
+        dw3 = torch.bmm(g3.transpose(1, 2), h2).transpose(1, 2) if need[5] else None
+        db3 = gq.sum(1).view(E, 1, 1) if need[6] else None
+        w3t = w3.transpose(1, 2)  # [E, 1, H]
+        m2 = h2.sign_()  # the ReLU derivative, in place
+        # db2 = sum_r m2 * g * w3^T = (g^T m2) * w3^T: a GEMV (faster than a column sum)
+        db2 = torch.bmm(g3.transpose(1, 2), m2).mul_(w3t) if need[4] else None
+        d2 = m2.mul_(g3)  # m2 * g ; the true dh2 is d2 * w3^T
+        dw2 = torch.bmm(h1.transpose(1, 2), d2).mul_(w3t) if need[3] else None
+        dh1 = torch.bmm(d2, (w2 * w3t).transpose(1, 2), out=_WORKSPACE.take((E, BR, H), h1))  # [E, BR, H]
+        dh1.mul_(h1.sign_())
+        dw1a = torch.matmul(a.t(), dh1) if need[2] else None
+        dh_s = dh1.view(E, ctx.B, BR // ctx.B, H).sum(2) if need[0] else None
+        da = torch.matmul(dh1, w1a.transpose(1, 2)).sum(0) if need[1] else None
+        _WORKSPACE.give(h1, h2, dh1)
+        return dh_s, da, dw1a, dw2, db2, dw3, db3, None
+
+def fused_trunk(h_s, a, w1a, w2, b2, w3, b3) -> torch.Tensor:
+    """q [E, B*R] = relu(relu(a @ w1a + h_s[state of the row]) @ w2 + b2) @ w3 + b3 (see `_FusedTrunk`)."""
+    args = (h_s, a, w1a, w2, b2, w3, b3)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    return _FusedTrunk.apply(*args, keep)
+
+
+# --------------------------------------------------------------------------------------------
+# The CF-CQL penalty's critic part
+# --------------------------------------------------------------------------------------------
+
+
+BLOCK_BYTES = 3 << 20  # target size of one [E, rows, H] activation block of `_BlockedLSE` (tuned on CN:
+# flat between 1 and 4 MiB for E = 2, best near 3 MiB for E = 10; 8 MiB and more spill the cache)
+# On a GPU the blocks only multiply kernel launches (CN: ~80 blocks x ~12 kernels per critic update);
+# one block of the whole batch takes ~0.7 GB at the paper's CN sizes (E 10, 90 candidates, hidden 64).
+GPU_BLOCK_BYTES = 2 << 30
+
+
+def block_bytes(device: torch.device) -> int:
+    return BLOCK_BYTES if device.type == "cpu" else GPU_BLOCK_BYTES
+
+
+def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x <- relu(x + y) in one pass (aten's fused _add_relu_ where available; bitwise the same)."""
+    op = getattr(torch.ops.aten, "_add_relu_", None)
+    if op is not None:
+        try:
+            return op.Tensor(x, y)
+        except (RuntimeError, AttributeError):
+            pass
+    return x.add_(y).relu_()
+
+
+class _BlockedLSE(torch.autograd.Function):
+    """pol_j = mean_b sum_g w[b, g] * T * logsumexp_m(z_j[b, g, m] / T), z = critic trunk output - off,
+    forwarded AND backpropagated block by block of states while the block's activations are in cache.
+
+    Inputs as `_FusedTrunk` (h_s [E, B, H] with bias, w1a, w2, b2, w3, b3) plus a [B*R, nA] (rows grouped
+    by state, no gradient), off [B, G, M] (or [E, B, G, M]: per member) or None, w [B, G], T. Every pol_j
+    depends only on member j's parameters and is a mean over states of per-state terms that depend only on
+    that state's rows, so the gradient of pol_j with respect to member j's parameters is a sum over state blocks of the blocks'
+    gradients, and dpol_j/dh_s[j, b] depends only on block(b)'s forward. These gradients (for an upstream
+    gradient of 1 per member) are computed inside forward, block by block, and backward scales them by
+    the upstream gradient of each member: the same numbers as autograd through the full [E, B*R, H]
+    graph up to float summation order, without ever holding (or re-reading from memory) the full
+    activations. The per-block backward is `_FusedTrunk`'s (in-place ReLU masks, w3 folded into the
+    [H, H] matrices); d/dz of T*lse(z/T) is softmax_m(z/T). Checked against a plain-autograd reference
+    in tests/test_speed_equivalence.py.
+    """
+
+    @staticmethod
+    def forward(ctx, h_s, w1a, w2, b2, w3, b3, a, off, w, T, keep):
+        E, B, H = h_s.shape
+        G = w.shape[1]
+        nA = a.shape[1]
+        R = a.shape[0] // B
+        M = R // G
+        bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))  # states per block
+        rows_max = bs * R
+        # h1 carries a constant-1 column (H + 1 columns): the second layer's bias rides in its GEMM
+        # (h1' @ [W2; b2]) instead of a pass that pre-fills h2 with b2, and in backward h1'^T d2 gives
+        # [dW2; db2] in one GEMM. The column comes from the first layer: a @ [W1a, 0] + [h_s, 1].
+        H1 = H + 1
+        w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)  # [E, nA, H + 1]
+        h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)  # [E, B, H + 1]
+        w2_ = torch.cat([w2, b2], 1)  # [E, H + 1, H]
+        buf1 = h_s.new_empty(E * rows_max * H1)
+        buf2 = h_s.new_empty(E * rows_max * H)
+        buf3 = torch.empty_like(buf2) if keep else None
+        z_all = h_s.new_empty(E, B, G, M)  # z = Q - off, all states (small)
+        wB = (w * (1.0 / B)).unsqueeze(-1)  # [B, G, 1]: d pol / d (T lse)
+        w3t = w3.transpose(1, 2)  # [E, 1, H]
+        if keep:
+            dh_s = torch.empty_like(h_s)
+            dw1a = torch.zeros_like(w1a)
+            gw2 = h_s.new_zeros(E, H1, H)  # h1'^T (m2 * g) = [dW2; db2] / w3^T
+            dw3t = h_s.new_zeros(E, 1, H)
+            w23t = (w2 * w3t).transpose(1, 2)  # (W2 * w3^T)^T
+        relu_bwd = torch.ops.aten.threshold_backward.grad_input  # (x > 0) * g, written into grad_input
+        for b0 in range(0, B, bs):
+            b1_ = min(B, b0 + bs)
+            nb = b1_ - b0
+            rows = nb * R
+            a_c = a[b0 * R:b1_ * R].expand(E, rows, nA)
+            h1 = buf1[:E * rows * H1].view(E, rows, H1)
+            h2 = buf2[:E * rows * H].view(E, rows, H)
+            torch.bmm(a_c, w1a_, out=h1)
+            _add_relu_(h1.view(E, nb, R, H1), h_s_[:, b0:b1_].unsqueeze(2))
+            torch.bmm(h1, w2_, out=h2).relu_()
+            z = z_all[:, b0:b1_]
+            # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
+            torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
+            if off is not None:
+                z.sub_(off[..., b0:b1_, :, :])  # off [B, G, M], or [E, B, G, M] per member
+            if not keep:
+                continue
+            # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
+            gq = torch.softmax(z if T == 1.0 else z / T, dim=-1).mul_(wB[b0:b1_])
+            g3 = gq.view(E, rows, 1)
+            dw3t.baddbmm_(gq.view(E, 1, rows), h2)
+            d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
+            gw2.baddbmm_(h1.transpose(1, 2), d2)
+            dh1 = buf3[:E * rows * H].view(E, rows, H)
+            torch.bmm(d2, w23t, out=dh1)
+            relu_bwd(dh1, h1[:, :, :H], 0, grad_input=dh1)
+            dw1a.baddbmm_(a_c.transpose(1, 2), dh1)
+            torch.sum(dh1.view(E, nb, R, H), 2, out=dh_s[:, b0:b1_])
+        lse = torch.logsumexp(z_all if T == 1.0 else z_all / T, dim=-1)  # [E, B, G]
+        pol = (lse * w).sum((1, 2)) * (T / B)
+        zsum = z_all.sum((1, 2, 3))
+        if keep:
+            db3 = wB.sum().expand(E, 1, 1)  # sum of d pol / d z over rows = sum_b,g w / B (softmax sums to 1)
+            gw2.mul_(w3t)
+            ctx.save_for_backward(dh_s, dw1a, gw2[:, :H], gw2[:, H:], dw3t.transpose(1, 2), db3)
+        ctx.mark_non_differentiable(zsum)
+        return pol, zsum
+
+    @staticmethod
+    def backward(ctx, gpol, gzsum):
+        dh_s, dw1a, dw2, db2, dw3, db3 = ctx.saved_tensors
+        gv = gpol.view(-1, 1, 1)
+        need = ctx.needs_input_grad
+        return (dh_s * gv if need[0] else None, dw1a * gv if need[1] else None,
+                dw2 * gv if need[2] else None, db2 * gv if need[3] else None,
+                dw3 * gv if need[4] else None, db3 * gv if need[5] else None,
+                None, None, None, None, None)
+
+def blocked_lse_penalty(critic, state: torch.Tensor, actions: torch.Tensor, n_groups: int,
+                        offset: torch.Tensor | None, weights: torch.Tensor, temp: float = 1.0,
+                        members: slice | None = None, state_part: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CF-CQL term's critic part, cache-blocked over states (`_BlockedLSE`).
+
+    state [B, S], actions [B, G * M, nA] (G = n_groups groups of M candidates per state, no gradient),
+    offset [B, G, M] or None (subtracted from Q), weights [G] or [B, G]. With z = Q_j(s, a) - offset:
+        pol_j = mean_b sum_g weights_g * T * logsumexp_m(z / T)              -> [E']
+    Returns pol [E'] and the sum of z over all rows [E'] (detached, for diagnostics): the same value and
+    gradients as evaluating `critic(state, actions, members)` and reducing with autograd (the plain path
+    in cfcql.py: `cf_cql_penalty`), but every activation block is forwarded and backpropagated while it
+    is in cache."""
+    B, R, nA = actions.shape
+    sl = members if members is not None else slice(None)
+    h_s, a, w1_a = critic.first_layer(state, actions.reshape(B * R, nA), sl, fold_actions=True,
+                                      state_part=state_part)
+    P = critic.member_params(sl, False)
+    args = (h_s, w1_a, P["l2.weight"], P["l2.bias"], P["l3.weight"], P["l3.bias"])
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    w = weights.detach().to(h_s.dtype).expand(B, n_groups).contiguous()
+    off = None if offset is None else offset.detach().to(h_s.dtype).reshape(B, n_groups, R // n_groups)
+    return _BlockedLSE.apply(*args, a.detach(), off, w, float(temp), keep)
+
+
+def blocked_lse(h_s: torch.Tensor, w1a: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, w3: torch.Tensor,
+                b3: torch.Tensor, a: torch.Tensor, offset: torch.Tensor | None, weights: torch.Tensor,
+                temp: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_BlockedLSE` on a first layer already split (h_s [E, B, H] with bias, w1a [E, nA, H], a [B*R, nA]),
+    for critics other than EnsembleCritic (OMAR's per-agent critics, independent.py: `sampled_lse`).
+    offset [B, G, M] or [E, B, G, M] (per member), weights [B, G]. Returns pol [E] and sum z [E]."""
+    args = (h_s, w1a, w2, b2, w3, b3)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    off = None if offset is None else offset.detach().to(h_s.dtype).contiguous()
+    return _BlockedLSE.apply(*args, a.detach(), off, weights.detach().to(h_s.dtype).contiguous(), float(temp),
+                             keep)
+
+
+@torch.no_grad()
+def blocked_trunk(h_s: torch.Tensor, w1a: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, w3: torch.Tensor,
+                  b3: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """q [E, B*R] of the critic trunk (as `fused_trunk`) without gradient, in blocks of states whose
+    activations stay in cache (as `_BlockedLSE`'s forward): OMAR's zeroth-order search evaluates Q_1 at
+    many sampled actions per observation and keeps only the values."""
+    E, B, H = h_s.shape
+    nA = a.shape[1]
+    R = a.shape[0] // B
+    # as _BlockedLSE's forward: h1 carries a constant-1 column so b2 rides in the second GEMM
+    w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)
+    h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)
+    w2_ = torch.cat([w2, b2], 1)
+    w3t = w3.transpose(1, 2)
+    bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))
+    buf1, buf2 = h_s.new_empty(E * bs * R * (H + 1)), h_s.new_empty(E * bs * R * H)
+    q = h_s.new_empty(E, B * R)
+    for b0 in range(0, B, bs):
+        nb = min(B, b0 + bs) - b0
+        rows = nb * R
+        h1 = buf1[:E * rows * (H + 1)].view(E, rows, H + 1)
+        h2 = buf2[:E * rows * H].view(E, rows, H)
+        torch.bmm(a[b0 * R:b0 * R + rows].expand(E, rows, nA), w1a_, out=h1)
+        _add_relu_(h1.view(E, nb, R, H + 1), h_s_[:, b0:b0 + nb].unsqueeze(2))
+        torch.bmm(h1, w2_, out=h2).relu_()
+        q[:, b0 * R:b0 * R + rows] = torch.baddbmm(b3, w3t, h2.transpose(1, 2)).view(E, rows)  # GEMV, row-major h2
+    return q
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: the activation pool and the allocator
+# --------------------------------------------------------------------------------------------
+
+
+class _Workspace:
+    """A small pool of large activation buffers for `_FusedTrunk`, reused across updates.
+
+    Tensors above glibc's mmap threshold (32 MiB at most: the [10, 30720, 64] CF-CQL activations of a
+    10-member ensemble are 79 MB) are mmapped on every allocation and unmapped on free, so each update
+    re-faults them page by page (~58k page faults per PLCQL critic update). Buffers are taken when a
+    forward/backward needs one and given back when that backward has finished (or right after a forward
+    that will not be backpropagated); a buffer still in use is never handed out again, so nested or
+    overlapping graphs just allocate fresh ones. Only buffers of at least `min_bytes` are pooled."""
+
+    def __init__(self, min_bytes: int = 8 << 20, per_key: int = 4) -> None:
+        self.free: dict[tuple, list[torch.Tensor]] = {}
+        self.min_bytes, self.per_key = min_bytes, per_key
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        key = (shape, like.dtype, like.device)
+        lst = self.free.get(key)
+        if lst:
+            return lst.pop()
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def give(self, *ts: torch.Tensor) -> None:
+        for t in ts:
+            if t.numel() * t.element_size() < self.min_bytes or not t.is_contiguous():
+                continue
+            lst = self.free.setdefault((tuple(t.shape), t.dtype, t.device), [])
+            if len(lst) < self.per_key and all(t.data_ptr() != x.data_ptr() for x in lst):
+                lst.append(t)
+
+
+_WORKSPACE = _Workspace()
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc malloc to keep freed memory for reuse instead of returning it to the OS.
+
+    The CF-CQL term makes several [E, B*n*M, H] activations per update (16 MB each on MPE); with
+    glibc's defaults they are mmapped/trimmed and re-faulted every update, which on this kind of
+    VM costs ~35k page faults and ~100 ms per CFCQL round. Process-wide, idempotent, CPU only;
+    silently does nothing where glibc is not available.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD: glibc's maximum, 32 MiB
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never trim the heap top
+        libc.mallopt(-2, 64 * 1024 * 1024)  # M_TOP_PAD
+    except (OSError, AttributeError):
+        pass
+
+
+_MALLOC_TUNED = False
+
+# Discrete tasks: glibc mmaps every allocation above its mmap threshold (32 MiB at most) and unmaps it on
+# free, so each of a discrete ensemble round's large tensors (a [10, 77440, 192] GRU gate tensor is
+# 595 MB on smax-2s3z) is faulted in page by page on every round: ~3 million page faults, ~40 % of a
+# PLCQL round's CPU time. Serving them from the heap (M_MMAP_MAX = 0) and never trimming it
+# (keep_freed_memory) reuses the same pages from round to round. The process keeps its peak memory;
+# requests the heap cannot grow for still fall back to mmap inside glibc.
+_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
+
+
+def large_allocations_from_heap(on: bool = True) -> None:
+    """Serve large allocations from the heap (True) or with glibc's default mmap (False). Process-wide:
+    the runner sets it once for discrete tasks on CPU (suite/runner.py: configure_process), after
+    `keep_freed_memory`; silently does nothing where glibc is not available."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
+    except (OSError, AttributeError):
+        pass
