@@ -87,7 +87,7 @@ class StackedRNNAgent(nn.Module):
         if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
             h0r = None if h0 is None else h0.reshape(E, B * n, H)
             y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
-            out = torch.baddbmm(self.fc2_b, y.view(E, L * B * n, H), self.fc2_w)
+            out = fast.narrow_linear(y.view(E, L * B * n, H), self.fc2_w, self.fc2_b)  # fast weight gradient
             return out.view(E, L, B, n, self.n_actions).transpose(1, 2), y[:, -1].reshape(E, B, n, H)
         gis = torch.baddbmm(self.b_ih, x, self.w_ih).view(E, L, B * n, 3 * H).unbind(1)  # unbind: one backward stack, not L scatters
         h = self.init_hidden(B).view(E, B * n, H) if h0 is None else h0.reshape(E, B * n, H)

@@ -14,6 +14,9 @@ in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
               backward as single ops, lerp for the state update), gates saved in one buffer, the
               weight gradients as one GEMM over all steps after the loop. The gate, input-projection
               and gradient buffers come from a pool kept across rounds (no page faults).
+  narrow_linear
+              the stacked agents' Q head (A outputs) with its weight gradient as (g^T x)^T, the fast
+              layout on CPU for few outputs.
   counterfactual_mix
               Q_tot(s, a_i = j, a_-i) for every agent i and action j, forward and backward in row
               blocks of ~BLOCK_BYTES, so the [rows, n, A, embed] intermediate lives in cache and is
@@ -77,22 +80,21 @@ POOL = _Pool()
 def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor | None,
                hs: torch.Tensor, gates: torch.Tensor | None) -> None:
     """The recurrence (nn.GRU's equations, gate order r, z, n) over gi [E, L, N, 3H] (input
-    projections with b_ih), writing hs [E, L, N, H]; with `gates` [E, L, N, 4H] it keeps r, z, n and
-    the hidden projection's n part (W_hn h + b_hn) of every step for the backward pass."""
+    projections with b_ih), writing hs [E, L, N, H]; with `gates` [E, L, N, 4H] it keeps, per step,
+    r, z, the hidden projection's n part W_hn h + b_hn and n (in that order) for the backward pass.
+    The hidden projection is written straight into the step's gate row (no copy): its r and z parts
+    are then overwritten by the gates."""
     E, L, N, H3 = gi.shape
     H = H3 // 3
-    gh = hs.new_empty(E, N, H3)
-    tmp = None if gates is not None else hs.new_empty(E, N, 3 * H)
+    tmp = None if gates is not None else hs.new_empty(E, N, 4 * H)
     h = h0 if h0 is not None else hs.new_zeros(E, N, H)
     for t in range(L):
         g = gates[:, t] if gates is not None else tmp
-        torch.baddbmm(b_hh, h, w_hh, out=gh)
+        torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])  # W_hh h + b_hh: [gh_r, gh_z, gh_n]
         rz = g[..., :2 * H]
-        torch.add(gi[:, t, :, :2 * H], gh[..., :2 * H], out=rz).sigmoid_()
-        n = g[..., 2 * H:3 * H]
-        torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], gh[..., 2 * H:], out=n).tanh_()
-        if gates is not None:
-            g[..., 3 * H:].copy_(gh[..., 2 * H:])
+        torch.add(gi[:, t, :, :2 * H], rz, out=rz).sigmoid_()
+        n = g[..., 3 * H:]
+        torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n).tanh_()
         torch.lerp(n, h, rz[..., H:], out=hs[:, t])  # (1 - z)·n + z·h
         h = hs[:, t]
 
@@ -128,7 +130,7 @@ class _GRU(torch.autograd.Function):
         zeros = hs.new_zeros(E, N, H) if h0 is None else None
         for t in range(L - 1, -1, -1):
             g = gates[:, t]
-            r, z, n, ghn = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
+            r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
             h_prev = hs[:, t - 1] if t > 0 else (h0 if h0 is not None else zeros)
             torch.add(dhs[:, t], dh_rec, out=dh)
             torch.sub(h_prev, n, out=drz[..., H:]).mul_(dh)  # dz = dh·(h_prev − n)
@@ -180,6 +182,33 @@ def fused_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: tor
     _gru_steps(gi, w_hh, b_hh, h0, hs, None)
     POOL.give(gi)
     return hs
+
+
+class _NarrowLinear(torch.autograd.Function):
+    """y = x @ w + b for stacked members with few outputs (the agents' Q head: A actions): autograd's
+    weight gradient x^T @ g ([E, In, R] @ [E, R, A]) runs at ~3 GFLOP/s on CPU for A = 10; computed as
+    (g^T @ x)^T it is ~9x faster (smax-2s3z: 280 -> 32 ms per round). Same numbers up to summation order."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        return torch.baddbmm(b, x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx = torch.bmm(g, w.transpose(1, 2)) if need[0] else None
+        dw = torch.bmm(g.transpose(1, 2), x).transpose(1, 2) if need[1] else None
+        db = g.sum(1, keepdim=True) if need[2] else None
+        return dx, dw, db
+
+
+def narrow_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x [E, R, In] @ w [E, In, A] + b [E, 1, A] (see `_NarrowLinear`)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w, b)):
+        return _NarrowLinear.apply(x, w, b)
+    return torch.baddbmm(b, x, w)
 
 
 # --------------------------------------------------------------------------------------------
