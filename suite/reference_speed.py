@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from plcql_bench.suite.runner import configure_process
+
+    configure_process("cpu")  # a run's process settings (kernels, allocator), for both sides
     rounds, cfg = build(args.omar.resolve())
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
     names = list(rounds)
