@@ -382,11 +382,13 @@ def keep_freed_memory() -> None:
 _MALLOC_TUNED = False
 
 # Discrete tasks: glibc mmaps every allocation above its mmap threshold (32 MiB at most) and unmaps it on
-# free, so each of a discrete ensemble round's large tensors (a [10, 77440, 192] GRU gate tensor is
-# 595 MB on smax-2s3z) is faulted in page by page on every round: ~3 million page faults, ~40 % of a
-# PLCQL round's CPU time. Serving them from the heap (M_MMAP_MAX = 0) and never trimming it
-# (keep_freed_memory) reuses the same pages from round to round. The process keeps its peak memory;
-# requests the heap cannot grow for still fall back to mmap inside glibc.
+# free, so each of a discrete ensemble round's large tensors (a [10, 77440, 64] GRU output is 198 MB on
+# smax-2s3z) is faulted in page by page on every round: with the fused kernels and their buffer pool
+# still ~0.7 million page faults and ~1.1 s of system time per PLCQL round (1 thread), against 0.05
+# million and 0.07 s from the heap (docs/algorithms/discrete-machinery.md "Fused kernels"). Serving them
+# from the heap (M_MMAP_MAX = 0) and never trimming it (keep_freed_memory) reuses the same pages from
+# round to round. The process keeps its peak memory; requests the heap cannot grow for still fall back
+# to mmap inside glibc.
 _M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
 
 

@@ -8,7 +8,7 @@ Why (smax-2s3z, 128 episodes x 121 observations x 5 agents, 10 members, 1 thread
 autograd GRU issues ~25 ops per time step forward and backward (split/cat pairs, per-step weight
 gradients), and the counterfactual mixer materialises an [E, B*T, n, A, embed] tensor (1 GB) several
 times per round under checkpointing. Every large tensor is also a fresh mmap that the kernel faults
-in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
+in page by page (the allocator setting below).
 
   fused_gru   the recurrence in one Function: ~7 ops per step forward, ~11 backward (tanh/sigmoid
               backward as single ops, lerp for the state update), gates saved in one buffer, the
@@ -24,7 +24,8 @@ in page by page: ~3 million page faults per PLCQL round, 40 % of its CPU time.
   cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
               blocks, the gradient computed in forward while the block is in cache (no recomputation).
   (the allocator: kernels.large_allocations_from_heap, set once per process by the runner for discrete
-  tasks on CPU: serving the round's large tensors from the heap avoids ~3 million page faults per round)
+  tasks on CPU: serving the round's large tensors from the heap saves ~1.1 s of system time per PLCQL
+  round on 2s3z)
 
 The switch is the one in kernels.py (`use_fused`, the runner's PLCQL_KERNELS): each network reads it
 when it is built (the `fused` attribute of RNNAgent, QMixer, StackedRNNAgent, StackedQMixer) and takes
