@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def load(results_dir: Path, cards: dict | None = None) -> Loaded:
     records = _newest_dataset_build(records, skipped)
     runs = []
     for path, rec in records:
+        rec = with_par_collapse(Path(results_dir), path, rec)
         problem = _card_mismatch(rec, (cards or {}).get(rec.dataset_sha256))
         if problem:
             skipped.append(Damaged(path, problem))
@@ -67,6 +69,27 @@ def load(results_dir: Path, cards: dict | None = None) -> Loaded:
     runs.sort(key=lambda r: r.path)
     skipped.sort(key=lambda s: s.path)
     return Loaded(runs, skipped, unfinished)
+
+
+def learns_par(rec: RunRecord) -> bool:
+    """A PLCQL run (or variant) whose pi_par is learned, i.e. not an ablation with a fixed k."""
+    return rec.algo.startswith("plcql") and rec.config.get("fixed_k", "absent") is None
+
+
+def with_par_collapse(results_dir: Path, path: str, rec: RunRecord) -> RunRecord:
+    """The record, with `par_collapse` recomputed from the run's metrics.jsonl under the current rule
+    (algorithms/plcql.py `par_collapse`) when its final.json has none: runs finished before that rule
+    was fixed (2026-11-26: one evaluation point above the entropy threshold used to hide a collapse).
+    A recomputed entry says so ("source")."""
+    if rec.par_collapse or not learns_par(rec):
+        return rec
+    from plcql_bench.algorithms.plcql import par_collapse
+    from plcql_bench.leaderboard.analysis import read_metrics
+
+    info = par_collapse(read_metrics(results_dir / Path(path).parent / "metrics.jsonl"), learned=True)
+    if info is None:
+        return rec
+    return dataclasses.replace(rec, par_collapse={**info, "source": "metrics.jsonl (recomputed by the leaderboard)"})
 
 
 def _one_per_seed(records: list, skipped: list) -> list:

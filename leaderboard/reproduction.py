@@ -16,6 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from plcql_bench.leaderboard.load import learns_par, with_par_collapse
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
 from plcql_bench.suite.core.schema import scan_records
 
@@ -31,13 +32,13 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
     for d in bad:
         print(f"skipped {d.path}: {d.reason}", file=sys.stderr)
     out: dict = {}
-    for _, rec in good:
+    for path, rec in good:
         cell = f"{rec.task}/{rec.dataset}"
         if cell not in cells or rec.algo not in algos:
             continue
         vals = run_values(rec)
-        learned_par = rec.algo.startswith("plcql") and rec.config.get("fixed_k", "absent") is None
-        vals["collapsed"] = bool(rec.par_collapse) if learned_par else None
+        rec = with_par_collapse(results, path, rec)
+        vals["collapsed"] = bool(rec.par_collapse) if learns_par(rec) else None
         out.setdefault(cell, {}).setdefault(rec.algo, []).append(vals)
     return {c: {a: out[c][a] for a in algos if a in out.get(c, {})} for c in cells if c in out}
 

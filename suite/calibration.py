@@ -9,7 +9,10 @@ and task, the cost of one update round and of one evaluation:
                                      "eval_s": [a, b],              # one evaluation of E episodes: a + b * E seconds
                                      "proxy": "...",                # optional: not measured on this task/machine;
                                                                     #   where the number was taken from
-                                     "note": "..."}}}}              # optional: where a number came from
+                                     "note": "..."}}},              # optional: where a number came from
+     "default_jobs": 2,          # optional: plan's --jobs default for this machine
+     "recorded_fallback": true}  # optional: false = cells it has no cost for are not counted (a GPU
+                                 #   calibration: runtimes recorded on this machine do not apply)
 
 `bench-speed --calibrate MACHINE` measures and writes one (rounds on a synthetic buffer with the
 task's reference config, evaluations with the untrained policy). A cell's cost is
@@ -86,9 +89,21 @@ def eval_seconds(entry: dict, episodes: int) -> float:
     return float(a) + float(b) * episodes
 
 
+def _base_algorithm(name: str) -> str | None:
+    """The algorithm a registered variant (e.g. plcql-k1, `register_variant`) is built on, else None."""
+    from plcql_bench.algorithms.base import REGISTRY, load_all
+
+    load_all()
+    return getattr(REGISTRY.get(name), "variant_of", None)
+
+
 def cell_cost(cell, profile, calib: dict, rounds_done: int = 0) -> CellCost:
-    """Seconds the cell still needs on the calibrated machine (rounds + evaluations)."""
+    """Seconds the cell still needs on the calibrated machine (rounds + evaluations). A variant
+    the calibration does not name costs as its base algorithm, counted as a stand-in (proxy)."""
     entry = calib["costs"].get(cell.algo, {}).get(cell.task)
+    stand_in = False
+    if not entry and (base := _base_algorithm(cell.algo)):
+        entry, stand_in = calib["costs"].get(base, {}).get(cell.task), True
     if not entry or "round_ms" not in entry:
         return CellCost(cell, None)
     budget = profile.train_budget(cell.task, cell.tier)
@@ -101,7 +116,7 @@ def cell_cost(cell, profile, calib: dict, rounds_done: int = 0) -> CellCost:
     if "eval_s" in entry:
         ev = (max(evals_total - evals_done, 0) * eval_seconds(entry, budget["eval_episodes"])
               + eval_seconds(entry, budget["final_eval_episodes"]))
-    return CellCost(cell, rounds_s + ev, rounds_s, ev, bool(entry.get("proxy")))
+    return CellCost(cell, rounds_s + ev, rounds_s, ev, stand_in or bool(entry.get("proxy")))
 
 
 def makespan(durations: list[float], jobs: int) -> float:

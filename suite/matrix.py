@@ -276,10 +276,13 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
     and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
     else from recorded runtimes: the median seconds per update of the profile's finished runs with
-    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left."""
+    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left.
+    A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
+    recorded here say nothing about it, so its unmeasured cells are not counted."""
     from plcql_bench.suite.calibration import cell_cost
 
-    per_update = _recorded_rates(results_dir, profile.name)
+    fallback = calib is None or calib.get("recorded_fallback", True)
+    per_update = _recorded_rates(results_dir, profile.name) if fallback else {}
     out = []
     for item in items:
         c = item.cell

@@ -347,7 +347,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
             _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"], probe)
             point = state["curve"][-1]
             log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
-        if done % profile.checkpoint_every == 0 and done < rounds:
+        if done % profile.checkpoint_every_for(cell.task, cell.tier) == 0 and done < rounds:
             # Checkpoints fall on evaluation points (checked by the profile loader), so no
             # partially averaged training metrics are lost on resume.
             state["train_s"] += time.time() - clock

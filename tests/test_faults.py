@@ -287,6 +287,8 @@ BAD_PROFILES = [
     ("override-type", "batch_size: 16", "batch_size: abc", "algo_overrides.batch_size: must be an integer"),
     ("empty-yaml", None, "", "must be a mapping (the file is empty)"),
     ("eval-every-0", "eval_every: 2", "eval_every: 0", "train.eval_every: must be >= 1"),
+    ("checkpoint-between-evaluations", "checkpoint_every: 2}", "checkpoint_every: {default: 2, mpe-cn: 3}}",
+     "train.checkpoint_every: must be a multiple of train.eval_every for mpe-cn (3 is not a multiple of 2)"),
     ("seed-not-int", "seeds: [0, 1]", "seeds: [0, one]", "matrix.seeds[1]: must be an integer"),
     ("escaping-name", "name: faults", "name: ../../escaped", "name: must be a plain identifier"),
     ("misspelled-table-key", "updates: {default: 4}", "updates: {defualt: 4}", "train.updates.defualt: unknown task (did you mean 'default'?)"),

@@ -230,3 +230,57 @@ def test_plan_shows_coverage_per_table_and_algorithm(tmp_path, profile):
     assert rows[("algo", "bc")] == ["1", "0", "1"]
     assert rows[("algo", "cfcql")] == ["0", "1", "1"]
     assert rows[("algo", "plcql")] == ["0", "0", "2"]
+
+
+def test_per_task_evaluation_and_checkpoint_intervals(tmp_path):
+    """eval_every and checkpoint_every are per-task tables like updates (the paper evaluates every 1,000
+    virtual steps: 10 rounds on CN, 50 on World, 500 on Half-Cheetah); the cell's interval enters its budget."""
+    (tmp_path / "p.yaml").write_text(PROFILE.replace(
+        "eval_every: 2,", "eval_every: {default: 2, mpe-world: 4},").replace(
+        "checkpoint_every: 2}", "checkpoint_every: {default: 2, mpe-world: 8}}"))
+    prof = load_profile(str(tmp_path / "p.yaml"))
+    assert prof.train_budget("mpe-cn", "expert")["eval_every"] == 2 and prof.checkpoint_every_for("mpe-cn", "expert") == 2
+    assert prof.train_budget("mpe-world", "expert")["eval_every"] == 4 and prof.checkpoint_every_for("mpe-world", "random") == 8
+    paper = load_profile("paper")
+    assert [paper.train_budget(t, "expert")["eval_every"] for t in ("mpe-cn", "mpe-world", "mamujoco-halfcheetah-2x3")] == [10, 50, 500]
+    assert paper.checkpoint_every_for("mamujoco-halfcheetah-2x3", "expert") % 500 == 0
+
+
+def test_plan_variants_cost_as_their_base_and_gpu_calibrations_skip_recorded_runtimes(tmp_path, profile):
+    """A variant (plcql-k1) the calibration does not name costs as its base algorithm, as a stand-in;
+    a calibration with "recorded_fallback": false (another kind of machine) does not borrow this
+    machine's recorded runtimes for the cells it has no cost for."""
+    from plcql_bench.suite.calibration import cell_cost, load_calibration
+    from plcql_bench.suite.matrix import estimate_cells, resolve
+
+    costs = {"plcql": {"mpe-cn": {"round_ms": 1000.0, "eval_s": [0.0, 0.0]}}}
+    calib_path = tmp_path / "gpu.json"
+    calib_path.write_text(json.dumps({"machine": "gpu", "recorded_fallback": False, "costs": costs}))
+    calib = load_calibration(str(calib_path))
+    variant = cell_cost(Cell("plcql-k1", "mpe-cn", "expert", 0), profile, calib)
+    assert variant.seconds == pytest.approx(2.0) and variant.proxy
+    assert not cell_cost(Cell("plcql", "mpe-cn", "expert", 0), profile, calib).proxy
+    assert cell_cost(Cell("cfcql", "mpe-cn", "expert", 0), profile, calib).seconds is None  # cfcql is no variant
+
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
+    execute(plan_run(Cell("bc", "mpe-cn", "random", 0), profile, tmp_path / "data", tmp_path / "results"),
+            log=lambda *_: None)  # a recorded runtime for bc
+    items = resolve(select_cells(profile), profile, tmp_path / "data", tmp_path / "results")
+    sources = {(e.cell.algo, e.source) for e in estimate_cells(items, tmp_path / "results", profile, calib)}
+    assert ("bc", "none") in sources and ("bc", "recorded") not in sources
+    calib["recorded_fallback"] = True
+    sources = {(e.cell.algo, e.source) for e in estimate_cells(items, tmp_path / "results", profile, calib)}
+    assert ("bc", "recorded") in sources
+
+
+def test_committed_h100_calibration_names_its_sources():
+    """h100-docs is transcribed, not measured by bench-speed: every entry says where its number comes from,
+    and it never borrows this VM's recorded runtimes."""
+    from plcql_bench.suite.calibration import load_calibration
+
+    calib = load_calibration("h100-docs")
+    assert calib["recorded_fallback"] is False and calib["default_jobs"] == 1
+    entries = [e for tasks in calib["costs"].values() for e in tasks.values()]
+    assert len(entries) == 12 and all("docs/algorithms/" in e["note"] and e["round_ms"] > 0 for e in entries)
+    assert calib["costs"]["cfcql"]["mpe-cn"]["round_ms"] == 40.2  # docs/algorithms/cfcql.md, "On a GPU"
+    assert all(calib["costs"][a]["mpe-pp"].get("proxy") for a in ("cfcql", "plcql", "spacql"))

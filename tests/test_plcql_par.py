@@ -196,6 +196,18 @@ def test_collapse_rule():
     assert par_collapse([{"update": 0}], True) is None  # no diagnostics logged
 
 
+def test_collapse_rule_ignores_a_single_spike():
+    """A CN random run (p(k = 3) >= 0.985 at each of its last 120 evaluation points) had one point at
+    entropy 0.063 and was recorded as not collapsed; >= 90 % of the tail below the threshold counts."""
+    history = _history([0.0, 0.001, 0.999], n_points=50, collapsed_from=10)
+    history[45].update({"diag/p_k1": 0.01, "diag/p_k2": 0.01, "diag/p_k3": 0.98, "diag/par_marginal_entropy": 0.112})
+    info = par_collapse(history, True)
+    assert info["k"] == 3 and info["p_k"] == pytest.approx((9 * 0.999 + 0.98) / 10)
+    assert info["entropy"] < 0.05  # the tail's median, not the spike
+    history[47]["diag/par_marginal_entropy"] = 0.2  # two of the ten points above: no longer 'stayed below'
+    assert par_collapse(history, True) is None
+
+
 PROFILE = """
 name: unit
 description: PLCQL collapse warning
@@ -263,3 +275,25 @@ def test_reproduction_table_from_result_files(tmp_path):
     assert [r["collapsed"] for r in runs] == [True, False] and table["mpe-cn/random"]["cfcql"][0]["collapsed"] is None
     text = markdown(table)
     assert "| plcql | 2 | 50.0 ± 14.1 |" in text and "| 1 of 2 |" in text and "| cfcql | 1 | 50.0 |" in text
+
+
+def test_leaderboard_recomputes_a_collapse_missing_from_older_files(tmp_path):
+    """Runs finished under the old all-points rule have no par_collapse in final.json although their
+    metrics.jsonl shows one: the leaderboard (and the study table) recompute it, and say so."""
+    import json as _json
+
+    from lb_fixtures import write_run
+
+    from plcql_bench.leaderboard.load import load
+    from plcql_bench.leaderboard.reproduction import collect
+
+    history = _history([0.0, 0.001, 0.999], n_points=50, collapsed_from=10)
+    history[45]["diag/par_marginal_entropy"] = 0.063  # the spike that hid the collapse
+    metrics = "".join(_json.dumps(h) + "\n" for h in history)
+    write_run(tmp_path, "plcql", "mpe-cn", "random", 0, 60.0, config={"fixed_k": None}, metrics=metrics)
+    write_run(tmp_path, "plcql-kn", "mpe-cn", "random", 0, 55.0, config={"fixed_k": 3}, metrics=metrics)
+    runs = {r.rec.algo: r.rec for r in load(tmp_path).runs}
+    assert runs["plcql"].par_collapse["k"] == 3 and "recomputed" in runs["plcql"].par_collapse["source"]
+    assert runs["plcql-kn"].par_collapse is None  # a fixed k is no collapse
+    table = collect(tmp_path, ["mpe-cn/random"], ["plcql", "plcql-kn"])["mpe-cn/random"]
+    assert table["plcql"][0]["collapsed"] is True and table["plcql-kn"][0]["collapsed"] is None

@@ -23,10 +23,10 @@ class Profile:
     description: str
     dataset_episodes: dict[str, int]
     updates: dict[str, int]
-    eval_every: int
-    eval_episodes: dict[str, int]  # per 'task/tier', 'task', 'default' like `updates`
+    eval_every: dict[str, int]  # per 'task/tier', 'task', 'default' like `updates`
+    eval_episodes: dict[str, int]
     final_eval_episodes: dict[str, int]
-    checkpoint_every: int
+    checkpoint_every: dict[str, int]  # a multiple of the cell's eval_every (checked on load)
     matrix: dict[str, list]
     source: str
     # Config overrides for every algorithm that has the field (e.g. a smaller batch for smoke).
@@ -44,11 +44,14 @@ class Profile:
     def updates_for(self, task_id: str, tier: str) -> int:
         return _lookup(self.updates, task_id, tier)
 
+    def checkpoint_every_for(self, task_id: str, tier: str) -> int:
+        return _lookup(self.checkpoint_every, task_id, tier)
+
     def train_budget(self, task_id: str, tier: str) -> dict[str, int]:
         """The part of the profile that changes a run's result (it enters the run key)."""
         return {
             "updates": self.updates_for(task_id, tier),
-            "eval_every": self.eval_every,
+            "eval_every": _lookup(self.eval_every, task_id, tier),
             "eval_episodes": _lookup(self.eval_episodes, task_id, tier),
             "final_eval_episodes": _lookup(self.final_eval_episodes, task_id, tier),
         }
@@ -213,11 +216,9 @@ def _parse(raw: Any, source: str) -> Profile:
         raise BenchError(f"{source}: description: must be a string, got {_kind(description)}")
     episodes, data_profile = _datasets(raw["datasets"], source)
     train = _keys(raw["train"], TRAIN_KEYS, TRAIN_KEYS, source, "train.")
-    eval_every = _count(train["eval_every"], source, "train.eval_every")
-    checkpoint_every = _count(train["checkpoint_every"], source, "train.checkpoint_every")
-    if checkpoint_every % eval_every:
-        raise BenchError(f"{source}: train.checkpoint_every: must be a multiple of train.eval_every "
-                         f"({checkpoint_every} is not a multiple of {eval_every})")
+    eval_every = _table(train["eval_every"], source, "train.eval_every")
+    checkpoint_every = _table(train["checkpoint_every"], source, "train.checkpoint_every")
+    _check_checkpoints_on_evaluations(eval_every, checkpoint_every, source)
     return Profile(
         name=name,
         description=description,
@@ -232,6 +233,23 @@ def _parse(raw: Any, source: str) -> Profile:
         source=source,
         algo_overrides=check_algo_overrides(raw.get("algo_overrides"), source),
     )
+
+
+def _check_checkpoints_on_evaluations(eval_every: dict[str, int], checkpoint_every: dict[str, int],
+                                      source: str) -> None:
+    """Every cell's checkpoint interval is a multiple of its evaluation interval (a resumed run then
+    loses no partially averaged training metrics). Checked for every key either table names: the
+    most specific entry of each table applies to it."""
+    for key in sorted(set(eval_every) | set(checkpoint_every)):
+        task, _, tier = key.partition("/")
+        ev, ck = (_lookup(t, task, tier) if key != "default" else t.get("default") for t in (eval_every, checkpoint_every))
+        if ev is None or ck is None:
+            missing = "eval_every" if ev is None else "checkpoint_every"
+            raise BenchError(f"{source}: train.{missing}: no 'default' entry (needed for {key})")
+        if ck % ev:
+            where = "" if key == "default" else f" for {key}"
+            raise BenchError(f"{source}: train.checkpoint_every: must be a multiple of train.eval_every{where} "
+                             f"({ck} is not a multiple of {ev})")
 
 
 def check_algo_overrides(values: Any, where: str, path: str = "algo_overrides.") -> dict[str, Any]:
