@@ -43,6 +43,7 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.bc_discrete import bc_step
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets)
@@ -83,7 +84,12 @@ def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
     """cf [..., B, T, n, A] (Q_tot with agent i's action replaced by each action), λ [..., B, T, n]:
     Σ_i λ_i logsumexp over agent i's AVAILABLE actions, minus q_tot [..., B, T]; and diagnostics."""
     lse = masked_logsumexp(cf, batch.avail[:, :batch.max_t])  # [..., B, T, n]
-    neg = (lam * lse).sum(-1)
+    return cql_from_negative((lam * lse).sum(-1), lam, batch, q_tot)
+
+
+def cql_from_negative(neg: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
+                      q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The penalty neg − q_tot [..., B, T] and diagnostics from the negative term and λ."""
     m = batch.mask
     stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
              "cql/negative": masked_mean(neg.detach(), m)}
@@ -186,9 +192,26 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, tq_tot, self.cfg.gamma,
                                  self.cfg.td_lambda)
 
-    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics."""
-        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t])  # [B, T, n, A]
+    @torch.no_grad()
+    def behaviour_logprob(self, batch: EpisodeBatch) -> torch.Tensor | None:
+        """log(β + 1e-5) [B·T, n, A] for the fused λ (kernels_discrete.cf_lambda); None when λ is uniform."""
+        if self.behaviour is None or self.cfg.softmax_temp == 0:
+            return None
+        T = batch.max_t
+        beta = masked_softmax(self.behaviour.unroll(batch)[:, :T], batch.avail[:, :T])
+        return beta.add_(1e-5).log_().flatten(0, 1)
+
+    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
+                    mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+        """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics (mix_w: the
+        mixer's weights at s_0..s_T-1 when the caller has them)."""
+        if self.mix.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
+            B, T, n, A = q.shape
+            parts = self.mix.counterfactual_parts(q, batch.actions, batch.state[:, :T], mix_w)
+            neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
+                                        self.cfg.softmax_temp, 1)
+            return cql_from_negative(neg.view(B, T), lam.view(B, T, n), batch, q_tot)
+        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t], mix_w)  # [B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 
     def update(self, sample) -> dict[str, float]:
@@ -200,14 +223,15 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
         q = q_all[:, :T]
         q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
-        q_tot = self.mix(q_taken, batch.state[:, :T])  # [B, T]
+        mix_w = self.mix.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix.fused else None
+        q_tot = self.mix.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [B, T] (shared weights)
         y = self.compute_target(batch, q_all)
         td = masked_mean(0.5 * (q_tot - y).pow(2), batch.mask)
         loss = td
         stats = {"critic/td_loss": td.detach(), "critic/q_taken": masked_mean(q_tot.detach(), batch.mask),
                  "critic/target": masked_mean(y, batch.mask)}
         if self.cfg.cql_alpha > 0:
-            pen_bt, cst = self.cql_penalty(batch, q, q_tot)
+            pen_bt, cst = self.cql_penalty(batch, q, q_tot, mix_w)
             pen = masked_mean(pen_bt, batch.mask)
             loss = loss + self.cfg.cql_alpha * pen
             stats.update(cst)

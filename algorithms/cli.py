@@ -29,12 +29,19 @@ import click
 @click.option("--description", default="", help="With --calibrate: what machine this is.")
 @click.option("--seconds", default=20.0, show_default=True,
               help="With --calibrate: timed rounds per algorithm x task (3 to --rounds of them).")
+@click.option("--floor/--no-floor", "floor", default=True, show_default=True,
+              help="Count each round's matmul FLOPs (one extra round) and print the floor: FLOPs / the "
+                   "measured rate of a 2048x2048 fp32 matmul at these threads and clock.")
+@click.option("--compare-plain", is_flag=True,
+              help="Time each algorithm with the fused kernels against the plain torch path "
+                   "(PLCQL_KERNELS=plain; algorithms/common/kernels*.py) in alternation, with the paired ratio.")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds) -> None:
+                description, seconds, floor, compare_plain) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
-    CFCQL family) the median time of building one update's target alone. Prints the load average:
-    on a shared machine compare numbers taken in the same minute only. With --calibrate, writes
-    the per-machine costs that `plan` estimates from."""
+    CFCQL family) the median time of building one update's target alone, and how far each round is
+    from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
+    machine compare numbers taken in the same minute only. With --calibrate, writes the per-machine
+    costs that `plan` estimates from."""
     import torch
 
     from plcql_bench.suite.runner import configure_process
@@ -49,7 +56,7 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     from plcql_bench.algorithms.base import get_algorithm, load_all
     from plcql_bench.algorithms.base import implementations
-    from plcql_bench.algorithms.common.speed import batch_size_of, time_update_rounds
+    from plcql_bench.algorithms.common.speed import batch_size_of, matmul_rate, time_update_rounds
     from plcql_bench.suite.tasks import get_task
 
     torch.set_num_threads(threads)
@@ -60,9 +67,16 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     click.echo(f"# torch threads {threads}, device {device}, clock {clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    click.echo(f"{'algo':<12} {'task':<12} {'batch':>6} {'ms/round':>9} {'rounds/s':>9} {'target ms':>9}")
+    rate = None
+    if floor:
+        rate = matmul_rate(device, clock)
+        click.echo(f"# matmul 2048x2048 fp32: {rate:.0f} GFLOP/s here; floor ms = the round's matmul GFLOP "
+                   f"(forward, backward, recomputation) / this rate; x floor = ms/round / floor ms")
+    click.echo(f"{'algo':<12} {'task':<14} {'batch':>6} {'ms/round':>9} {'rounds/s':>9} {'target ms':>9}"
+               + (f" {'GFLOP':>8} {'floor ms':>9} {'x floor':>7}" if floor else ""))
     for task_id in tasks:
         spec = get_task(task_id).spec
+        configure_process(device, discrete=spec.discrete)  # as a run of this task: kernels, allocator
         kind = "discrete" if spec.discrete else "continuous"
         for name in names:
             if kind not in implementations(name):
@@ -72,14 +86,39 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             cls = get_algorithm(name, discrete=spec.discrete)
             overrides = cls.task_overrides(spec, tier)
             t = time_update_rounds(name, spec, overrides, rounds=rounds, batch_size=batch, warmup=warmup,
-                                   device=device, clock=clock)
+                                   device=device, clock=clock, flops=floor)
             bsz = batch if batch is not None else batch_size_of(cls, overrides)
             tgt = f"{t['target_median_ms']:>9.2f}" if "target_median_ms" in t else f"{'-':>9}"
-            click.echo(f"{name:<12} {task_id:<12} {bsz:>6} {t['median_ms']:>9.1f} "
-                       f"{1000 / t['median_ms']:>9.2f} {tgt}")
+            fl = ""
+            if floor:
+                floor_ms = t["flops"] / 1e9 / rate * 1e3
+                fl = f" {t['flops'] / 1e9:>8.2f} {floor_ms:>9.1f} {t['median_ms'] / max(floor_ms, 1e-9):>7.2f}"
+            click.echo(f"{name:<12} {task_id:<14} {bsz:>6} {t['median_ms']:>9.1f} "
+                       f"{1000 / t['median_ms']:>9.2f} {tgt}{fl}")
             results[(name, task_id)] = t
+            if compare_plain:
+                compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+
+
+def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
+    """One algorithm built with the fused kernels against one built with the plain torch path (both in
+    this process, same process settings), timed in alternation (A B, B A, ...): the median per-round ratio
+    fused/plain with its 95% bootstrap interval."""
+    import functools
+
+    from plcql_bench.algorithms.common.kernels import fused_kernels
+    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
+
+    variants = {"fused": (name, overrides, functools.partial(fused_kernels, True)),
+                "plain": (name, overrides, functools.partial(fused_kernels, False))}
+    inter = time_variants(variants, spec,
+                          rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
+    ratio, lo, hi = paired_ratio(inter["fused"], inter["plain"])
+    med = {k: statistics.median(v) for k, v in inter.items()}
+    click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: fused {med['fused']:.1f} ms, plain "
+               f"{med['plain']:.1f} ms, median per-round ratio fused/plain {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
 
 
 def check_algo_names(names) -> None:
@@ -129,6 +168,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
 
     from plcql_bench.algorithms.base import get_algorithm, implementations
     from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
+    from plcql_bench.suite.runner import configure_process
     from plcql_bench.suite.calibration import calibrations_dir, save_calibration
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.tasks import get_task, task_tiers
@@ -146,6 +186,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
     for task_id in tasks:
         task = get_task(task_id)
         spec = task.spec
+        configure_process(device, discrete=spec.discrete)
         t = tier if tier in task_tiers(task_id) else task_tiers(task_id)[0]
         for name in algos:
             if ("discrete" if spec.discrete else "continuous") not in implementations(name):

@@ -63,6 +63,14 @@ class Config:
 class OMAR(IndependentBase):
     name = "omar"
     Config = Config
+    # The fast path, `self.critic.fused` (kernels.py's switch, read when the critic is built; same results
+    # as the plain path: tests/test_omar_fast.py). Sampled actions (CQL's and the search's) go through the
+    # critics with the observation part of the first layer computed once per observation
+    # (IndepCritics.split_first_layer); the CQL logsumexp is forwarded and backpropagated in cache-sized
+    # blocks (kernels.blocked_lse); Q_1 alone where only Q_1 is used (the search, the actor's Q term: the
+    # reference's `critic.Q1`), the policy's Q_1 computed once, no critic weight gradients from the actor
+    # loss (the critic step zeroes them anyway). Off: the plain path below, every critic call on
+    # concatenated [o_i, a_i] rows with both twins. Not part of the config: run keys do not change.
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
@@ -88,27 +96,42 @@ class OMAR(IndependentBase):
                 pol_s = (pol.unsqueeze(2) + noise).clamp(-1, 1).reshape(B, 2 * M, n, A)
             samples = torch.cat([samples, pol_s], 1)
             corr = torch.cat([corr, dens.reshape(B, 2 * M, n)], 1)
-        Mt = samples.shape[1]
-        q_s = self.critic(b.obs.unsqueeze(1).expand(B, Mt, n, -1), samples)  # [T, B, Mt, n]
-        lse = torch.logsumexp((q_s - corr) / c.lse_temp, dim=2) * c.lse_temp  # [T, B, n]
-        pen = (lse - q).mean(1).sum()
+        if self.critic.fused:  # Σ over twins and agents of mean_b lse, minus the same of Q at the data
+            pen = self.critic.sampled_lse(b.obs, samples, corr, c.lse_temp).sum() - q.mean(1).sum()
+        else:
+            Mt = samples.shape[1]
+            q_s = self.critic(b.obs.unsqueeze(1).expand(B, Mt, n, -1), samples)  # [T, B, Mt, n]
+            lse = torch.logsumexp((q_s - corr) / c.lse_temp, dim=2) * c.lse_temp  # [T, B, n]
+            pen = (lse - q).mean(1).sum()
         loss = td + c.cql_alpha * pen
         return loss, {"critic/td_loss": float(td.detach()), "cql/penalty": float(pen.detach()),
                       "critic/q_data": float(q.detach().mean())}
 
+    def q1(self, obs: torch.Tensor, act: torch.Tensor, frozen: bool = False) -> torch.Tensor:
+        """Q_1 of every agent: [B, (M,) n] (fused: the first twin alone)."""
+        if self.critic.fused:
+            return self.critic(obs, act, twins=1, frozen=frozen)[0]
+        return self.critic(obs, act)[0]
+
     @torch.no_grad()
-    def rectified_actions(self, obs: torch.Tensor, pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """a* [B, n, A]: the better of pi and the best sampled action, by Q_1 (zeroth-order search)."""
+    def rectified_actions(self, obs: torch.Tensor, pi: torch.Tensor,
+                          q_pi: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """a* [B, n, A]: the better of pi and the best sampled action, by Q_1 (zeroth-order search);
+        q_pi = Q_1(obs, pi) when the caller has it."""
         c = self.cfg
         B, n, A, M = obs.shape[0], self.n, self.A, c.omar_num_samples
         obs_m = obs.unsqueeze(1)
         mu = torch.full((B, n, A), c.omar_mu, device=self.device)
         sigma = torch.full((B, n, A), c.omar_sigma, device=self.device)
         elites = elite_q = None
+        obs_part = self.critic.obs_part(obs, slice(0, n)) if self.critic.fused else None  # Q_1's, shared by the iterations
         for _ in range(c.omar_iters):  # iterations are sequential by nature (each uses the last)
             acs = (mu.unsqueeze(1) + sigma.unsqueeze(1) * torch.randn(B, M, n, A, generator=self.gen,
                                                                      device=self.device)).clamp(-1, 1)
-            qv = self.critic(obs_m.expand(B, M, n, -1), acs)[0]  # [B, M, n]
+            if self.critic.fused:
+                qv = self.critic.sampled_q(obs, acs, 1, obs_part)[0]  # [B, M, n]
+            else:
+                qv = self.q1(obs_m.expand(B, M, n, -1), acs)
             if c.omar_mode == "cem":
                 if elites is not None:
                     acs, qv = torch.cat([acs, elites], 1), torch.cat([qv, elite_q], 1)
@@ -121,14 +144,14 @@ class OMAR(IndependentBase):
                 sigma = (acs - mu.unsqueeze(1)).pow(2).mean(1).sqrt()
         best_q, best_i = qv.max(dim=1)  # [B, n]
         best_a = acs.gather(1, best_i.view(B, 1, n, 1).expand(B, 1, n, A))[:, 0]
-        q_pi = self.critic(obs, pi)[0]
+        q_pi = self.q1(obs, pi) if q_pi is None else q_pi
         return torch.where((best_q > q_pi).unsqueeze(-1), best_a, pi), (best_q > q_pi).float().mean()
 
     def actor_loss(self, b) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.cfg
         pi = self.actors(b.obs)
-        q_pi = self.critic(b.obs, pi)[0]  # [B, n], Q_1 of each agent
-        target, frac = self.rectified_actions(b.obs, pi.detach())
+        q_pi = self.q1(b.obs, pi, frozen=True)  # [B, n], Q_1 of each agent; gradient to pi only
+        target, frac = self.rectified_actions(b.obs, pi.detach(), q_pi.detach() if self.critic.fused else None)
         mimic = (pi - target).pow(2).mean((0, 2))  # [n]
         loss = (c.omar_coe * mimic - (1 - c.omar_coe) * q_pi.mean(0) + c.action_l2 * pi.pow(2).mean((0, 2))).sum()
         return loss, {"actor/mimic": float(mimic.detach().mean()), "actor/q": float(q_pi.detach().mean()),

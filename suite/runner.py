@@ -201,20 +201,23 @@ class RunBusy(BenchError):
     """Another live process holds this run's lock (it is training it right now)."""
 
 
-KERNELS_ENV = "PLCQL_KERNELS"  # "fused" (default) or "plain": the continuous critics' kernels
+KERNELS_ENV = "PLCQL_KERNELS"  # "fused" (default) or "plain": the networks' kernels
 
 
-def configure_process(device: str = "cpu") -> None:
+def configure_process(device: str = "cpu", discrete: bool = False) -> None:
     """Process-wide settings, made here once per process before an algorithm is built, never by an
-    algorithm: the continuous critics' kernels (PLCQL_KERNELS=fused|plain, algorithms/common/kernels.py;
-    not part of the run key, like the device and the thread count, which also move the last bits) and,
-    on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory)."""
+    algorithm: the networks' kernels (PLCQL_KERNELS=fused|plain, algorithms/common/kernels.py and
+    kernels_discrete.py; not part of the run key, like the device and the thread count, which also move
+    the last bits) and, on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory) and,
+    for a discrete task, serving large allocations from the heap (kernels.large_allocations_from_heap:
+    a discrete ensemble round's GRU tensors are re-faulted page by page otherwise)."""
     choice = os.environ.get(KERNELS_ENV, "fused")
     if choice not in ("fused", "plain"):
         raise BenchError(f"{KERNELS_ENV}: must be 'fused' or 'plain', got {choice!r}")
     kernels.use_fused(choice == "fused")
     if torch.device(device).type == "cpu":
         kernels.keep_freed_memory()
+        kernels.large_allocations_from_heap(discrete)
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
@@ -228,7 +231,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
     """
     if plan.is_done() and not fresh:
         return read_json(plan.final_path)
-    configure_process(device)
+    configure_process(device, discrete=get_task(plan.cell.task).spec.discrete)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     with _run_lock(plan):

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.protocol import Checkpointable
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -150,6 +152,7 @@ class RNNAgent(nn.Module):
         self.fc1 = nn.Linear(obs_dim + n_actions + n_agents, hidden)
         self.rnn = nn.GRU(hidden, hidden, batch_first=True)
         self.fc2 = nn.Linear(hidden, n_actions)
+        self.fused = kernels.fused_default()  # the recurrence through kernels_discrete.fused_gru
 
     def init_hidden(self, batch: int) -> torch.Tensor:
         return self.fc1.weight.new_zeros(batch, self.n_agents, self.hidden)
@@ -164,6 +167,14 @@ class RNNAgent(nn.Module):
         """obs [B, L, n, o], last_onehot [B, L, n, A], h0 [B, n, H] (zeros if None)
         -> (outputs [B, L, n, A], last hidden state [B, n, H])."""
         B, L, n, _ = obs.shape
+        if self.fused:  # time-major rows through kernels_discrete.fused_gru (one member)
+            H, rnn = self.hidden, self.rnn
+            x = F.relu(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
+            h = None if h0 is None else h0.reshape(1, B * n, H)
+            y = fast.fused_gru(x, rnn.weight_ih_l0.t()[None], rnn.bias_ih_l0[None, None], rnn.weight_hh_l0.t()[None],
+                               rnn.bias_hh_l0[None, None], h, L)  # [1, L, B·n, H]
+            out = self.fc2(y.view(L, B, n, H)).transpose(0, 1)
+            return out, y[0, -1].reshape(B, n, H)
         x = F.relu(self.fc1(self._inputs(obs, last_onehot)))  # [B, L, n, H]
         x = x.permute(0, 2, 1, 3).reshape(B * n, L, self.hidden)
         h = self.init_hidden(B) if h0 is None else h0
@@ -198,6 +209,7 @@ class QMixer(nn.Module):
         self.hyper_b1 = nn.Linear(state_dim, embed)
         self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet), nn.ReLU(), nn.Linear(hypernet, embed))
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+        self.fused = kernels.fused_default()  # counterfactuals through kernels_discrete
 
     def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """state [M, S] -> |W1| [M, n, E], b1 [M, 1, E], |W2| [M, E, 1], b2 [M, 1, 1]."""
@@ -208,12 +220,12 @@ class QMixer(nn.Module):
         b2 = self.hyper_b2(state).view(M, 1, 1)
         return w1, b1, w2, b2
 
-    def mix_many(self, qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def mix_many(self, qs: torch.Tensor, state: torch.Tensor, w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """K joint Q-vectors per state, one hypernetwork pass per state:
-        qs [*L, K, n], state [*L, S] -> Q_tot [*L, K]."""
+        qs [*L, K, n], state [*L, S] -> Q_tot [*L, K]; `w` = weights(state) when the caller has them."""
         lead = state.shape[:-1]
         K = qs.shape[-2]
-        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         h = F.elu(torch.bmm(qs.reshape(-1, K, self.n_agents), w1) + b1)  # [M, K, E]
         return (torch.bmm(h, w2) + b2).reshape(*lead, K)
 
@@ -221,13 +233,19 @@ class QMixer(nn.Module):
         """qs [*L, n], state [*L, S] -> Q_tot [*L]."""
         return self.mix_many(qs.unsqueeze(-2), state)[..., 0]
 
-    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                       w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """Q_tot(s, a_i = j, a_-i) for every agent i and action j, the other agents at `actions`:
         q_all [*L, n, A], actions [*L, n], state [*L, S] -> [*L, n, A] (row i, column actions[i]
         is Q_tot at the data joint action). The first layer is linear in q, so changing agent i's
-        Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents."""
+        Q by d moves the pre-activation by d·W1[i]: one hypernetwork pass, no loop over agents
+        (`w` = weights(state) when the caller has them)."""
         lead, (n, A) = state.shape[:-1], q_all.shape[-2:]
-        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))
+        if self.fused:  # the [M, n, A, E] intermediate in cache-sized blocks (kernels_discrete)
+            pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
+            out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
+            return out.reshape(*lead, n, A)
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         q_all = q_all.reshape(-1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
         pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
@@ -235,6 +253,18 @@ class QMixer(nn.Module):
         pre_cf = pre[:, :, None, :] + delta[..., None] * w1[:, :, None, :]  # [M, n, A, E]
         out = (F.elu(pre_cf) * w2[:, None, :, 0][:, :, None, :]).sum(-1) + b2[:, :, :1]  # [M, n, A]
         return out.reshape(*lead, n, A)
+
+
+    def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """The inputs of the fused counterfactual kernels (kernels_discrete) per state m: QMIX's first layer
+        at the data pre [M, E], the deltas q_all − q_taken [M, n, A], |W1| [M, n, E], |W2| [M, E], b2 [M, 1]."""
+        n, A = q_all.shape[-2:]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
+        q_all = q_all.reshape(-1, n, A)
+        q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
+        pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
+        return pre[:, 0], q_all - q_taken, w1, w2[..., 0], b2[:, 0]
 
 
 def hard_update(target: nn.Module, source: nn.Module) -> None:

@@ -38,13 +38,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql
+from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql, cql_from_negative
 from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
 from plcql_bench.algorithms.cfcql_discrete import new_behaviour_state
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
     masked_softmax)
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -68,6 +70,7 @@ class StackedRNNAgent(nn.Module):
         self.b_hh = st(lambda m: m.rnn.bias_hh_l0[None])  # [E, 1, 3H]
         self.fc2_w = st(lambda m: m.fc2.weight.t())  # [E, H, A]
         self.fc2_b = st(lambda m: m.fc2.bias[None])  # [E, 1, A]
+        self.fused = kernels.fused_default()  # the recurrence through kernels_discrete.fused_gru
 
     def init_hidden(self, batch: int) -> torch.Tensor:
         return self.fc1_w.new_zeros(self.n_members, batch, self.n_agents, self.hidden)
@@ -81,6 +84,11 @@ class StackedRNNAgent(nn.Module):
         eye = torch.eye(n, device=obs.device, dtype=obs.dtype).expand(B, L, n, n)
         x = torch.cat([obs, last_onehot, eye], -1).transpose(0, 1).reshape(1, L * B * n, -1)  # time-major rows
         x = F.relu(torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w))  # [E, L·B·n, H]
+        if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
+            h0r = None if h0 is None else h0.reshape(E, B * n, H)
+            y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
+            out = fast.narrow_linear(y.view(E, L * B * n, H), self.fc2_w, self.fc2_b)  # fast weight gradient
+            return out.view(E, L, B, n, self.n_actions).transpose(1, 2), y[:, -1].reshape(E, B, n, H)
         gis = torch.baddbmm(self.b_ih, x, self.w_ih).view(E, L, B * n, 3 * H).unbind(1)  # unbind: one backward stack, not L scatters
         h = self.init_hidden(B).view(E, B * n, H) if h0 is None else h0.reshape(E, B * n, H)
         hs = []
@@ -132,6 +140,7 @@ class StackedQMixer(nn.Module):
             layers = [getattr(m, attr) if idx is None else getattr(m, attr)[idx] for m in members]
             setattr(self, key + "_w", nn.Parameter(torch.stack([lin.weight.detach().t().clone() for lin in layers])))
             setattr(self, key + "_b", nn.Parameter(torch.stack([lin.bias.detach()[None].clone() for lin in layers])))
+        self.fused = kernels.fused_default()  # counterfactuals through kernels_discrete
 
     def _lin(self, key: str, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(getattr(self, key + "_b"), x, getattr(self, key + "_w"))
@@ -146,10 +155,12 @@ class StackedQMixer(nn.Module):
         b2 = self._lin("b2b", F.relu(self._lin("b2a", s))).view(E, M, 1, 1)
         return w1, b1, w2, b2
 
-    def mix_many(self, qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """qs [E, *L, K, n], state [*L, S] -> Q_tot [E, *L, K] (member j mixes qs[j])."""
+    def mix_many(self, qs: torch.Tensor, state: torch.Tensor, w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """qs [E, *L, K, n], state [*L, S] -> Q_tot [E, *L, K] (member j mixes qs[j]); `w` = weights(state)
+        when the caller already has them."""
         E, lead, K = self.n_members, state.shape[:-1], qs.shape[-2]
-        w1, b1, w2, b2 = (w.flatten(0, 1) for w in self.weights(state.reshape(-1, state.shape[-1])))
+        w = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
+        w1, b1, w2, b2 = (x.flatten(0, 1) for x in w)
         h = F.elu(torch.baddbmm(b1, qs.reshape(-1, K, self.n_agents), w1))  # [E·M, K, Em]
         return torch.baddbmm(b2, h, w2).reshape(E, *lead, K)
 
@@ -157,10 +168,16 @@ class StackedQMixer(nn.Module):
         """qs [E, *L, n], state [*L, S] -> [E, *L]."""
         return self.mix_many(qs.unsqueeze(-2), state)[..., 0]
 
-    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """QMixer.counterfactual per member: q_all [E, *L, n, A], actions [*L, n], state [*L, S] -> [E, *L, n, A]."""
+    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                       w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """QMixer.counterfactual per member: q_all [E, *L, n, A], actions [*L, n], state [*L, S] -> [E, *L, n, A];
+        `w` = weights(state) when the caller already has them."""
         E, lead, (n, A) = self.n_members, state.shape[:-1], q_all.shape[-2:]
-        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1]))  # [E, M, ...]
+        if self.fused:  # the [E, M, n, A, Em] intermediate in cache-sized blocks, never stored
+            pre, delta, w1, w2, b2 = self.counterfactual_parts(q_all, actions, state, w)
+            out = fast.counterfactual_mix(pre, delta, w1, w2) + b2.unsqueeze(-1)
+            return out.reshape(E, *lead, n, A)
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
         q_all = q_all.reshape(E, -1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
         pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
@@ -168,6 +185,21 @@ class StackedQMixer(nn.Module):
         M, Em = pre_cf.shape[1], pre_cf.shape[-1]
         out = torch.bmm(F.elu(pre_cf).view(E * M, n * A, Em), w2.reshape(E * M, Em, 1))  # one bmm, no broadcast copy
         return (out.view(E, M, n, A) + b2).reshape(E, *lead, n, A)
+
+
+    def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """The inputs of the fused counterfactual kernels (kernels_discrete), rows r = e·M + m: QMIX's first
+        layer at the data pre [R, Em], the deltas q_all − q_taken [R, n, A], |W1| [R, n, Em], |W2| [R, Em],
+        b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
+        E, (n, A) = self.n_members, q_all.shape[-2:]
+        w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
+        q_all = q_all.reshape(E, -1, n, A)
+        q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
+        pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
+        M, Em = pre.shape[1], pre.shape[-1]
+        return (pre.reshape(E * M, Em), (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
+                w2.reshape(E * M, Em), b2.reshape(E * M, 1))
 
 
 @dataclass
@@ -258,12 +290,17 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
             return F.one_hot(kl.argmax(-1), n).float()
         return torch.softmax(temp * kl, -1)
 
-    def counterfactual_blocked(self, q: torch.Tensor, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def counterfactual_blocked(self, q: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                               w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """mix_ens.counterfactual over rows [B·T] in blocks of ~cf_block_mb, each under activation
-        checkpointing (its [E, rows, n, A, embed] intermediate is recomputed in the backward pass)."""
+        checkpointing (its [E, rows, n, A, embed] intermediate is recomputed in the backward pass).
+        The fused kernel (kernels_discrete.counterfactual_mix) blocks inside and takes all rows at once,
+        with the mixer weights `w` of these states when given."""
         E, B, T, n, A = q.shape
         M = B * T
         qf, af, sf = q.reshape(E, M, n, A), actions.reshape(M, n), state.reshape(M, -1)
+        if self.mix_ens.fused:
+            return self.mix_ens.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
         per_row = E * n * A * self.cfg.mixing_embed * 4 * 3  # pre_cf, elu, product (bytes)
         rows = M if self.cfg.cf_block_mb <= 0 else max(1, int(self.cfg.cf_block_mb * 2 ** 20 // per_row))
         if rows >= M and self.cfg.cf_block_mb <= 0:
@@ -277,9 +314,17 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
                 outs.append(self.mix_ens.counterfactual(qf[:, sl], af[sl], sf[sl]))
         return torch.cat(outs, 1).view(E, B, T, n, A)
 
-    def cql_penalty_ens(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics."""
-        cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t])  # [E, B, T, n, A]
+    def cql_penalty_ens(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
+                        w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+        """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics (`w`: the online
+        mixers' weights at the batch's states s_0..s_T-1, when the caller has them)."""
+        if self.mix_ens.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
+            E, B, T, n, A = q.shape
+            parts = self.mix_ens.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
+                                        self.cfg.softmax_temp, E)
+            return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
+        cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t], w)  # [E, B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights_ens(cf.detach(), batch), batch, q_tot)
 
     # -- one round ------------------------------------------------------------------------------
@@ -305,7 +350,9 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         q = q_all[:, :, :T]
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
-        q_tot = self.mix_ens(q_taken, batch.state[:, :T])  # [E, B, T]
+        # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
+        mix_w = self.mix_ens.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix_ens.fused else None
+        q_tot = self.mix_ens.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [E, B, T]
         y, info = self.compute_target(batch, q_all)
         pre = self.before_step(batch, q_all, info)
         m = batch.mask
@@ -315,7 +362,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
                  "critic/target": masked_mean(y.detach(), m),
                  "critic/q_std": masked_mean(q_tot.detach().std(0) if E > 1 else torch.zeros_like(y), m)}
         if c.cql_alpha > 0:
-            pen_bt, cst = self.cql_penalty_ens(batch, q, q_tot)
+            pen_bt, cst = self.cql_penalty_ens(batch, q, q_tot, mix_w)
             pen_e = (pen_bt * m).sum((1, 2)) / m.sum().clamp_min(1.0)
             loss = loss + c.cql_alpha * pen_e.sum()
             stats.update(cst)

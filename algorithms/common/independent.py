@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
@@ -32,16 +33,100 @@ class IndepCritics(nn.Module):
         self.n, self.T = n_agents, n_twins
         self.mlp = StackedMLP(n_twins * n_agents, obs_dim + act_dim, 1, hidden=hidden, input_norm=input_norm,
                               generator=generator)
+        self.fused = kernels.fused_default()  # OMAR's sampled actions through kernels.py (omar.py)
 
-    def forward(self, obs: torch.Tensor, act: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, act: torch.Tensor | None = None, twins: int | None = None,
+                frozen: bool = False) -> torch.Tensor:
         """obs [B, n, o] (act [B, n, A]) -> Q [T, B, n]. Extra leading sample axes: obs [B, M, n, o]
-        -> [T, B, M, n]."""
+        -> [T, B, M, n]. `twins`: evaluate only the first `twins` twins (T = twins; twin 1 alone for
+        OMAR's Q_1); `frozen`: no gradient to the critics' parameters (only to obs/act)."""
+        T = self.T if twins is None else twins
         x = obs if act is None else torch.cat([obs, act], -1)
         lead = x.shape[:-2]
         x = x.reshape(-1, self.n, x.shape[-1]).transpose(0, 1)  # [n, B*, in]
-        x = x.unsqueeze(0).expand(self.T, -1, -1, -1).reshape(self.T * self.n, -1, x.shape[-1])
-        q = self.mlp(x)[..., 0].view(self.T, self.n, -1).transpose(1, 2)  # [T, B*, n]
-        return q.reshape(self.T, *lead, self.n)
+        x = x.unsqueeze(0).expand(T, -1, -1, -1).reshape(T * self.n, -1, x.shape[-1])
+        members = None if T == self.T else slice(0, T * self.n)  # member t * n + i = twin t of agent i
+        q = self.mlp(x, members, frozen)[..., 0].view(T, self.n, -1).transpose(1, 2)  # [T, B*, n]
+        return q.reshape(T, *lead, self.n)
+
+
+    # -- sampled actions: the observation part of the first layer computed once per observation ---------
+    def obs_part(self, obs: torch.Tensor, members: slice | None = None) -> tuple[torch.Tensor, ...]:
+        """The first layer's observation part without bias, standardised o_i @ (g_o * W1_o) [E', B, H],
+        and the observation columns' batch mean and variance [E', 1, o] (several calls on the same
+        observations can share it: `split_first_layer(..., obs_part=)`)."""
+        mlp, n = self.mlp, self.n
+        sl = members if members is not None else slice(None)
+        w1 = mlp.hidden[0].weight[sl]
+        E, o = w1.shape[0], obs.shape[-1]
+        x_o = obs.transpose(0, 1)[torch.arange(E, device=obs.device) % n]  # [E', B, o]: member t·n + i reads o_i
+        w1_o = w1[:, :o]
+        if mlp.norm is None:
+            return torch.bmm(x_o, w1_o), None, None
+        mo, vo = mlp.norm.stats(x_o)
+        x_o = (x_o - mo) * torch.rsqrt(vo + mlp.norm.eps)
+        return torch.bmm(x_o, w1_o * mlp.norm.weight[sl][:, 0, :o].unsqueeze(-1)), mo, vo
+
+    def split_first_layer(self, obs: torch.Tensor, samples: torch.Tensor, members: slice | None = None,
+                          obs_part: tuple[torch.Tensor, ...] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The critics at R sampled actions per observation, first layer split as EnsembleCritic's:
+        obs [B, n, o], samples [B, R, n, A] -> h_s [E', B, H] (observation part, bias and the input
+        normaliser folded in), w1a [E', n·A, H] (member t·n + i reads agent i's block, zeros elsewhere)
+        and a [B·R, n·A] (the samples, rows grouped by observation), so that member e's first layer
+        at row (b, r) is h_s[e, b] + a[b·R + r] @ w1a[e]. The normaliser's statistics are those of the
+        plain call on the B·R concatenated rows (each observation repeated R times: its columns'
+        statistics are the B observations'); its running statistics are updated as that call would."""
+        B, R, n, A = samples.shape
+        mlp = self.mlp
+        sl = members if members is not None else slice(None)
+        w1, b1 = mlp.hidden[0].weight[sl], mlp.hidden[0].bias[sl]  # [E', o + A, H], [E', 1, H]
+        E, o = w1.shape[0], obs.shape[-1]
+        agent = torch.arange(E, device=obs.device) % n  # member t·n + i -> agent i
+        hs_o, mo, vo = self.obs_part(obs, members) if obs_part is None else obs_part
+        a = samples.reshape(B * R, n * A)
+        w1_a = w1[:, o:]
+        if mlp.norm is not None:
+            norm = mlp.norm
+            g, beta = norm.weight[sl], norm.bias[sl]  # [E', 1, o + A]
+            ma, va = (x.view(n, 1, A)[agent] for x in norm.stats(a))  # each agent's sample columns
+            norm.update_running(torch.cat([mo, ma], -1), torch.cat([vo, va], -1), B * R, members)
+            ga = g[:, :, o:] * torch.rsqrt(va + norm.eps)  # [E', 1, A]: the action columns' scale, folded
+            b1 = b1 + torch.bmm(beta, w1) - torch.bmm(ma * ga, w1_a)
+            w1_a = w1_a * ga.transpose(1, 2)
+        h_s = hs_o + b1  # [E', B, H]
+        onehot = torch.nn.functional.one_hot(agent, n).to(w1.dtype)  # [E', n]
+        w1a = (onehot[:, :, None, None] * w1_a.unsqueeze(1)).reshape(E, n * A, -1)
+        return h_s, w1a, a
+
+    def sampled_lse(self, obs: torch.Tensor, samples: torch.Tensor, offset: torch.Tensor, temp: float = 1.0
+                    ) -> torch.Tensor:
+        """OMAR's CQL logsumexp, cache-blocked (kernels.blocked_lse: forward and backward of each block
+        of observations while it is in cache): obs [B, n, o], samples [B, R, n, A], offset [B, R, n]
+        -> [T·n]: mean over b of T·logsumexp_r((Q_e(o_i, a^r_i) - offset[b, r, i]) / T), member e = t·n + i.
+        The plain statement is OMAR.critic_loss's non-fused branch (omar.py)."""
+        B, R, n, _ = samples.shape
+        h_s, w1a, a = self.split_first_layer(obs, samples)
+        mlp, E = self.mlp, h_s.shape[0]
+        off = offset.permute(2, 0, 1)[torch.arange(E, device=obs.device) % n].unsqueeze(2)  # [E, B, 1, R]
+        pol, _ = kernels.blocked_lse(h_s, w1a, mlp.hidden[1].weight, mlp.hidden[1].bias, mlp.out.weight,
+                                     mlp.out.bias, a, off, h_s.new_ones(B, 1), temp)
+        return pol
+
+    @torch.no_grad()
+    def sampled_q(self, obs: torch.Tensor, samples: torch.Tensor, twins: int = 1,
+                  obs_part: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """Q of the first `twins` twins at R sampled actions per observation (no gradient), in blocks of
+        observations whose activations stay in cache (kernels.blocked_trunk): obs [B, n, o], samples
+        [B, R, n, A] -> [twins, B, R, n] (`obs_part`: self.obs_part(obs, those twins' members), shared by
+        calls on the same observations)."""
+        B, R, n, _ = samples.shape
+        sl = slice(0, twins * n)
+        h_s, w1a, a = self.split_first_layer(obs, samples, sl, obs_part)
+        mlp = self.mlp
+        q = kernels.blocked_trunk(h_s, w1a, mlp.hidden[1].weight[sl], mlp.hidden[1].bias[sl], mlp.out.weight[sl],
+                                  mlp.out.bias[sl], a)  # [E', B·R]
+        return q.view(twins, n, B, R).permute(0, 2, 3, 1)
 
 
 class IndependentBase(Checkpointable, DeterministicActors):

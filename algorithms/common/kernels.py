@@ -1,20 +1,29 @@
-"""Fused and cache-blocked CPU kernels for the continuous centralised critic (`EnsembleCritic` in
-continuous.py), behind a switch: the plain torch code in continuous.py and cfcql.py states the math,
-these compute the same numbers (up to float summation order) with less memory traffic.
+"""Fused and cache-blocked CPU kernels for the continuous critics (`EnsembleCritic` in continuous.py,
+OMAR's `IndepCritics` in independent.py), behind a switch: the plain torch code in continuous.py,
+cfcql.py, independent.py and omar.py states the math, these compute the same numbers (up to float
+summation order) with less memory traffic. The discrete networks' kernels are in kernels_discrete.py,
+behind the same switch.
 
     _FusedTrunk   the critic from the first layer's action part on, with a hand-written in-place backward
     _BlockedLSE   the CF-CQL penalty's critic part, forwarded and backpropagated block by block of states
+                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
     _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
-    keep_freed_memory   the glibc allocator setting the runner makes once per process (suite/runner.py)
+    keep_freed_memory, large_allocations_from_heap
+                  the glibc allocator settings the runner makes once per process (suite/runner.py)
 
-Switch: `use_fused(False)` (the runner: PLCQL_KERNELS=plain) makes every critic built afterwards take
-the plain path. On by default: on CPU the fused path is the faster one (docs/algorithms/cfcql.md
-"Speed"); it is what every committed result ran with. Not part of the run key, like the device and the
-thread count, which also move the last bits. tests/test_speed_equivalence.py checks every kernel here
-against a plain-autograd reference and the plain path of the algorithms.
+Switch: `use_fused(False)` (the runner: PLCQL_KERNELS=plain; `fused_kernels(False)` for a block) makes
+every network built afterwards take the plain path. On by default: on CPU the fused path is the faster
+one (docs/algorithms/cfcql.md "Speed", docs/algorithms/discrete-machinery.md "Fused kernels"); it is
+what every committed result ran with. Not part of the run key, like the device and the thread count,
+which also move the last bits. tests/test_speed_equivalence.py, tests/test_omar_fast.py and
+tests/test_discrete_fast.py check every kernel against a plain-autograd reference and the plain path of
+the algorithms.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 
@@ -29,6 +38,18 @@ def use_fused(on: bool) -> None:
 
 def fused_default() -> bool:
     return _FUSED
+
+
+@contextlib.contextmanager
+def fused_kernels(on: bool) -> Iterator[None]:
+    """`use_fused(on)` inside the block, the previous choice restored after it: networks built inside
+    take the fused (True) or plain (False) path for their lifetime (tests, `bench-speed --compare-plain`)."""
+    old = _FUSED
+    use_fused(on)
+    try:
+        yield
+    finally:
+        use_fused(old)
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,9 +162,9 @@ class _BlockedLSE(torch.autograd.Function):
     forwarded AND backpropagated block by block of states while the block's activations are in cache.
 
     Inputs as `_FusedTrunk` (h_s [E, B, H] with bias, w1a, w2, b2, w3, b3) plus a [B*R, nA] (rows grouped
-    by state, no gradient), off [B, G, M] or None, w [B, G], T. Every pol_j depends only on member j's
-    parameters and is a mean over states of per-state terms that depend only on that state's rows, so the
-    gradient of pol_j with respect to member j's parameters is a sum over state blocks of the blocks'
+    by state, no gradient), off [B, G, M] (or [E, B, G, M]: per member) or None, w [B, G], T. Every pol_j
+    depends only on member j's parameters and is a mean over states of per-state terms that depend only on
+    that state's rows, so the gradient of pol_j with respect to member j's parameters is a sum over state blocks of the blocks'
     gradients, and dpol_j/dh_s[j, b] depends only on block(b)'s forward. These gradients (for an upstream
     gradient of 1 per member) are computed inside forward, block by block, and backward scales them by
     the upstream gradient of each member: the same numbers as autograd through the full [E, B*R, H]
@@ -196,7 +217,7 @@ class _BlockedLSE(torch.autograd.Function):
             # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
             torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
             if off is not None:
-                z.sub_(off[b0:b1_])
+                z.sub_(off[..., b0:b1_, :, :])  # off [B, G, M], or [E, B, G, M] per member
             if not keep:
                 continue
             # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
@@ -253,6 +274,48 @@ def blocked_lse_penalty(critic, state: torch.Tensor, actions: torch.Tensor, n_gr
     w = weights.detach().to(h_s.dtype).expand(B, n_groups).contiguous()
     off = None if offset is None else offset.detach().to(h_s.dtype).reshape(B, n_groups, R // n_groups)
     return _BlockedLSE.apply(*args, a.detach(), off, w, float(temp), keep)
+
+
+def blocked_lse(h_s: torch.Tensor, w1a: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, w3: torch.Tensor,
+                b3: torch.Tensor, a: torch.Tensor, offset: torch.Tensor | None, weights: torch.Tensor,
+                temp: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_BlockedLSE` on a first layer already split (h_s [E, B, H] with bias, w1a [E, nA, H], a [B*R, nA]),
+    for critics other than EnsembleCritic (OMAR's per-agent critics, independent.py: `sampled_lse`).
+    offset [B, G, M] or [E, B, G, M] (per member), weights [B, G]. Returns pol [E] and sum z [E]."""
+    args = (h_s, w1a, w2, b2, w3, b3)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    off = None if offset is None else offset.detach().to(h_s.dtype).contiguous()
+    return _BlockedLSE.apply(*args, a.detach(), off, weights.detach().to(h_s.dtype).contiguous(), float(temp),
+                             keep)
+
+
+@torch.no_grad()
+def blocked_trunk(h_s: torch.Tensor, w1a: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, w3: torch.Tensor,
+                  b3: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """q [E, B*R] of the critic trunk (as `fused_trunk`) without gradient, in blocks of states whose
+    activations stay in cache (as `_BlockedLSE`'s forward): OMAR's zeroth-order search evaluates Q_1 at
+    many sampled actions per observation and keeps only the values."""
+    E, B, H = h_s.shape
+    nA = a.shape[1]
+    R = a.shape[0] // B
+    # as _BlockedLSE's forward: h1 carries a constant-1 column so b2 rides in the second GEMM
+    w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)
+    h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)
+    w2_ = torch.cat([w2, b2], 1)
+    w3t = w3.transpose(1, 2)
+    bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))
+    buf1, buf2 = h_s.new_empty(E * bs * R * (H + 1)), h_s.new_empty(E * bs * R * H)
+    q = h_s.new_empty(E, B * R)
+    for b0 in range(0, B, bs):
+        nb = min(B, b0 + bs) - b0
+        rows = nb * R
+        h1 = buf1[:E * rows * (H + 1)].view(E, rows, H + 1)
+        h2 = buf2[:E * rows * H].view(E, rows, H)
+        torch.bmm(a[b0 * R:b0 * R + rows].expand(E, rows, nA), w1a_, out=h1)
+        _add_relu_(h1.view(E, nb, R, H + 1), h_s_[:, b0:b0 + nb].unsqueeze(2))
+        torch.bmm(h1, w2_, out=h2).relu_()
+        q[:, b0 * R:b0 * R + rows] = torch.baddbmm(b3, w3t, h2.transpose(1, 2)).view(E, rows)  # GEMV, row-major h2
+    return q
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,3 +380,25 @@ def keep_freed_memory() -> None:
 
 
 _MALLOC_TUNED = False
+
+# Discrete tasks: glibc mmaps every allocation above its mmap threshold (32 MiB at most) and unmaps it on
+# free, so each of a discrete ensemble round's large tensors (a [10, 77440, 64] GRU output is 198 MB on
+# smax-2s3z) is faulted in page by page on every round: with the fused kernels and their buffer pool
+# still ~0.7 million page faults and ~1.1 s of system time per PLCQL round (1 thread), against 0.05
+# million and 0.07 s from the heap (docs/algorithms/discrete-machinery.md "Fused kernels"). Serving them
+# from the heap (M_MMAP_MAX = 0) and never trimming it (keep_freed_memory) reuses the same pages from
+# round to round. The process keeps its peak memory; requests the heap cannot grow for still fall back
+# to mmap inside glibc.
+_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
+
+
+def large_allocations_from_heap(on: bool = True) -> None:
+    """Serve large allocations from the heap (True) or with glibc's default mmap (False). Process-wide:
+    the runner sets it once for discrete tasks on CPU (suite/runner.py: configure_process), after
+    `keep_freed_memory`; silently does nothing where glibc is not available."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
+    except (OSError, AttributeError):
+        pass

@@ -46,11 +46,17 @@ class StackedLinear(nn.Module):
         self.weight = nn.Parameter(w)
         self.bias = nn.Parameter(b)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [E, B, in] (or [B, in], shared by all members) -> [E, B, out]."""
+    def forward(self, x: torch.Tensor, members: slice | None = None, frozen: bool = False) -> torch.Tensor:
+        """x: [E, B, in] (or [B, in], shared by all members) -> [E, B, out]. `members`: only those members
+        (x then has their count on its leading axis); `frozen`: no gradient to the weights."""
+        w, b = self.weight, self.bias
+        if members is not None:
+            w, b = w[members], b[members]
+        if frozen:
+            w, b = w.detach(), b.detach()
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.n_members, -1, -1)
-        return torch.baddbmm(self.bias, x, self.weight)
+            x = x.unsqueeze(0).expand(w.shape[0], -1, -1)
+        return torch.baddbmm(b, x, w)
 
     def extra_repr(self) -> str:
         return f"members={self.n_members}, in={self.in_dim}, out={self.out_dim}"
@@ -84,21 +90,29 @@ class StackedInputNorm(nn.Module):
         xc = x - mean
         return mean, (xc * xc).sum(-2, keepdim=True) / n
 
-    def update_running(self, mean: torch.Tensor, var: torch.Tensor, n: int) -> None:
+    def update_running(self, mean: torch.Tensor, var: torch.Tensor, n: int, members: slice | None = None) -> None:
         if not self.track:
             return
+        sl = members if members is not None else slice(None)
         with torch.no_grad():
             unbiased = var * (n / max(n - 1, 1))
-            self.running_mean.lerp_(mean.detach().expand_as(self.running_mean), self.momentum)
-            self.running_var.lerp_(unbiased.detach().expand_as(self.running_var), self.momentum)
+            rm, rv = self.running_mean[sl], self.running_var[sl]
+            rm.lerp_(mean.detach().expand_as(rm), self.momentum)
+            rv.lerp_(unbiased.detach().expand_as(rv), self.momentum)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None, frozen: bool = False) -> torch.Tensor:
+        """x [E', B, in] for the members `members` (all: E' = E); `frozen`: no gradient to the affine
+        parameters (running statistics are still updated in training mode, as every call does)."""
+        sl = members if members is not None else slice(None)
+        w, b = self.weight[sl], self.bias[sl]
+        if frozen:
+            w, b = w.detach(), b.detach()
         if self.training or not self.track:
             mean, var = self.stats(x)
-            self.update_running(mean, var, x.shape[-2])
+            self.update_running(mean, var, x.shape[-2], members)
         else:
-            mean, var = self.running_mean, self.running_var
-        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+            mean, var = self.running_mean[sl], self.running_var[sl]
+        return (x - mean) * torch.rsqrt(var + self.eps) * w + b
 
 
 class StackedMLP(nn.Module):
@@ -121,15 +135,16 @@ class StackedMLP(nn.Module):
         self.out = StackedLinear(n_members, dims[-1], out_dim, generator, init_scale=last_init_scale)
         self.tanh_out = tanh_out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [E, B, in] or shared [B, in] -> [E, B, out]."""
+    def forward(self, x: torch.Tensor, members: slice | None = None, frozen: bool = False) -> torch.Tensor:
+        """x: [E, B, in] or shared [B, in] -> [E, B, out]. `members`: evaluate only those members (x's
+        leading axis then counts them); `frozen`: no gradient to any parameter (only to x)."""
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.n_members, -1, -1)
+            x = x.unsqueeze(0).expand(len(range(self.n_members)[members or slice(None)]), -1, -1)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x, members, frozen)
         for layer in self.hidden:
-            x = self.act(layer(x))
-        x = self.out(x)
+            x = self.act(layer(x, members, frozen))
+        x = self.out(x, members, frozen)
         return torch.tanh(x) if self.tanh_out else x
 
 

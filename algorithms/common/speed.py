@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -62,6 +63,21 @@ def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
     return SyntheticBuffer(spec, size, device, seed)
 
 
+# The discrete CFCQL family trains its behaviour model on 10M sampled timesteps before its first round
+# (a one-time cost of minutes on SMAX that no round repeats); timing stops it after this many updates.
+TIMING_BEHAVIOUR_UPDATES = 20
+
+
+def timing_config(cls: type, overrides: dict[str, Any]):
+    """The algorithm's config for timing: `overrides`, with the behaviour model's one-time training
+    capped at TIMING_BEHAVIOUR_UPDATES updates (a round's cost does not depend on it)."""
+    ov = dict(overrides)
+    if "behaviour_max_updates" in getattr(cls.Config, "__dataclass_fields__", {}):
+        cap = int(ov.get("behaviour_max_updates", cls.Config.behaviour_max_updates))  # 0 = no cap
+        ov["behaviour_max_updates"] = TIMING_BEHAVIOUR_UPDATES if cap <= 0 else min(cap, TIMING_BEHAVIOUR_UPDATES)
+    return make_config(cls, ov)
+
+
 def batch_field(cls: type) -> str:
     """The config field that holds the batch: transitions, or episodes for episode-batch algorithms."""
     return "batch_episodes" if batch_kind(cls) == "episodes" else "batch_size"
@@ -75,9 +91,10 @@ def batch_size_of(cls: type, overrides: dict[str, Any]) -> int:
 def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any] | None = None,
                        rounds: int = 20, batch_size: int | None = None, warmup: int = 3,
                        device: str = "cpu", seed: int = 0, buffer_size: int = 100_000,
-                       clock: str = "wall") -> dict[str, float]:
+                       clock: str = "wall", flops: bool = False) -> dict[str, float]:
     """Build `algo_name` on `spec` with `overrides` (batch_size overrides the config's), run `warmup`
-    untimed rounds and then `rounds` timed rounds; returns median/mean/min/max ms per round.
+    untimed rounds and then `rounds` timed rounds; returns median/mean/min/max ms per round (and, with
+    `flops`, the FLOPs of one more round: `round_flops`).
     clock="cpu" measures this process's CPU time instead of wall time: on a shared, oversubscribed
     machine it is the stable number, and with 1 torch thread it equals the quiet-machine wall time."""
     timer = time.process_time if clock == "cpu" else time.perf_counter
@@ -87,7 +104,7 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
         ov[batch_field(cls)] = batch_size
     torch.manual_seed(seed)
     np.random.seed(seed)
-    algo = cls(spec, make_config(cls, ov), seed, device)
+    algo = cls(spec, timing_config(cls, ov), seed, device)
     buf = make_buffer(cls, spec, buffer_size, device, seed)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(warmup):
@@ -101,6 +118,8 @@ def time_update_rounds(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
         times.append((timer() - t0) * 1e3)
     out = {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
            "min_ms": min(times), "max_ms": max(times), "rounds": rounds}
+    if flops:
+        out["flops"] = round_flops(algo, buf)
     if hasattr(algo, "compute_target"):  # target construction alone (the PAR part that PLCQL cuts from n to 1)
         bs = batch_size_of(cls, ov)
         tt = []
@@ -121,27 +140,83 @@ def time_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict
     """Milliseconds of each timed round of several algorithms run in alternation, so that a shared
     machine's changing load hits all of them alike. The order alternates too (A B, then B A, ...), so
     neither always runs right after the other. Use it, with `paired_ratio`, to compare."""
-    algos = {}
-    buf = make_buffer(get_algorithm(names[0], discrete=spec.discrete), spec, 100_000, device, seed)
-    for name in names:
+    return time_variants({n: (n, overrides.get(n, {}), None) for n in names}, spec, rounds, warmup, device,
+                         seed, clock, batch_size)
+
+
+def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], Any] | None]], spec: TaskSpec,
+                  rounds: int = 20, warmup: int = 2, device: str = "cpu", seed: int = 0, clock: str = "wall",
+                  batch_size: int | None = None) -> dict[str, list[float]]:
+    """`time_interleaved` for labelled variants {label: (algorithm, overrides, context)}: a variant is
+    built and each of its rounds runs inside `context()` when one is given (e.g. kernels.fused_kernels(False),
+    to time the plain torch path against the fused kernels of the same algorithm)."""
+    labels = list(variants)
+    algos, contexts = {}, {}
+    buf = make_buffer(get_algorithm(variants[labels[0]][0], discrete=spec.discrete), spec, 100_000, device, seed)
+    for label, (name, overrides, context) in variants.items():
         cls = get_algorithm(name, discrete=spec.discrete)
-        ov = dict(overrides.get(name, {}))
+        ov = dict(overrides)
         if batch_size is not None:
             ov[batch_field(cls)] = batch_size
+        contexts[label] = context or contextlib.nullcontext
         torch.manual_seed(seed)
-        algos[name] = cls(spec, make_config(cls, ov), seed, device)
+        with contexts[label]():
+            algos[label] = cls(spec, timing_config(cls, ov), seed, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [] for n in labels}
     timer = time.process_time if clock == "cpu" else time.perf_counter
     for i in range(warmup + rounds):
-        order = names if i % 2 == 0 else names[::-1]
-        for name in order:
-            t0 = timer()
-            algos[name].update(buf)
-            sync()
+        order = labels if i % 2 == 0 else labels[::-1]
+        for label in order:
+            with contexts[label]():
+                t0 = timer()
+                algos[label].update(buf)
+                sync()
+                dt = (timer() - t0) * 1e3
             if i >= warmup:
-                times[name].append((timer() - t0) * 1e3)
+                times[label].append(dt)
     return times
+
+
+# -- how far from the floor ---------------------------------------------------------------------
+
+def matmul_rate(device: str = "cpu", clock: str = "wall", n: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of an n x n fp32 matmul on `device` with the current torch threads (best of `reps`,
+    after one warm-up), on `clock`: the reference rate that `bench-speed`'s floor divides by."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, generator=g, device=device)
+    b = torch.randn(n, n, generator=g, device=device)
+    out = torch.empty(n, n, device=device)
+    torch.mm(a, b, out=out)
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = timer()
+        torch.mm(a, b, out=out)
+        sync()
+        best = min(best, timer() - t0)
+    return 2 * n ** 3 / max(best, 1e-9) / 1e9
+
+
+def round_flops(algo, sample) -> float:
+    """Floating-point operations of one update round, counted by torch's FlopCounterMode over the
+    matrix products it executes (mm, bmm, addmm, baddbmm and their in-place forms, forward and
+    backward, recomputations included); elementwise work is not counted, so FLOPs / matmul_rate is
+    a floor no implementation of the same arithmetic can beat on that machine."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def bmm_(self_shape, b1, b2, *args, out_shape=None, **kwargs) -> int:
+        return 2 * b1[0] * b1[1] * b1[2] * b2[2]
+
+    def mm_(self_shape, m1, m2, *args, out_shape=None, **kwargs) -> int:
+        return 2 * m1[0] * m1[1] * m2[1]
+
+    aten = torch.ops.aten  # the in-place forms are not in torch's table
+    with FlopCounterMode(display=False, custom_mapping={aten.baddbmm_: bmm_, aten.addmm_: mm_}) as counter:
+        algo.update(sample)
+    return float(counter.get_total_flops())
 
 
 def paired_ratio(a: list[float], b: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -197,7 +272,7 @@ def time_rounds_within(algo_name: str, spec: TaskSpec, overrides: dict[str, Any]
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    algo = cls(spec, make_config(cls, dict(overrides or {})), seed, device)
+    algo = cls(spec, timing_config(cls, dict(overrides or {})), seed, device)
     buf = make_buffer(cls, spec, 100_000, device, seed)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     algo.update(buf)

@@ -1,0 +1,386 @@
+"""Fused kernels for the discrete-action (SMAX/SMAC) networks: the GRU recurrence and the
+counterfactual mixer, each one autograd Function with a hand-written backward. Same equations as
+the plain paths they replace (`StackedRNNAgent`/`RNNAgent`, `StackedQMixer`/`QMixer.counterfactual`),
+which stay in the code as the readable reference; `tests/test_discrete_fast.py` checks values and
+every gradient against them.
+
+Why (smax-2s3z, 128 episodes x 121 observations x 5 agents, 10 members, 1 thread): the plain
+autograd GRU issues ~25 ops per time step forward and backward (split/cat pairs, per-step weight
+gradients), and the counterfactual mixer materialises an [E, B*T, n, A, embed] tensor (1 GB) several
+times per round under checkpointing. Every large tensor is also a fresh mmap that the kernel faults
+in page by page (the allocator setting below).
+
+  fused_gru   the recurrence in one Function: ~7 ops per step forward, ~11 backward (tanh/sigmoid
+              backward as single ops, lerp for the state update), gates saved in one buffer, the
+              weight gradients as one GEMM over all steps after the loop. The gate, input-projection
+              and gradient buffers come from a pool kept across rounds (no page faults).
+  narrow_linear
+              the stacked agents' Q head (A outputs) with its weight gradient as (g^T x)^T, the fast
+              layout on CPU for few outputs.
+  counterfactual_mix
+              Q_tot(s, a_i = j, a_-i) for every agent i and action j, forward and backward in row
+              blocks of ~BLOCK_BYTES, so the [rows, n, A, embed] intermediate lives in cache and is
+              recomputed in backward instead of stored.
+  cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
+              blocks, the gradient computed in forward while the block is in cache (no recomputation).
+  (the allocator: kernels.large_allocations_from_heap, set once per process by the runner for discrete
+  tasks on CPU: serving the round's large tensors from the heap saves ~1.1 s of system time per PLCQL
+  round on 2s3z)
+
+The switch is the one in kernels.py (`use_fused`, the runner's PLCQL_KERNELS): each network reads it
+when it is built (the `fused` attribute of RNNAgent, QMixer, StackedRNNAgent, StackedQMixer) and takes
+its plain torch path (discrete.py, discrete_ensemble.py) when it is off. Not part of an algorithm's config, so run keys do not change.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BLOCK_BYTES = 1 << 20  # counterfactual_mix: bytes of [rows, n, A, embed] intermediate per block
+
+
+class _Pool:
+    """Large scratch buffers reused across rounds (fresh ones would be mmapped and faulted in every
+    time). A buffer is handed out once and only comes back through `give`; a buffer never given back
+    (a graph dropped before its backward) is simply freed by Python."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.free: list[torch.Tensor] = []
+        self.keep = keep
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        need = 1
+        for s in shape:
+            need *= s
+        fits = [i for i, b in enumerate(self.free)
+                if b.numel() >= need and b.dtype == like.dtype and b.device == like.device]
+        if fits:
+            buf = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            buf = torch.empty(need, dtype=like.dtype, device=like.device)
+        return buf[:need].view(shape)
+
+    def give(self, *views: torch.Tensor) -> None:
+        for v in views:
+            base = v._base if v._base is not None else v
+            if all(base.data_ptr() != b.data_ptr() for b in self.free):
+                self.free.append(base)
+        if len(self.free) > self.keep:  # drop the smallest (a shape seen once)
+            self.free.sort(key=torch.Tensor.numel)
+            del self.free[: len(self.free) - self.keep]
+
+
+POOL = _Pool()
+
+
+# --------------------------------------------------------------------------------------------
+# GRU
+
+
+def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor | None,
+               hs: torch.Tensor, gates: torch.Tensor | None) -> None:
+    """The recurrence (nn.GRU's equations, gate order r, z, n) over gi [E, L, N, 3H] (input
+    projections with b_ih), writing hs [E, L, N, H]; with `gates` [E, L, N, 4H] it keeps, per step,
+    r, z, the hidden projection's n part W_hn h + b_hn and n (in that order) for the backward pass.
+    The hidden projection is written straight into the step's gate row (no copy): its r and z parts
+    are then overwritten by the gates."""
+    E, L, N, H3 = gi.shape
+    H = H3 // 3
+    tmp = None if gates is not None else hs.new_empty(E, N, 4 * H)
+    h = h0 if h0 is not None else hs.new_zeros(E, N, H)
+    for t in range(L):
+        g = gates[:, t] if gates is not None else tmp
+        torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])  # W_hh h + b_hh: [gh_r, gh_z, gh_n]
+        rz = g[..., :2 * H]
+        torch.add(gi[:, t, :, :2 * H], rz, out=rz).sigmoid_()
+        n = g[..., 3 * H:]
+        torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n).tanh_()
+        torch.lerp(n, h, rz[..., H:], out=hs[:, t])  # (1 - z)·n + z·h
+        h = hs[:, t]
+
+
+class _GRU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, h0, L):
+        E, LN, _ = x.shape
+        H, N = w_hh.shape[1], LN // L
+        gi = POOL.take((E, L, N, 3 * H), x)
+        torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
+        gates = POOL.take((E, L, N, 4 * H), x)
+        hs = x.new_empty(E, L, N, H)
+        _gru_steps(gi, w_hh, b_hh, h0, hs, gates)
+        ctx.save_for_backward(x, w_ih, w_hh, hs, h0)
+        ctx.bufs = [gi, gates]  # gi's buffer holds d gi in backward
+        return hs
+
+    @staticmethod
+    def backward(ctx, dhs):
+        if ctx.bufs is None:
+            raise RuntimeError("fused_gru frees its buffers in backward: no retain_graph")
+        x, w_ih, w_hh, hs, h0 = ctx.saved_tensors
+        dgi, gates = ctx.bufs
+        ctx.bufs = None
+        E, L, N, H = hs.shape
+        dghn = POOL.take((E, L, N, H), hs)  # d(W_hn h + b_hn) = d n_pre · r
+        wt_rz = w_hh[..., :2 * H].transpose(1, 2).contiguous()  # [E, 2H, H]
+        wt_n = w_hh[..., 2 * H:].transpose(1, 2).contiguous()  # [E, H, H]
+        dh, dn = hs.new_empty(E, N, H), hs.new_empty(E, N, H)
+        drz = hs.new_empty(E, N, 2 * H)
+        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1
+        zeros = hs.new_zeros(E, N, H) if h0 is None else None
+        for t in range(L - 1, -1, -1):
+            g = gates[:, t]
+            r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
+            h_prev = hs[:, t - 1] if t > 0 else (h0 if h0 is not None else zeros)
+            torch.add(dhs[:, t], dh_rec, out=dh)
+            torch.sub(h_prev, n, out=drz[..., H:]).mul_(dh)  # dz = dh·(h_prev − n)
+            torch.mul(dh, z, out=dh_rec)  # the direct path z·h_prev
+            torch.sub(dh, dh_rec, out=dn)  # dn = dh·(1 − z)
+            dn_pre = dgi[:, t, :, 2 * H:]
+            torch.ops.aten.tanh_backward.grad_input(dn, n, grad_input=dn_pre)
+            torch.mul(dn_pre, ghn, out=drz[..., :H])  # dr
+            drz_pre = dgi[:, t, :, :2 * H]
+            torch.ops.aten.sigmoid_backward.grad_input(drz, g[..., :2 * H], grad_input=drz_pre)
+            torch.mul(dn_pre, r, out=dghn[:, t])
+            dh_rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, t], wt_n)
+        dgi_f, dghn_f = dgi.view(E, L * N, 3 * H), dghn.view(E, L * N, H)
+        dx = dw_ih = db_ih = dw_hh = db_hh = dh0 = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.bmm(dgi_f, w_ih.transpose(1, 2))
+        if ctx.needs_input_grad[1]:
+            dw_ih = torch.bmm(x.transpose(1, 2), dgi_f)
+        if ctx.needs_input_grad[2]:
+            db_ih = dgi_f.sum(1, keepdim=True)
+        if ctx.needs_input_grad[3]:
+            h_prev = hs[:, :L - 1].reshape(E, (L - 1) * N, H).transpose(1, 2)  # h_0 .. h_{L-2}: steps 1..L-1
+            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, 1:].reshape(E, (L - 1) * N, 3 * H)[..., :2 * H]),
+                               torch.bmm(h_prev, dghn[:, 1:].reshape(E, (L - 1) * N, H))], -1)
+            if h0 is not None:  # step 0 starts from h0
+                dw_hh += torch.cat([torch.bmm(h0.transpose(1, 2), dgi[:, 0, :, :2 * H]),
+                                    torch.bmm(h0.transpose(1, 2), dghn[:, 0])], -1)
+        if ctx.needs_input_grad[4]:
+            db_hh = torch.cat([dgi_f[..., :2 * H].sum(1, keepdim=True), dghn_f.sum(1, keepdim=True)], -1)
+        if ctx.needs_input_grad[5]:
+            dh0 = dh_rec
+        POOL.give(dgi, gates, dghn)
+        return dx, dw_ih, db_ih, dw_hh, db_hh, dh0, None
+
+
+def fused_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
+              h0: torch.Tensor | None, steps: int) -> torch.Tensor:
+    """E GRUs (weights stacked on a leading member axis) over `steps` time steps.
+
+    x [E, L·N, In] time-major rows (step t = rows t·N .. t·N+N−1), w_ih [E, In, 3H], b_ih [E, 1, 3H],
+    w_hh [E, H, 3H], b_hh [E, 1, 3H], h0 [E, N, H] or None (zeros) -> hidden states [E, L, N, H]."""
+    E, LN, _ = x.shape
+    H = w_hh.shape[1]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh, h0)):
+        return _GRU.apply(x, w_ih, b_ih, w_hh, b_hh, h0, steps)
+    gi = POOL.take((E, steps, LN // steps, 3 * H), x)
+    torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
+    hs = x.new_empty(E, steps, LN // steps, H)
+    _gru_steps(gi, w_hh, b_hh, h0, hs, None)
+    POOL.give(gi)
+    return hs
+
+
+class _NarrowLinear(torch.autograd.Function):
+    """y = x @ w + b for stacked members with few outputs (the agents' Q head: A actions): autograd's
+    weight gradient x^T @ g ([E, In, R] @ [E, R, A]) runs at ~3 GFLOP/s on CPU for A = 10; computed as
+    (g^T @ x)^T it is ~9x faster (smax-2s3z: 280 -> 32 ms per round). Same numbers up to summation order."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        return torch.baddbmm(b, x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx = torch.bmm(g, w.transpose(1, 2)) if need[0] else None
+        dw = torch.bmm(g.transpose(1, 2), x).transpose(1, 2) if need[1] else None
+        db = g.sum(1, keepdim=True) if need[2] else None
+        return dx, dw, db
+
+
+def narrow_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x [E, R, In] @ w [E, In, A] + b [E, 1, A] (see `_NarrowLinear`)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w, b)):
+        return _NarrowLinear.apply(x, w, b)
+    return torch.baddbmm(b, x, w)
+
+
+# --------------------------------------------------------------------------------------------
+# Counterfactual mixer
+
+
+def _block_rows(row_elems: int, elem_bytes: int) -> int:
+    return max(1, BLOCK_BYTES // max(1, row_elems * elem_bytes))
+
+
+def _cf_block(pre, delta, w1):
+    """elu(pre + delta·w1) for one block: [rb, n, A, Em]."""
+    x = torch.addcmul(pre[:, None, None, :], delta.unsqueeze(-1), w1.unsqueeze(2))
+    return F.elu_(x)
+
+
+class _CounterfactualMix(torch.autograd.Function):
+    """out[r, i, j] = Σ_e w2[r, e] · elu(pre[r, e] + delta[r, i, j] · w1[r, i, e]). With s = elu'(x):
+    d pre = w2 ⊙ Σ_ij dout·s,  d w2 = Σ_ij dout·elu(x),  d w1[r, i] = w2 ⊙ Σ_j dout·delta·s,
+    d delta[r, i, j] = dout · Σ_e s·w1·w2. The sums over (i, j) are batched row-vector × matrix
+    products; the short sums over j and e are a multiply and a sum (faster on CPU than a bmm)."""
+
+    @staticmethod
+    def forward(ctx, pre, delta, w1, w2):
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        out = delta.new_empty(R, n, A)
+        rb = _block_rows(n * A * Em, delta.element_size())
+        for r0 in range(0, R, rb):
+            s = slice(r0, r0 + rb)
+            e = _cf_block(pre[s], delta[s], w1[s])
+            torch.sum(e.mul_(w2[s][:, None, None, :]), -1, out=out[s])
+        ctx.save_for_backward(pre, delta, w1, w2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        pre, delta, w1, w2 = ctx.saved_tensors
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        dout = dout.contiguous()
+        dpre, ddelta = torch.empty_like(pre), torch.empty_like(delta)
+        dw1, dw2 = torch.empty_like(w1), torch.empty_like(w2)
+        w12 = w1 * w2.unsqueeze(1)  # [R, n, Em]
+        gd = dout * delta  # [R, n, A]
+        rb = _block_rows(n * A * Em, delta.element_size())
+        tmp_all = delta.new_empty(min(rb, R), n, A, Em)
+        for r0 in range(0, R, rb):
+            s = slice(r0, r0 + rb)
+            e = _cf_block(pre[s], delta[s], w1[s])
+            k = e.shape[0]
+            go = dout[s].view(k, 1, n * A)
+            torch.bmm(go, e.view(k, n * A, Em), out=dw2[s].view(k, 1, Em))
+            sd = e.clamp_(max=0.0).add_(1.0)  # elu'(x) from elu(x): exp(x) below 0, 1 above
+            torch.bmm(go, sd.view(k, n * A, Em), out=dpre[s].view(k, 1, Em))
+            tmp = tmp_all[:k]
+            torch.sum(torch.mul(sd, gd[s].unsqueeze(-1), out=tmp), 2, out=dw1[s])  # (a bmm with K = A is slower)
+            torch.sum(sd.mul_(w12[s].unsqueeze(2)), -1, out=ddelta[s])
+        dpre.mul_(w2)
+        dw1.mul_(w2.unsqueeze(1))
+        ddelta.mul_(dout)
+        return dpre, ddelta, dw1, dw2
+
+
+def counterfactual_mix(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Σ_e elu(pre_e + delta_ij · w1_ie) · w2_e for every row, agent i and action j, in cache-sized
+    row blocks: pre [R, Em], delta [R, n, A], w1 [R, n, Em], w2 [R, Em] -> [R, n, A] (QMIX's second
+    layer without its bias; see QMixer.counterfactual)."""
+    pre, delta, w1, w2 = (t.contiguous() for t in (pre, delta, w1, w2))
+    return _CounterfactualMix.apply(pre, delta, w1, w2)
+
+
+# --------------------------------------------------------------------------------------------
+# CF-CQL's negative term, fused with the counterfactual mixer
+
+
+@torch.no_grad()
+def cf_lambda(cf: torch.Tensor, avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float) -> torch.Tensor:
+    """CFCQL's λ over agents (CFCQLDiscrete.cf_weights' formula): cf [..., n, A], avail [..., n, A],
+    logbeta = log(β + 1e-5) [..., n, A] (None: uniform 1/n) -> [..., n]."""
+    from plcql_bench.algorithms.common.discrete import masked_softmax
+
+    n = cf.shape[-2]
+    if logbeta is None or temp == 0:
+        return cf.new_full(cf.shape[:-1], 1.0 / n)
+    mu = masked_softmax(cf, avail).add_(1e-5)
+    kl = (mu * (mu.log() - logbeta) * avail).sum(-1)
+    if temp >= 100:
+        return F.one_hot(kl.argmax(-1), n).to(cf.dtype)
+    return torch.softmax(temp * kl, -1)
+
+
+class _CFNegative(torch.autograd.Function):
+    """neg[r] = Σ_i λ_i(r) · logsumexp_{j available} cf[r, i, j], cf = counterfactual_mix(...) + b2,
+    λ from cf (detached, `cf_lambda`'s formula). Each row depends only on its own inputs, so the gradient
+    of neg[r] for an upstream gradient of 1 is computed in forward, block by block, while the block's
+    [rows, n, A, embed] activations are in cache (no recomputation), and backward scales it by each
+    row's upstream gradient (as kernels._BlockedLSE). d neg / d cf = λ_i · softmax_avail(cf_i).
+    The per-block softmax, logsumexp and λ share one exp pass (few ops: they run once per block)."""
+
+    @staticmethod
+    def forward(ctx, pre, delta, w1, w2, b2, avail, logbeta, temp, members):
+        R, n, A = delta.shape
+        Em = pre.shape[-1]
+        M = R // members
+        neg, lam = delta.new_empty(R), delta.new_empty(R, n)
+        dpre, ddelta = torch.empty_like(pre), torch.empty_like(delta)
+        dw1, dw2, db2 = torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(b2)
+        rb = min(M, _block_rows(n * A * Em, delta.element_size()))
+        tmp_all = delta.new_empty(rb, n, A, Em)
+        w12 = w1 * w2.unsqueeze(1)  # [R, n, Em]
+        ok = avail > 0
+        any_ok = ok.any(-1)  # [M, n]: agents with an available action (all of them on real steps)
+        # -inf on unavailable actions; a row with none available counts all (finite), then zeroed by any_ok
+        mask_add = torch.zeros_like(avail).masked_fill_(~ok & any_ok.unsqueeze(-1), float("-inf"))
+        keep = any_ok.to(delta.dtype)
+        uniform = logbeta is None or temp == 0
+        for e in range(members):  # blocks within a member: rows e·M + m share avail[m] and β[m]
+            for m0 in range(0, M, rb):
+                k = min(M, m0 + rb) - m0
+                s, sm = slice(e * M + m0, e * M + m0 + k), slice(m0, m0 + k)
+                x = _cf_block(pre[s], delta[s], w1[s])  # elu(pre_cf) [k, n, A, Em]
+                tmp = tmp_all[:k]
+                cf = torch.sum(torch.mul(x, w2[s][:, None, None, :], out=tmp), -1).add_(b2[s].view(k, 1, 1))
+                z = cf.add_(mask_add[sm])
+                mx = z.amax(-1, keepdim=True)
+                p = z.sub_(mx).exp_()  # cf no longer needed
+                se = p.sum(-1, keepdim=True)
+                p.div_(se)  # masked softmax over the available actions
+                lse = se.log_().add_(mx)[..., 0]  # masked logsumexp
+                kp = keep[sm]
+                if uniform:
+                    lam_b = kp.new_full(kp.shape, 1.0 / n)
+                else:  # KL(μ || β) per agent, μ = the softmax (CFCQLDiscrete.cf_weights)
+                    mu = p + 1e-5
+                    kl = (mu * mu.log().sub_(logbeta[sm]) * avail[sm]).sum(-1)
+                    lam_b = F.one_hot(kl.argmax(-1), n).to(kl.dtype) if temp >= 100 else torch.softmax(temp * kl, -1)
+                lam[s] = lam_b
+                lk = lam_b * kp
+                neg[s] = (lk * lse).sum(-1)
+                go = p.mul_(lk.unsqueeze(-1))  # d neg / d cf [k, n, A]
+                db2[s] = go.sum((1, 2)).view(k, 1)
+                gov = go.view(k, 1, n * A)
+                torch.bmm(gov, x.view(k, n * A, Em), out=dw2[s].view(k, 1, Em))
+                sd = x.clamp_(max=0.0).add_(1.0)  # elu'(pre_cf)
+                torch.bmm(gov, sd.view(k, n * A, Em), out=dpre[s].view(k, 1, Em))
+                torch.sum(torch.mul(sd, (go * delta[s]).unsqueeze(-1), out=tmp), 2, out=dw1[s])
+                torch.sum(sd.mul_(w12[s].unsqueeze(2)), -1, out=ddelta[s])
+                ddelta[s].mul_(go)
+        dpre.mul_(w2)
+        dw1.mul_(w2.unsqueeze(1))
+        ctx.save_for_backward(dpre, ddelta, dw1, dw2, db2)
+        ctx.mark_non_differentiable(lam)
+        return neg, lam
+
+    @staticmethod
+    def backward(ctx, gneg, glam):
+        dpre, ddelta, dw1, dw2, db2 = ctx.saved_tensors
+        g = gneg.view(-1, 1)
+        return (dpre * g, ddelta * g.unsqueeze(-1), dw1 * g.unsqueeze(-1), dw2 * g, db2 * g,
+                None, None, None, None)
+
+
+def cf_negative(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float, members: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) per row, and λ, in one
+    cache-blocked pass (see _CFNegative). Rows r = e·M + m for `members` mixers over M states:
+    pre [R, Em], delta [R, n, A], w1 [R, n, Em], w2 [R, Em], b2 [R, 1] (QMIX's first layer at the data,
+    the counterfactual deltas, |W1|, |W2|, b2; see QMixer.counterfactual), avail [M, n, A],
+    logbeta [M, n, A] = log(β + 1e-5) or None (λ = 1/n) -> neg [R], λ [R, n] (no gradient)."""
+    args = [t.contiguous() for t in (pre, delta, w1, w2, b2)]
+    lb = None if logbeta is None else logbeta.contiguous()
+    return _CFNegative.apply(*args, avail.contiguous(), lb, float(temp), int(members))

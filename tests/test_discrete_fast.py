@@ -1,0 +1,266 @@
+"""The fused discrete kernels (algorithms/common/kernels_discrete.py) against the plain torch paths they
+replace (discrete.py, discrete_ensemble.py: a network's `fused` off, or built under
+kernels.fused_kernels(False), the runner's PLCQL_KERNELS=plain), which are the code as it was before them:
+
+  * fused_gru vs the stacked autograd GRU (StackedRNNAgent) and nn.GRU (RNNAgent): outputs, last
+    hidden state, the gradients of every parameter and of h0, with and without h0, one step and many;
+  * counterfactual_mix vs the materialised [rows, n, A, embed] mixer (StackedQMixer / QMixer), with
+    a tiny block size so that several blocks and a ragged last one run;
+  * whole update rounds of CFCQL, MACQL, SPaCQL and PLCQL (discrete), fused vs plain from the same
+    seed: every parameter after three rounds and the logged metrics agree within float tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels_discrete as fast
+from plcql_bench.algorithms.common.discrete import QMixer, RNNAgent
+from plcql_bench.algorithms.common.discrete_ensemble import StackedQMixer, StackedRNNAgent
+from plcql_bench.datasets.episodes import EpisodeSampler
+
+from test_discrete_machinery import SPEC, ragged
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _grads(out, params, seed=1):
+    """Gradients of a random linear function of the outputs (every output element matters)."""
+    loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + i), dtype=o.dtype)).sum()
+               for i, o in enumerate(out))
+    return torch.autograd.grad(loss, params)
+
+
+def _set_fused(net: torch.nn.Module, on: bool) -> None:
+    for m in net.modules():
+        if hasattr(m, "fused"):
+            m.fused = on
+
+
+def _run_both(net, fn):
+    """fn() with `net`'s fused kernels on, then with its plain path."""
+    _set_fused(net, True)
+    got = fn()
+    _set_fused(net, False)
+    exp = fn()
+    _set_fused(net, True)
+    return got, exp
+
+
+def _close(got, exp, rtol=1e-10, atol=1e-12):
+    for i, (g, e) in enumerate(zip(got, exp)):
+        assert g.shape == e.shape, i
+        assert torch.allclose(g, e, rtol=rtol, atol=atol * max(1.0, float(e.detach().abs().max()))), (i, (g - e).abs().max())
+
+
+@pytest.mark.parametrize("steps", [1, 7])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_fused_gru_matches_stacked_autograd_gru(steps, with_h0):
+    torch.manual_seed(0)
+    E, B, n, o, A, H = 3, 4, 3, 5, 6, 8
+    agent = StackedRNNAgent([RNNAgent(n, o, A, H) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(2)
+    obs = torch.randn(B, steps, n, o, generator=g, dtype=F64)
+    last = torch.randn(B, steps, n, A, generator=g, dtype=F64)
+    h0 = torch.randn(E, B, n, H, generator=g, dtype=F64, requires_grad=True) if with_h0 else None
+    params = list(agent.parameters()) + ([h0] if with_h0 else [])
+
+    def run():
+        out, hT = agent(obs, last, h0)
+        return out, hT, _grads((out, hT), params)
+
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(agent, run)
+    _close([out, hT, *gr], [out_p, hT_p, *gr_p])
+    with torch.no_grad():  # the no-grad path (targets, acting) gives the same values
+        out_ng, hT_ng = agent(obs, last, h0)
+    assert torch.allclose(out_ng, out, rtol=1e-12) and torch.allclose(hT_ng, hT, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_fused_gru_matches_nn_gru_agent(dtype):
+    torch.manual_seed(1)
+    B, L, n, o, A, H = 5, 9, 3, 7, 6, 16
+    agent = RNNAgent(n, o, A, H).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(B, L, n, o, generator=g).to(dtype)
+    last = torch.randn(B, L, n, A, generator=g).to(dtype)
+    h0 = torch.randn(B, n, H, generator=g).to(dtype).requires_grad_()
+    params = list(agent.parameters()) + [h0]
+
+    def run():
+        out, hT = agent(obs, last, h0)
+        return out, hT, _grads((out, hT), params)
+
+    (out, hT, gr), (out_p, hT_p, gr_p) = _run_both(agent, run)
+    rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
+    _close([out, hT, *gr], [out_p, hT_p, *gr_p], rtol, atol)
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """Two rows per block: several blocks and a ragged last one."""
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 2 * 3 * 6 * 4 * 8)
+
+
+def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
+    torch.manual_seed(2)
+    E, M, n, A, S = 3, 11, 3, 6, 9
+    mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(4)
+    q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
+    acts = torch.randint(0, A, (M, n), generator=g)
+    state = torch.randn(M, S, generator=g, dtype=F64)
+    params = [q, *mixer.parameters()]
+
+    def run():
+        cf = mixer.counterfactual(q, acts, state)
+        return cf, _grads((cf,), params)
+
+    (cf, gr), (cf_p, gr_p) = _run_both(mixer, run)
+    _close([cf, *gr], [cf_p, *gr_p])
+    # the weights argument (shared with the TD mixer) gives the same values
+    w = mixer.weights(state)
+    assert torch.allclose(mixer.counterfactual(q, acts, state, w), cf, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_counterfactual_mix_matches_the_single_mixer(tiny_blocks, dtype):
+    torch.manual_seed(3)
+    B, T, n, A, S = 2, 5, 3, 6, 9
+    mixer = QMixer(n, S, 4, 8).to(dtype)
+    g = torch.Generator().manual_seed(5)
+    q = (torch.randn(B, T, n, A, generator=g) * 3).to(dtype).requires_grad_()
+    acts = torch.randint(0, A, (B, T, n), generator=g)
+    state = torch.randn(B, T, S, generator=g).to(dtype)
+    params = [q, *mixer.parameters()]
+
+    def run():
+        cf = mixer.counterfactual(q, acts, state)
+        return cf, _grads((cf,), params)
+
+    (cf, gr), (cf_p, gr_p) = _run_both(mixer, run)
+    rtol, atol = (1e-10, 1e-12) if dtype == F64 else (1e-4, 1e-6)
+    _close([cf, *gr], [cf_p, *gr_p], rtol, atol)
+
+
+def test_fused_gru_refuses_a_second_backward():
+    agent = StackedRNNAgent([RNNAgent(2, 3, 4, 5) for _ in range(2)])
+    assert agent.fused  # the default
+    out, _ = agent(torch.randn(2, 3, 2, 3), torch.zeros(2, 3, 2, 4))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        out.sum().backward()
+
+
+TINY = {"batch_episodes": 4, "hidden": 8, "mixing_embed": 4, "hypernet_embed": 8, "behaviour_max_updates": 3,
+        "softmax_temp": 1.0, "target_update_interval": 2}
+ENSEMBLE = {"n_critics": 3}
+
+
+@pytest.mark.parametrize("name,temp", [("cfcql", 1.0), ("cfcql", 100.0), ("macql", 1.0), ("spacql", 1.0),
+                                       ("plcql", 1.0), ("plcql", 0.0), ("plcql-lcb", 1.0)])
+def test_update_rounds_match_the_plain_kernels(name, temp, monkeypatch):
+    """Three update rounds from the same seed: fused and plain give the same parameters (Adam, clipping,
+    target copies and the random draws all included) and the same metrics, within float32 tolerance."""
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)  # several counterfactual blocks per round
+    cls = get_algorithm(name, discrete=True)
+    fields = set(cls.Config.__dataclass_fields__)
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8, "softmax_temp": temp}.items() if k in fields}
+    arrays = ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
+    runs = {}
+    for plain in (False, True):
+        torch.manual_seed(0)
+        with kernels.fused_kernels(not plain):  # what PLCQL_KERNELS=plain does: networks built on the plain path
+            algo = cls(SPEC, make_config(cls, cfg), 0)
+        assert all(m.fused != plain for net in algo.modules().values() for m in net.modules() if hasattr(m, "fused"))
+        sampler = EpisodeSampler(arrays, 0, "cpu")
+        metrics = [algo.update(sampler) for _ in range(3)]
+        runs[plain] = (algo, metrics)
+    (fa, fm), (pa, pm) = runs[False], runs[True]
+    for key, mod in fa.modules().items():
+        for (pname, p), q in zip(mod.state_dict().items(), pa.modules()[key].state_dict().values()):
+            assert torch.allclose(p.float(), q.float(), rtol=1e-4, atol=1e-5), (key, pname, (p - q).abs().max())
+    for a, b in zip(fm, pm):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert abs(a[k] - b[k]) <= 1e-4 * max(1.0, abs(b[k])), (k, a[k], b[k])
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.5, 100.0], ids=["uniform", "soft", "hard"])
+def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
+    """Σ_i λ_i masked-logsumexp_j Q_tot(s, a_i = j, a_-i), λ from the KL to β (CFCQL's formula), in one
+    blocked pass: values, λ, and the gradients of q and every mixer parameter."""
+    from plcql_bench.algorithms.common.discrete import masked_logsumexp, masked_softmax
+
+    from test_discrete_machinery import random_masks
+
+    torch.manual_seed(4)
+    E, M, n, A, S = 3, 7, 3, 6, 9
+    mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
+    g = torch.Generator().manual_seed(6)
+    q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
+    acts = torch.randint(0, A, (M, n), generator=g)
+    state = torch.randn(M, S, generator=g, dtype=F64)
+    avail = random_masks(g, (M, n, A)).to(F64)
+    beta = masked_softmax(torch.randn(M, n, A, generator=g, dtype=F64), avail)
+    logbeta = (beta + 1e-5).log()
+    up = torch.randn(E, M, generator=g, dtype=F64)
+    params = [q, *mixer.parameters()]
+
+    mixer.fused = False
+    cf = mixer.counterfactual(q, acts, state)  # [E, M, n, A]: the plain path
+    mixer.fused = True
+    mu = masked_softmax(cf.detach(), avail) + 1e-5
+    kl = (mu * (mu.log() - logbeta) * avail).sum(-1)
+    lam_r = {0.0: torch.full_like(kl, 1 / n), 100.0: torch.nn.functional.one_hot(kl.argmax(-1), n).to(F64)}.get(
+        temp, torch.softmax(temp * kl, -1))
+    neg_r = (lam_r * masked_logsumexp(cf, avail)).sum(-1)
+    exp = torch.autograd.grad((neg_r * up).sum(), params)
+
+    neg, lam = fast.cf_negative(*mixer.counterfactual_parts(q, acts, state), avail, logbeta if temp else None, temp, E)
+    assert torch.allclose(neg.view(E, M), neg_r, rtol=1e-10) and torch.allclose(lam.view(E, M, n), lam_r, rtol=1e-10)
+    got = torch.autograd.grad((neg.view(E, M) * up).sum(), params)
+    _close(got, exp)
+
+
+def test_the_runner_switch_reaches_the_discrete_networks(monkeypatch):
+    """PLCQL_KERNELS=plain (the runner's configure_process) builds every discrete network on its plain path;
+    fused (the default) on the kernels."""
+    from plcql_bench.suite.runner import KERNELS_ENV, configure_process
+
+    cls = get_algorithm("plcql", discrete=True)
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8}.items() if k in cls.Config.__dataclass_fields__}
+    try:
+        for choice, on in (("plain", False), ("fused", True)):
+            monkeypatch.setenv(KERNELS_ENV, choice)
+            configure_process("cpu", discrete=True)
+            algo = cls(SPEC, make_config(cls, cfg), 0)
+            flags = [m.fused for net in algo.modules().values() for m in net.modules() if hasattr(m, "fused")]
+            assert len(flags) >= 4 and all(f == on for f in flags), (choice, flags)
+    finally:
+        kernels.use_fused(True)
+
+
+def test_the_allocator_is_set_by_the_runner_not_by_an_algorithm(monkeypatch):
+    """Large allocations from the heap: set by configure_process for a discrete task on CPU (and reset for a
+    continuous one), never by building or updating an algorithm; no algorithm file calls mallopt."""
+    from pathlib import Path
+
+    from plcql_bench.suite.runner import configure_process
+
+    calls = []
+    monkeypatch.setattr(kernels, "large_allocations_from_heap", lambda on=True: calls.append(on))
+    cls = get_algorithm("cfcql", discrete=True)
+    cfg = {k: v for k, v in TINY.items() if k in cls.Config.__dataclass_fields__}
+    cls(SPEC, make_config(cls, cfg), 0).update(EpisodeSampler(ragged(lens=(3, 2)), 0, "cpu"))
+    assert calls == []
+    configure_process("cpu", discrete=True)
+    configure_process("cpu", discrete=False)
+    assert calls == [True, False]
+    root = Path(__file__).resolve().parent.parent / "algorithms"
+    callers = [p.name for p in root.rglob("*.py") if "mallopt" in p.read_text() and p.name != "kernels.py"]
+    assert callers == []
