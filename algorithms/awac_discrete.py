@@ -30,7 +30,8 @@ from torch import nn
 from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean
 from plcql_bench.algorithms.common.discrete_critics import (
-    TwinAgentQ, clipped_exp_weights, policy_expectation, soft_update)
+    TwinAgentQ, clipped_exp_weights, policy_expectation)
+from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.algorithms.iql_discrete import weighted_bc_loss
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -105,7 +106,7 @@ class AWACDiscrete(DiscreteAlgorithm):
         q_loss.backward()
         q_gn = nn.utils.clip_grad_norm_(self.q.parameters(), c.grad_clip)
         self.q_opt.step()
-        soft_update(self.target_q, self.q, c.target_rate)
+        polyak_(self.target_q, self.q, c.target_rate)
         # policy: advantage-weighted BC
         w = clipped_exp_weights(adv, c.beta, c.max_weight)
         p_loss, logp = weighted_bc_loss(logits[:, :T], batch, w)

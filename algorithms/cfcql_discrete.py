@@ -45,8 +45,9 @@ from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.bc_discrete import bc_step
 from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
+    DiscreteAlgorithm, RNNAgent, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets)
+from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -243,8 +244,8 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         self.opt.step()
         self.rounds += 1
         if self.rounds % self.cfg.target_update_interval == 0:
-            hard_update(self.target_agent, self.q_agent)
-            hard_update(self.target_mix, self.mix)
+            hard_update_(self.target_agent, self.q_agent)
+            hard_update_(self.target_mix, self.mix)
         stats["critic/loss"] = loss.detach()
         stats["critic/grad_norm"] = gn
         out.update({k: float(v) for k, v in stats.items()})

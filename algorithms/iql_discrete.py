@@ -34,7 +34,8 @@ from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_log_softmax, masked_mean)
 from plcql_bench.algorithms.common.discrete_critics import (
-    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss, soft_update)
+    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss)
+from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -120,7 +121,7 @@ class IQLDiscrete(DiscreteAlgorithm):
         q_taken = [q.gather(-1, act)[..., 0] for q in qs]
         q_loss = sum(masked_mean((qt - y).pow(2), m) for qt in q_taken) / len(qs)
         q_gn = self._step(q_loss, self.q, self.q_opt)
-        soft_update(self.target_q, self.q, c.target_rate)
+        polyak_(self.target_q, self.q, c.target_rate)
         # policy: advantage-weighted BC
         w = clipped_exp_weights(adv, c.beta, c.max_weight)
         p_loss, logp = weighted_bc_loss(self.actor.unroll(batch)[:, :T], batch, w)

@@ -42,8 +42,9 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, hard_update, masked_log_softmax, masked_mean, masked_softmax,
+    DiscreteAlgorithm, QMixer, RNNAgent, masked_log_softmax, masked_mean, masked_softmax,
     td_lambda_targets)
+from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.algorithms.common.discrete_critics import (
     AgentMLP, batch_softmax_weights, obs_mask, policy_expectation)
 from plcql_bench.suite.core.spec import TaskSpec
@@ -176,8 +177,8 @@ class MAICQDiscrete(DiscreteAlgorithm):
         self.critic_opt.step()
         self.counters["critic_steps"] += int(batch.lengths.max())
         if self.counters["critic_steps"] - self.counters["last_target_update"] >= c.target_update_interval:
-            hard_update(self.target_critic, self.critic)
-            hard_update(self.target_mix, self.mix)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_mix, self.mix)
             self.counters["last_target_update"] = self.counters["critic_steps"]
         # actor
         loss, stats = self.actor_loss(batch, logits[:, :T], q.detach(), k)

@@ -45,8 +45,9 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
+    DiscreteAlgorithm, RNNAgent, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
     masked_softmax)
+from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.algorithms.common.discrete_critics import TwinAgentQ, per_agent_td_lambda
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -180,8 +181,8 @@ class OMARDiscrete(DiscreteAlgorithm):
         self.actor_opt.step()
         self.rounds += 1
         if self.rounds % c.target_update_interval == 0:
-            hard_update(self.target_critic, self.critic)
-            hard_update(self.target_actor, self.actor)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_actor, self.actor)
         q1_taken = q1.detach().gather(-1, batch.actions.unsqueeze(-1))[..., 0]
         stats.update({"critic/td_loss": td.detach(), "critic/cql": cql.detach(), "critic/loss": closs.detach(),
                       "critic/q_taken": masked_mean(q1_taken, m), "critic/target": masked_mean(y, m),

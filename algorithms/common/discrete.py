@@ -11,7 +11,7 @@ Public API
   masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
             masked_uniform_sample, masked_mean, NEG
   networks: RNNAgent (shared-parameter GRU agent), QMixer (QMIX hypernetwork mixer),
-            last_action_onehot, hard_update, seeded
+            last_action_onehot, seeded (target updates: nets.polyak_ / nets.hard_update_)
   targets:  td_lambda_targets
   losses:   bc_cross_entropy
   acting:   RecurrentActing (begin_episodes()/act() for a greedy GRU policy)
@@ -265,10 +265,6 @@ class QMixer(nn.Module):
         q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
         pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
         return pre[:, 0], q_all - q_taken, w1, w2[..., 0], b2[:, 0]
-
-
-def hard_update(target: nn.Module, source: nn.Module) -> None:
-    target.load_state_dict(source.state_dict())
 
 
 # --------------------------------------------------------------------------------------------

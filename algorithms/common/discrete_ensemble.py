@@ -47,7 +47,7 @@ from plcql_bench.algorithms.common.discrete import (
     masked_softmax)
 from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common import kernels_discrete as fast
-from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
+from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -378,8 +378,8 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         self.opt.step()
         self.rounds += 1
         if self.rounds % c.target_update_interval == 0:
-            self.target_q_ens.load_state_dict(self.q_ens.state_dict())
-            self.target_mix_ens.load_state_dict(self.mix_ens.state_dict())
+            hard_update_(self.target_q_ens, self.q_ens)
+            hard_update_(self.target_mix_ens, self.mix_ens)
         stats["critic/loss"] = loss.detach() / E
         stats["critic/grad_norm"] = gn
         out.update({k: float(v) for k, v in stats.items()})
