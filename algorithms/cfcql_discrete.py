@@ -59,7 +59,7 @@ class Config:
     hypernet_embed: int = 64  # hypernet_embed 64
     lr: float = 1e-3  # lr 0.001, optimizer adam
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.6  # td_lambda 0.6 on every map (configs/cfcql_discrete.yaml says why)
     batch_episodes: int = 128  # batch_size 128 episodes

@@ -65,7 +65,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10 (default.yaml; ICQ's own repo: 20)
     batch_episodes: int = 128  # batch_size 128 episodes (ICQ's own repo: 32)
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.8  # td_lambda 0.8
     # --- ICQ weights (icq_learner.py constants) ---

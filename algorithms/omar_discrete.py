@@ -64,7 +64,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.6  # td_lambda 0.6
     target_update_interval: int = 25  # rounds: target_update_interval 200 "episodes" / batch_size_run 8

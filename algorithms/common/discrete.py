@@ -347,14 +347,6 @@ class RecurrentActing:
         return a.cpu().numpy().astype(np.int64)
 
 
-# SMAC (SC2) runs with reward_scale_rate 20, so a whole episode's return is at most 20, and the
-# references' hyperparameters (cql_alpha, lr, grad_clip, ...) are tuned at that scale. SMAX's team
-# return is at most about 2 (enemy health lost, normalised to 1, + 1 for a win). With rewards c
-# times smaller, a CQL-style loss alpha * penalty + TD^2 behaves as if alpha were 1/c times larger,
-# so the reward-learning discrete algorithms multiply SMAX rewards by 10 (config `reward_scale`,
-# set per task by `task_overrides`; datasets keep SMAX's raw rewards). docs/smax.md.
-SMAX_REWARD_SCALE = 10.0
-
 # Timeouts (SMAX and SC2 alike). The datasets keep `terminals` (battle over) and `timeouts` (SMAC's
 # episode limit reached) apart. The references count a timeout as terminal: CFCQL's envs/sc2.yaml
 # sets `continuing_episode: False`, so SMAC never reports `episode_limit` in its info and PyMARL's
@@ -373,20 +365,19 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        """Per-map/dataset values from the algorithm's table (none: {}); on SMAX, algorithms that
-        learn from rewards also get `reward_scale` = SMAX_REWARD_SCALE (the table may override)."""
+        """Per-map/dataset values: configs/discrete_common.yaml (the fields this Config declares: on SMAX,
+        `reward_scale` for the algorithms that learn from rewards), then the algorithm's own table."""
         from dataclasses import fields
 
         from plcql_bench.algorithms.common.configs import tier_table
 
-        out = tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
-        if spec.domain == "smax" and "reward_scale" in {f.name for f in fields(cls.Config)}:
-            out = {"reward_scale": SMAX_REWARD_SCALE, **out}
-        return out
+        declared = {f.name for f in fields(cls.Config)}
+        shared = {k: v for k, v in tier_table("discrete_common", spec, tier).items() if k in declared}
+        return {**shared, **tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)}
 
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
         """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`
-        (see SMAX_REWARD_SCALE) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
+        (10 on SMAX: configs/discrete_common.yaml) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
         counted as terminals (the references' convention, see above). Only algorithms whose Config
         declares both fields call it."""
         scale = float(self.cfg.reward_scale)
