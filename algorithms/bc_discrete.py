@@ -45,22 +45,23 @@ def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, gr
 class BCDiscrete(DiscreteAlgorithm):
     name = "bc"
     Config = Config
+    legacy_keys = {"opt": "actor_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         self.actor = self.build(1, lambda: self.agent(config.hidden))
-        self.opt = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
 
     def modules(self) -> dict[str, nn.Module]:
         return {"actor": self.actor}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"opt": self.opt}
+        return {"actor_opt": self.actor_opt}
 
     def policy_agent(self) -> RNNAgent:
         return self.actor
 
     def update(self, sample) -> dict[str, float]:
-        loss = bc_step(self.actor, self.opt, sample(self.cfg.batch_episodes), self.cfg.grad_clip)
+        loss = bc_step(self.actor, self.actor_opt, sample(self.cfg.batch_episodes), self.cfg.grad_clip)
         self.rounds += 1
         return {"bc/cross_entropy": loss}

@@ -204,7 +204,9 @@ class CFCQL(CentralCriticAlgorithm):
             gn = self.critic_step(loss)
             critic_ms.append({**stats, **tstats, "critic/grad_norm": gn})
             if u == 0:
-                out.update(self.actor_step(batch))
+                actor_loss, actor_stats = self.actor_loss(batch)
+                self.actor_step(actor_loss)
+                out.update(actor_stats)
         self.update_targets()
         self.rounds += 1
         out.update(mean_metrics(critic_ms))

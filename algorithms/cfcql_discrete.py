@@ -102,15 +102,16 @@ class CFCQLDiscrete(DiscreteAlgorithm):
     name = "cfcql"
     Config = Config
     table = "cfcql_discrete"  # also the table of its subclasses (MACQL sets its own)
+    legacy_keys = {"q_agent": "critic", "target_agent": "target_critic", "opt": "critic_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
-        self.q_agent = self.build(1, lambda: self.agent(c.hidden))
-        self.mix = self.build(2, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
-        self.target_agent = self.target_of(self.q_agent)
-        self.target_mix = self.target_of(self.mix)
-        self.opt = torch.optim.Adam([*self.q_agent.parameters(), *self.mix.parameters()], lr=c.lr)
+        self.critic = self.build(1, lambda: self.agent(c.hidden))
+        self.mixer = self.build(2, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.target_critic = self.target_of(self.critic)
+        self.target_mixer = self.target_of(self.mixer)
+        self.critic_opt = torch.optim.Adam([*self.critic.parameters(), *self.mixer.parameters()], lr=c.lr)
         self.behaviour: RNNAgent | None = None
         if self.uses_behaviour():
             self.behaviour = self.build(3, lambda: self.agent(c.hidden))
@@ -123,8 +124,8 @@ class CFCQLDiscrete(DiscreteAlgorithm):
     # -- protocol -------------------------------------------------------------------------------
     def value_modules(self) -> dict[str, nn.Module]:
         """The Q agents and mixers, online and target (the ensemble subclass stacks them)."""
-        return {"q_agent": self.q_agent, "mixer": self.mix, "target_agent": self.target_agent,
-                "target_mixer": self.target_mix}
+        return {"critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
+                "target_mixer": self.target_mixer}
 
     def modules(self) -> dict[str, nn.Module]:
         m = self.value_modules()
@@ -133,7 +134,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return m
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        o = {"opt": self.opt}
+        o = {"critic_opt": self.critic_opt}
         if self.behaviour is not None:
             o["behaviour_opt"] = self.behaviour_opt
         return o
@@ -146,7 +147,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         self.behaviour_state = dict(state["behaviour_state"])
 
     def policy_agent(self) -> RNNAgent:
-        return self.q_agent
+        return self.critic
 
     # -- behaviour model ------------------------------------------------------------------------
     def train_behaviour(self, sample) -> dict[str, float]:
@@ -184,12 +185,12 @@ class CFCQLDiscrete(DiscreteAlgorithm):
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
         """TD(λ) targets [B, T] (double Q over the available actions; q_all = the online agent's
         outputs [B, T+1, n, A], computed here when not given)."""
-        tq = self.target_agent.unroll(batch)  # [B, T+1, n, A]
+        tq = self.target_critic.unroll(batch)  # [B, T+1, n, A]
         if q_all is None and self.cfg.double_q:
-            q_all = self.q_agent.unroll(batch)
+            q_all = self.critic.unroll(batch)
         choose_from = q_all.detach() if self.cfg.double_q else tq
         a_star = masked_argmax(choose_from, batch.avail)  # [B, T+1, n]
-        tq_tot = self.target_mix(tq.gather(-1, a_star.unsqueeze(-1))[..., 0], batch.state)  # [B, T+1]
+        tq_tot = self.target_mixer(tq.gather(-1, a_star.unsqueeze(-1))[..., 0], batch.state)  # [B, T+1]
         return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, tq_tot, self.cfg.gamma,
                                  self.cfg.td_lambda)
 
@@ -206,13 +207,13 @@ class CFCQLDiscrete(DiscreteAlgorithm):
                     mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """Counterfactual CQL: [B, T] negative term minus Q_tot(s, a), and diagnostics (mix_w: the
         mixer's weights at s_0..s_T-1 when the caller has them)."""
-        if self.mix.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
+        if self.mixer.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             B, T, n, A = q.shape
-            parts = self.mix.counterfactual_parts(q, batch.actions, batch.state[:, :T], mix_w)
+            parts = self.mixer.counterfactual_parts(q, batch.actions, batch.state[:, :T], mix_w)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
                                         self.cfg.softmax_temp, 1)
             return cql_from_negative(neg.view(B, T), lam.view(B, T, n), batch, q_tot)
-        cf = self.mix.counterfactual(q, batch.actions, batch.state[:, :batch.max_t], mix_w)  # [B, T, n, A]
+        cf = self.mixer.counterfactual(q, batch.actions, batch.state[:, :batch.max_t], mix_w)  # [B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 
     def update(self, sample) -> dict[str, float]:
@@ -221,11 +222,11 @@ class CFCQLDiscrete(DiscreteAlgorithm):
             out.update(self.train_behaviour(sample))
         batch = self.scaled(sample(self.cfg.batch_episodes))
         T = batch.max_t
-        q_all = self.q_agent.unroll(batch)  # [B, T+1, n, A]
+        q_all = self.critic.unroll(batch)  # [B, T+1, n, A]
         q = q_all[:, :T]
         q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
-        mix_w = self.mix.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix.fused else None
-        q_tot = self.mix.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [B, T] (shared weights)
+        mix_w = self.mixer.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mixer.fused else None
+        q_tot = self.mixer.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [B, T] (shared weights)
         y = self.compute_target(batch, q_all)
         td = masked_mean(0.5 * (q_tot - y).pow(2), batch.mask)
         loss = td
@@ -237,15 +238,15 @@ class CFCQLDiscrete(DiscreteAlgorithm):
             loss = loss + self.cfg.cql_alpha * pen
             stats.update(cst)
             stats["cql/penalty"] = pen.detach()
-        self.opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
-        params = [*self.q_agent.parameters(), *self.mix.parameters()]
+        params = [*self.critic.parameters(), *self.mixer.parameters()]
         gn = nn.utils.clip_grad_norm_(params, self.cfg.grad_clip) if self.cfg.grad_clip > 0 else torch.zeros(())
-        self.opt.step()
+        self.critic_opt.step()
         self.rounds += 1
         if self.rounds % self.cfg.target_update_interval == 0:
-            hard_update_(self.target_agent, self.q_agent)
-            hard_update_(self.target_mix, self.mix)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_mixer, self.mixer)
         stats["critic/loss"] = loss.detach()
         stats["critic/grad_norm"] = gn
         out.update({k: float(v) for k, v in stats.items()})

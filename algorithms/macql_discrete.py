@@ -46,6 +46,6 @@ class MACQLDiscrete(CFCQLDiscrete):
         M = self.cfg.n_sampled_actions
         joint = masked_uniform_sample(batch.avail[:, :T], M, self.gen)  # [B, T, n, M], available only
         q_s = q.gather(-1, joint).transpose(-1, -2)  # [B, T, M, n]
-        q_tot_s = self.mix.mix_many(q_s, batch.state[:, :T], mix_w)  # [B, T, M]
+        q_tot_s = self.mixer.mix_many(q_s, batch.state[:, :T], mix_w)  # [B, T, M]
         neg = torch.logsumexp(q_tot_s, -1)
         return neg - q_tot, {"cql/negative": masked_mean(neg.detach(), batch.mask)}

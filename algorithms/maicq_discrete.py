@@ -94,19 +94,19 @@ class MAICQDiscrete(DiscreteAlgorithm):
         self.actor = self.build(1, lambda: self.agent(c.hidden))
         self.critic = self.build(2, lambda: AgentMLP(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                      dueling=True))
-        self.mix = self.build(3, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.mixer = self.build(3, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
         self.target_critic = self.target_of(self.critic)
-        self.target_mix = self.target_of(self.mix)
+        self.target_mixer = self.target_of(self.mixer)
         rms = dict(alpha=c.optim_alpha, eps=c.optim_eps)
         self.actor_opt = torch.optim.RMSprop(self.actor.parameters(), lr=c.lr, **rms)
-        self.critic_params = [*self.critic.parameters(), *self.mix.parameters()]
+        self.critic_params = [*self.critic.parameters(), *self.mixer.parameters()]
         self.critic_opt = torch.optim.RMSprop(self.critic_params, lr=c.critic_lr, **rms)
         self.counters = {"critic_steps": 0, "last_target_update": 0}
 
     # -- protocol -------------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
-        return {"actor": self.actor, "critic": self.critic, "mixer": self.mix, "target_critic": self.target_critic,
-                "target_mixer": self.target_mix}
+        return {"actor": self.actor, "critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
+                "target_mixer": self.target_mixer}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
         return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
@@ -136,7 +136,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         q_data = tq.gather(-1, acts.unsqueeze(-1))[..., 0]
         q_pi = policy_expectation(logits, tq, batch.avail)
         last = torch.arange(T + 1, device=tq.device)[None, :] == batch.lengths[:, None]  # [B, T+1]
-        q_tot = self.target_mix(torch.where(last.unsqueeze(-1), q_pi, q_data), batch.state)  # [B, T+1]
+        q_tot = self.target_mixer(torch.where(last.unsqueeze(-1), q_pi, q_data), batch.state)  # [B, T+1]
         om = obs_mask(batch)
         w = batch_softmax_weights(q_tot, om, self.cfg.beta_q) * om.sum(0, keepdim=True)
         y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, w * q_tot, self.cfg.gamma,
@@ -167,10 +167,10 @@ class MAICQDiscrete(DiscreteAlgorithm):
         y, w_q = self.compute_target(batch, logits.detach())
         # critic + mixer
         q = self.critic(batch.state[:, :T], batch.obs[:, :T])  # [B, T, n, A]
-        q_tot = self.mix(q.gather(-1, batch.actions.unsqueeze(-1))[..., 0], batch.state[:, :T])
+        q_tot = self.mixer(q.gather(-1, batch.actions.unsqueeze(-1))[..., 0], batch.state[:, :T])
         td = masked_mean((q_tot - y).pow(2), batch.mask)
         with torch.no_grad():
-            k = mixer_slopes(self.mix, batch.state[:, :T])
+            k = mixer_slopes(self.mixer, batch.state[:, :T])
         self.critic_opt.zero_grad(set_to_none=True)
         td.backward()
         cgn = nn.utils.clip_grad_norm_(self.critic_params, c.grad_clip)
@@ -178,7 +178,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         self.counters["critic_steps"] += int(batch.lengths.max())
         if self.counters["critic_steps"] - self.counters["last_target_update"] >= c.target_update_interval:
             hard_update_(self.target_critic, self.critic)
-            hard_update_(self.target_mix, self.mix)
+            hard_update_(self.target_mixer, self.mixer)
             self.counters["last_target_update"] = self.counters["critic_steps"]
         # actor
         loss, stats = self.actor_loss(batch, logits[:, :T], q.detach(), k)

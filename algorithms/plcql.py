@@ -127,13 +127,17 @@ def par_reward_terms(q: torch.Tensor, cfg, q_data: torch.Tensor | None = None
     return w * q[0], u, w
 
 
+# PAR's optimiser keys before issue 22 (`Checkpointable.legacy_keys`)
+PAR_LEGACY_KEYS = {"par_opt": "par_policy_opt", "value_opt": "par_value_opt"}
+
+
 class Par:
     """The PAR component both PLCQLs hold as `self.par` (one implementation for both action spaces):
     pi_par(k | s') and its baseline V(s'), their optimisers, and the PAR settings (`ParConfig`):
     sampling k, the replacement mask, the reward r_par, the value update and the PPO update.
 
     Checkpoint keys stay the algorithm's: `modules()` and `optimisers()` name the networks par_policy
-    and par_value and the optimisers par_opt and value_opt, which the algorithm merges into its own."""
+    and par_value and the optimisers par_policy_opt and par_value_opt, which the algorithm merges into its own."""
 
     def __init__(self, cfg: ParConfig, n: int, state_dim: int, init_gen: torch.Generator,
                  device: torch.device | str = "cpu") -> None:
@@ -148,7 +152,7 @@ class Par:
         return {"par_policy": self.policy, "par_value": self.value}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"par_opt": self.policy_opt, "value_opt": self.value_opt}
+        return {"par_policy_opt": self.policy_opt, "par_value_opt": self.value_opt}
 
     @property
     def learned(self) -> bool:
@@ -340,6 +344,7 @@ def collapse_warnings(history: list[dict], learned: bool, n: int) -> tuple[list[
 class PLCQL(CFCQL):
     name = "plcql"
     Config = Config
+    legacy_keys = PAR_LEGACY_KEYS
 
     # -- construction --------------------------------------------------------------------------------
     def _build_extra(self, init_gen: torch.Generator) -> None:
@@ -410,7 +415,9 @@ class PLCQL(CFCQL):
             gn = self.critic_step(loss)
             critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(1).mean()})
             if u == 0:
-                out.update(self.actor_step(batch))
+                actor_loss, actor_stats = self.actor_loss(batch)
+                self.actor_step(actor_loss)
+                out.update(actor_stats)
             if par_here:
                 ms = self.par.stats(probs, k, r_par, u_q, w)
                 if self.par.learned:

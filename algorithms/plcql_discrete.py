@@ -36,7 +36,7 @@ from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
 from plcql_bench.algorithms.common.continuous import host_floats
 from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
-from plcql_bench.algorithms.plcql import Par, ParConfig, par_probe_stats, probe_terms
+from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, Par, ParConfig, par_probe_stats, probe_terms
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Config(EnsembleConfig, ParConfig):
 class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     name = "plcql"
     Config = Config
+    legacy_keys = {**EnsembleCFCQLDiscrete.legacy_keys, **PAR_LEGACY_KEYS}
 
     def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
@@ -78,8 +79,8 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None):
         """y [B, T]: TD(λ) over min_j Qbar_tot,j(s_t', a'^(k)_t'); info carries k and a'^(k)."""
         info = self.par_joint_actions(batch, q_all)
-        tq = self.target_q_ens.unroll(batch)
-        v = self.member_q_tot(tq, self.target_mix_ens, info["joint"].unsqueeze(2), batch.state)[..., 0].min(0).values
+        tq = self.target_critic.unroll(batch)
+        v = self.member_q_tot(tq, self.target_mixer, info["joint"].unsqueeze(2), batch.state)[..., 0].min(0).values
         y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, self.cfg.gamma, self.cfg.td_lambda)
         info["stats"] = {"par/k_replaced": masked_mean(info["mask"].float().sum(-1), info["boot"])}
         return y, info
@@ -87,7 +88,7 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     @torch.no_grad()
     def online_q_tot(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor) -> torch.Tensor:
         """[E, B, T+1]: every online member's Q_tot at (s_t', a'^(k)_t')."""
-        return self.member_q_tot(q_all.detach(), self.mix_ens, joint.unsqueeze(2), batch.state)[..., 0]
+        return self.member_q_tot(q_all.detach(), self.mixer, joint.unsqueeze(2), batch.state)[..., 0]
 
     @torch.no_grad()
     def par_reward(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor):
@@ -127,7 +128,7 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
         """As the continuous PLCQL's: per k, the online members at (s_t', a'^(k)_t') over the probe's
         bootstrap indices with a known dataset action, and π_par on their states (own generator)."""
         B, T1, n = probe.size, probe.max_t + 1, self.n
-        q_all = self.q_ens.unroll(probe)
+        q_all = self.critic.unroll(probe)
         data, valid, boot = self.next_action_data(probe)
         greedy = self.greedy_actions(probe, q_all)
         rows = (valid * boot) > 0.5

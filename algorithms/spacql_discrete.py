@@ -63,15 +63,15 @@ class SPaCQLDiscrete(EnsembleCFCQLDiscrete):
         c = self.cfg
         joint, masks, boot = self.par_joint_actions(batch, q_all)
         with torch.no_grad():
-            tq = self.target_q_ens.unroll(batch)  # [E, B, T+1, n, A]
-            qk = self.member_q_tot(tq, self.target_mix_ens, joint, batch.state)  # [E, B, T+1, n_k]
+            tq = self.target_critic.unroll(batch)  # [E, B, T+1, n, A]
+            qk = self.member_q_tot(tq, self.target_mixer, joint, batch.state)  # [E, B, T+1, n_k]
             q_min = qk.min(0).values
         if c.uncertainty_from == "target":
             u = qk.std(0, correction=0)
         else:
             with torch.set_grad_enabled(not c.detach_weights and torch.is_grad_enabled()):
-                oq = self.q_ens.unroll(batch) if q_all is None else q_all
-                u = self.member_q_tot(oq, self.mix_ens, joint, batch.state).std(0, correction=0)
+                oq = self.critic.unroll(batch) if q_all is None else q_all
+                u = self.member_q_tot(oq, self.mixer, joint, batch.state).std(0, correction=0)
         w = inverse_std_weights(u, c.weights_per, c.weight_eps, rows=boot)
         if c.detach_weights:
             w = w.detach()

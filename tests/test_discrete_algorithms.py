@@ -64,9 +64,9 @@ def test_cfcql_penalty_by_hand(arrays):
     b = EpisodeSampler(arrays, seed=0)(4)
     T = b.max_t
     with torch.no_grad():
-        q = algo.q_agent.unroll(b)[:, :T]
+        q = algo.critic.unroll(b)[:, :T]
         q_taken = q.gather(-1, b.actions[..., None])[..., 0]
-        q_tot = algo.mix(q_taken, b.state[:, :T])
+        q_tot = algo.mixer(q_taken, b.state[:, :T])
         pen, _ = algo.cql_penalty(b, q, q_tot)
         n, A = SPEC.n_agents, SPEC.act_dim
         expect = torch.zeros_like(q_tot)
@@ -75,7 +75,7 @@ def test_cfcql_penalty_by_hand(arrays):
             for j in range(A):
                 qq = q_taken.clone()
                 qq[..., i] = q[..., i, j]
-                vals.append(algo.mix(qq, b.state[:, :T]))
+                vals.append(algo.mixer(qq, b.state[:, :T]))
             vals = torch.stack(vals, -1)  # [B, T, A]
             av = b.avail[:, :T, i]
             lse = torch.where(av.sum(-1) > 0,
@@ -115,8 +115,8 @@ def test_cfcql_lambda_from_behaviour(arrays):
     b = s(4)
     T = b.max_t
     with torch.no_grad():
-        q = algo.q_agent.unroll(b)[:, :T]
-        cf = algo.mix.counterfactual(q, b.actions, b.state[:, :T])
+        q = algo.critic.unroll(b)[:, :T]
+        cf = algo.mixer.counterfactual(q, b.actions, b.state[:, :T])
         lam = algo.cf_weights(cf, b)
         assert torch.allclose(lam.sum(-1), torch.ones(lam.shape[:-1]))
         algo.cfg.softmax_temp = 100.0

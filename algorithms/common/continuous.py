@@ -244,8 +244,8 @@ def make_adam(params, lr: float) -> torch.optim.Optimizer:
 class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
     """Holds actors, target actors, critic ensemble, target critic, optimisers and an RNG.
 
-    Subclasses implement `update()` (CFCQL: `compute_target`, `critic_loss`, then `critic_step`
-    and `actor_step` from here). Config fields used here: hidden, lr, tau, gamma, input_norm, n_critics, grad_clip,
+    Subclasses implement `update()` (CFCQL: `compute_target`, `critic_loss`, then `critic_step`,
+    `actor_loss` and `actor_step` from here). Config fields used here: hidden, lr, tau, gamma, input_norm, n_critics, grad_clip,
     target_noise, action_l2.
     """
 
@@ -311,7 +311,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         self.critic_opt.step()
         return gn.detach()
 
-    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """cf_pol actor loss (reference default): for each agent i, -Q_1(s, a_i = pi_i(o_i), a_-i from the
         dataset), averaged over agents and batch, + action_l2 * sum_i mean(pi_i^2)."""
         pi = self.actors(batch.obs)  # [B, n, A]
@@ -319,16 +319,19 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         q = self.critic(batch.state, joint, members=slice(0, 1), frozen=True)  # [1, B, n]
         pol_loss = -q.mean()
         reg = self.cfg.action_l2 * pi.pow(2).mean(dim=(0, 2)).sum()
-        loss = pol_loss + reg
+        pol, reg_d = pol_loss.detach(), reg.detach()
+        return pol_loss + reg, {"actor/loss": pol, "actor/q": -pol, "actor/action_l2": reg_d}
+
+    def actor_step(self, loss: torch.Tensor) -> None:
+        """One actor step: gradients to the actors only (the critic is frozen in the loss), clipped per agent
+        as the reference."""
         params = list(self.actors.parameters())
         grads = torch.autograd.grad(loss, params)  # no critic weight gradients needed
         for p, g in zip(params, grads):
             p.grad = g
-        clip_grad_norm_stacked_(params, self.cfg.grad_clip, self.n)  # per agent, as the reference
+        clip_grad_norm_stacked_(params, self.cfg.grad_clip, self.n)
         self.actor_opt.step()
         self.actor_opt.zero_grad(set_to_none=True)
-        pol_loss, reg = pol_loss.detach(), reg.detach()
-        return {"actor/loss": pol_loss, "actor/q": -pol_loss, "actor/action_l2": reg}
 
     def update_targets(self) -> None:
         polyak_(self.target_critic, self.critic, self.cfg.tau)

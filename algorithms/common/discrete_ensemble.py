@@ -216,6 +216,8 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
     after the target and before the gradient step (PLCQL's r_par)."""
 
     Config = EnsembleConfig
+    legacy_keys = {"q_ens": "critic", "mixer_ens": "mixer", "target_q_ens": "target_critic",
+                   "target_mixer_ens": "target_mixer", "opt": "critic_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: EnsembleConfig, seed: int, device: str = "cpu") -> None:
         DiscreteAlgorithm.__init__(self, spec, config, seed, device)
@@ -223,22 +225,22 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         if c.n_critics < 1:
             raise ValueError(f"n_critics must be >= 1, got {c.n_critics}")
         E = c.n_critics
-        self.q_ens = StackedRNNAgent([self.build(10 + j, lambda: self.agent(c.hidden)) for j in range(E)]).to(self.device)
-        self.mix_ens = StackedQMixer([self.build(10 + E + j, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.critic = StackedRNNAgent([self.build(10 + j, lambda: self.agent(c.hidden)) for j in range(E)]).to(self.device)
+        self.mixer = StackedQMixer([self.build(10 + E + j, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
                                       for j in range(E)]).to(self.device)
-        self.target_q_ens = self.target_of(self.q_ens)
-        self.target_mix_ens = self.target_of(self.mix_ens)
-        self.opt = make_adam([*self.q_ens.parameters(), *self.mix_ens.parameters()], c.lr)
+        self.target_critic = self.target_of(self.critic)
+        self.target_mixer = self.target_of(self.mixer)
+        self.critic_opt = make_adam([*self.critic.parameters(), *self.mixer.parameters()], c.lr)
         self.behaviour: RNNAgent | None = None
         if self.uses_behaviour():
             self.behaviour = self.build(3, lambda: self.agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
         self.behaviour_state = new_behaviour_state()
-        self._policy = MeanQPolicy(self.q_ens)
+        self._policy = MeanQPolicy(self.critic)
 
     def value_modules(self) -> dict[str, nn.Module]:
-        return {"q_ens": self.q_ens, "mixer_ens": self.mix_ens, "target_q_ens": self.target_q_ens,
-                "target_mixer_ens": self.target_mix_ens}
+        return {"critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
+                "target_mixer": self.target_mixer}
 
     def policy_agent(self) -> MeanQPolicy:  # type: ignore[override]
         return self._policy
@@ -261,7 +263,7 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         """The current policy's greedy available action at every observation [B, T+1, n]: argmax of
         the mean over the ONLINE members' individual Qs (computed here when q_all is None)."""
         if q_all is None:
-            q_all = self.q_ens.unroll(batch)
+            q_all = self.critic.unroll(batch)
         return masked_argmax(q_all.detach().mean(0), batch.avail)
 
     def member_q_tot(self, agent_q: torch.Tensor, mixer: StackedQMixer, joint: torch.Tensor,
@@ -299,28 +301,28 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         E, B, T, n, A = q.shape
         M = B * T
         qf, af, sf = q.reshape(E, M, n, A), actions.reshape(M, n), state.reshape(M, -1)
-        if self.mix_ens.fused:
-            return self.mix_ens.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
+        if self.mixer.fused:
+            return self.mixer.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
         per_row = E * n * A * self.cfg.mixing_embed * 4 * 3  # pre_cf, elu, product (bytes)
         rows = M if self.cfg.cf_block_mb <= 0 else max(1, int(self.cfg.cf_block_mb * 2 ** 20 // per_row))
         if rows >= M and self.cfg.cf_block_mb <= 0:
-            return self.mix_ens.counterfactual(qf, af, sf).view(E, B, T, n, A)
+            return self.mixer.counterfactual(qf, af, sf).view(E, B, T, n, A)
         outs = []
         for r0 in range(0, M, rows):
             sl = slice(r0, r0 + rows)
             if torch.is_grad_enabled():
-                outs.append(checkpoint(self.mix_ens.counterfactual, qf[:, sl], af[sl], sf[sl], use_reentrant=False))
+                outs.append(checkpoint(self.mixer.counterfactual, qf[:, sl], af[sl], sf[sl], use_reentrant=False))
             else:
-                outs.append(self.mix_ens.counterfactual(qf[:, sl], af[sl], sf[sl]))
+                outs.append(self.mixer.counterfactual(qf[:, sl], af[sl], sf[sl]))
         return torch.cat(outs, 1).view(E, B, T, n, A)
 
     def cql_penalty_ens(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
                         w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
         """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics (`w`: the online
         mixers' weights at the batch's states s_0..s_T-1, when the caller has them)."""
-        if self.mix_ens.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
+        if self.mixer.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
-            parts = self.mix_ens.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            parts = self.mixer.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
                                         self.cfg.softmax_temp, E)
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
@@ -346,13 +348,13 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         c = self.cfg
         batch = self.scaled(sample(c.batch_episodes))
         T, E = batch.max_t, c.n_critics
-        q_all = self.q_ens.unroll(batch)  # [E, B, T+1, n, A]
+        q_all = self.critic.unroll(batch)  # [E, B, T+1, n, A]
         q = q_all[:, :, :T]
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
         # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
-        mix_w = self.mix_ens.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix_ens.fused else None
-        q_tot = self.mix_ens.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [E, B, T]
+        mix_w = self.mixer.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mixer.fused else None
+        q_tot = self.mixer.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [E, B, T]
         y, info = self.compute_target(batch, q_all)
         pre = self.before_step(batch, q_all, info)
         m = batch.mask
@@ -368,18 +370,18 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
             stats.update(cst)
             stats["cql/penalty"] = pen_e.detach().mean()
         stats.update(info.get("stats", {}))
-        self.opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
-        params = [*self.q_ens.parameters(), *self.mix_ens.parameters()]
+        params = [*self.critic.parameters(), *self.mixer.parameters()]
         if c.grad_clip > 0:
             gn = clip_grad_norm_stacked_(params, c.grad_clip, E).mean()
         else:
             gn = torch.zeros(())
-        self.opt.step()
+        self.critic_opt.step()
         self.rounds += 1
         if self.rounds % c.target_update_interval == 0:
-            hard_update_(self.target_q_ens, self.q_ens)
-            hard_update_(self.target_mix_ens, self.mix_ens)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_mixer, self.mixer)
         stats["critic/loss"] = loss.detach() / E
         stats["critic/grad_norm"] = gn
         out.update({k: float(v) for k, v in stats.items()})
