@@ -136,7 +136,7 @@ def test_fused_trunk_matches_autograd_and_refuses_second_backward():
 def test_halfcheetah_cql_uses_policy_samples():
     """HalfCheetah branch: agent i's CQL candidates = 10 uniform + 10 noisy current-policy + 10 noisy
     next-policy actions, each corrected by its own log-density."""
-    from plcql_bench.algorithms.cfcql import cf_cql_penalty
+    from plcql_bench.algorithms.common.continuous import cf_cql_penalty
     from plcql_bench.algorithms.common.continuous import counterfactual_joint
 
     algo = build("cfcql", HC, n_critics=2)
