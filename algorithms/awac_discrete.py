@@ -64,7 +64,7 @@ class AWACDiscrete(DiscreteAlgorithm):
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: TwinAgentQ(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                   shared_head=c.shared_head))
         self.target_critic = self.target_of(self.critic)

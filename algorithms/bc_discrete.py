@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, bc_cross_entropy
+from plcql_bench.algorithms.base import register
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, bc_step
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -29,18 +29,6 @@ class Config:
     grad_clip: float = 10.0  # default.yaml grad_norm_clip 10 (0 = off)
 
 
-def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, grad_clip: float) -> float:
-    """One masked cross-entropy step of `agent` on `batch`; returns the loss (also used by CFCQL's
-    behaviour model)."""
-    loss = bc_cross_entropy(agent.unroll(batch), batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(agent.parameters(), grad_clip)
-    opt.step()
-    return float(loss.detach())
-
-
 @register
 class BCDiscrete(DiscreteAlgorithm):
     name = "bc"
@@ -49,7 +37,7 @@ class BCDiscrete(DiscreteAlgorithm):
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
-        self.actor = self.build(1, lambda: self.agent(config.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(config.hidden))
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
 
     def modules(self) -> dict[str, nn.Module]:

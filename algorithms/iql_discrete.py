@@ -78,7 +78,7 @@ class IQLDiscrete(DiscreteAlgorithm):
         super().__init__(spec, config, seed, device)
         c = config
         S, o = spec.state_dim, spec.obs_dim
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: TwinAgentQ(S, o, self.n, self.A, c.critic_hidden, shared_head=c.shared_head))
         self.value = self.build(3, lambda: AgentMLP(S, o, self.n, 1, c.critic_hidden))
         self.target_critic = self.target_of(self.critic)

@@ -91,10 +91,10 @@ class MAICQDiscrete(DiscreteAlgorithm):
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: AgentMLP(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                      dueling=True))
-        self.mixer = self.build(3, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.mixer = self.build(3, lambda: self.new_mixer(c.mixing_embed, c.hypernet_embed))
         self.target_critic = self.target_of(self.critic)
         self.target_mixer = self.target_of(self.mixer)
         rms = dict(alpha=c.optim_alpha, eps=c.optim_eps)

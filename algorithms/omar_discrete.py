@@ -86,7 +86,7 @@ class OMARDiscrete(DiscreteAlgorithm):
         c = config
         if c.omar_search not in ("argmax", "sampled"):
             raise ValueError(f"omar: omar_search must be 'argmax' or 'sampled', got {c.omar_search!r}")
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: TwinAgentQ(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                        dueling=True, shared_head=c.shared_head))
         self.target_actor = self.target_of(self.actor)

@@ -13,7 +13,7 @@ Public API
   networks: RNNAgent (shared-parameter GRU agent), QMixer (QMIX hypernetwork mixer),
             last_action_onehot, seeded (target updates: nets.polyak_ / nets.hard_update_)
   targets:  td_lambda_targets
-  losses:   bc_cross_entropy
+  losses:   bc_cross_entropy, bc_step
   acting:   RecurrentActing (begin_episodes()/act() for a greedy GRU policy)
   base:     DiscreteAlgorithm (Checkpointable + RecurrentActing, batch_kind "episodes")
 """
@@ -305,6 +305,18 @@ def bc_cross_entropy(logits: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
     return -masked_mean(taken, batch.mask.unsqueeze(-1))
 
 
+def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, grad_clip: float) -> float:
+    """One masked cross-entropy step of `agent` on `batch`; returns the loss (BC, and the CFCQL
+    family's behaviour model)."""
+    loss = bc_cross_entropy(agent.unroll(batch), batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(agent.parameters(), grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
 # --------------------------------------------------------------------------------------------
 # Acting and the algorithm base
 
@@ -409,8 +421,8 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
                 m.flatten_parameters()
         return t
 
-    def agent(self, hidden: int) -> RNNAgent:
+    def new_agent(self, hidden: int) -> RNNAgent:
         return RNNAgent(self.n, self.spec.obs_dim, self.A, hidden)
 
-    def mixer(self, embed: int, hypernet: int) -> QMixer:
+    def new_mixer(self, embed: int, hypernet: int) -> QMixer:
         return QMixer(self.n, self.spec.state_dim, embed, hypernet)
