@@ -106,14 +106,21 @@ def tiny_blocks(monkeypatch):
     monkeypatch.setattr(fast, "BLOCK_BYTES", 2 * 3 * 6 * 4 * 8)
 
 
-def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
-    torch.manual_seed(2)
-    E, M, n, A, S = 3, 11, 3, 6, 9
+def _stacked_mixer_case(torch_seed: int, data_seed: int, E: int, M: int, n: int, A: int, S: int):
+    """An E-member float64 stacked QMIX mixer and random per-member agent Qs [E, M, n, A] (requiring
+    grad), dataset actions [M, n] and states [M, S]; also the generator, for more inputs."""
+    torch.manual_seed(torch_seed)
     mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
-    g = torch.Generator().manual_seed(4)
+    g = torch.Generator().manual_seed(data_seed)
     q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
     acts = torch.randint(0, A, (M, n), generator=g)
     state = torch.randn(M, S, generator=g, dtype=F64)
+    return mixer, q, acts, state, g
+
+
+def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
+    E, M, n, A, S = 3, 11, 3, 6, 9
+    mixer, q, acts, state, g = _stacked_mixer_case(2, 4, E, M, n, A, S)
     params = [q, *mixer.parameters()]
 
     def run():
@@ -198,13 +205,8 @@ def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
 
     from test_discrete_machinery import random_masks
 
-    torch.manual_seed(4)
     E, M, n, A, S = 3, 7, 3, 6, 9
-    mixer = StackedQMixer([QMixer(n, S, 4, 8) for _ in range(E)]).to(F64)
-    g = torch.Generator().manual_seed(6)
-    q = (torch.randn(E, M, n, A, generator=g, dtype=F64) * 3).requires_grad_()
-    acts = torch.randint(0, A, (M, n), generator=g)
-    state = torch.randn(M, S, generator=g, dtype=F64)
+    mixer, q, acts, state, g = _stacked_mixer_case(4, 6, E, M, n, A, S)
     avail = random_masks(g, (M, n, A)).to(F64)
     beta = masked_softmax(torch.randn(M, n, A, generator=g, dtype=F64), avail)
     logbeta = (beta + 1e-5).log()
