@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plcql_bench.algorithms.base import register
+from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent
 from plcql_bench.algorithms.common.discrete_ensemble import (
     SINGLE_LEGACY_KEYS, BackboneConfig, CFCQLBackbone, uses_behaviour)
@@ -86,12 +86,16 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         return self.backbone.policy
 
     # -- one round -------------------------------------------------------------------------------
+    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
+        """CFCQL-discrete's TD(λ) double-Q target [B, T] (`CFCQLBackbone.td_target`)."""
+        return self.backbone.td_target(batch, q_all)
+
     def update(self, sample) -> dict[str, float]:
         out = self.backbone.train_behaviour(sample)  # every round reports the same keys (the runner averages them)
         batch = self.scaled(sample(self.cfg.batch_episodes))
         q_all = self.backbone.unroll(batch)  # [1, B, T+1, n, A]
         pred = self.backbone.predict(batch, q_all)
-        out.update(self.backbone.update(batch, pred, self.backbone.td_target(batch, q_all)))
+        out.update(self.backbone.update(batch, pred, self.compute_target(batch, q_all)))
         self.rounds += 1
         if self.rounds % self.cfg.target_update_interval == 0:
             self.backbone.update_targets()

@@ -71,11 +71,15 @@ class MACQLDiscrete(DiscreteAlgorithm):
         neg = torch.logsumexp(q_tot_s, -1)
         return neg - q_tot, {"cql/negative": masked_mean(neg.detach(), batch.mask)}
 
+    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
+        """CFCQL-discrete's TD(λ) double-Q target [B, T] (`CFCQLBackbone.td_target`)."""
+        return self.backbone.td_target(batch, q_all)
+
     def update(self, sample) -> dict[str, float]:
         batch = self.scaled(sample(self.cfg.batch_episodes))
         q_all = self.backbone.unroll(batch)  # [1, B, T+1, n, A]
         pred = self.backbone.predict(batch, q_all)
-        out = self.backbone.update(batch, pred, self.backbone.td_target(batch, q_all),
+        out = self.backbone.update(batch, pred, self.compute_target(batch, q_all),
                                    penalty=self.cql_penalty)
         self.rounds += 1
         if self.rounds % self.cfg.target_update_interval == 0:

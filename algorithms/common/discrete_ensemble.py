@@ -326,7 +326,7 @@ class CFCQLBackbone:
         """`algo`: the DiscreteAlgorithm that holds it (its config, `build`, `agent`, `mixer`, device).
         `stacked`: E members stacked (the ensembles, E >= 1), else one RNNAgent + QMixer (E = 1, CFCQL's).
         `block_mb`: the plain path's CF-CQL row blocks (EnsembleConfig.cf_block_mb; 0 = one block)."""
-        c = self.cfg = algo.cfg
+        self._owner, c = algo, algo.cfg
         if n_members < 1 or (not stacked and n_members != 1):
             raise ValueError(f"n_critics must be >= 1 (1 without stacking), got {n_members}")
         self.n_members, self.stacked, self.block_mb = n_members, stacked, block_mb
@@ -351,6 +351,11 @@ class CFCQLBackbone:
             self.behaviour = algo.build(3, lambda: algo.new_agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
         self.behaviour_state = new_behaviour_state()
+
+    @property
+    def cfg(self) -> Any:
+        """The holding algorithm's config, as it is now."""
+        return self._owner.cfg
 
     # -- checkpoint ------------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
