@@ -241,10 +241,9 @@ def counterfactual_joint(dataset: torch.Tensor, own: torch.Tensor) -> torch.Tens
     Returns [B, n * M, n * A]: row (i, m) has agent i at own[:, i, m] and every j != i at dataset[:, j].
     """
     B, n, M, A = own.shape
-    joint = dataset.reshape(B, 1, 1, n, A).expand(B, n, M, n, A).clone()
-    idx = torch.arange(n, device=own.device)
-    joint[:, idx, :, idx] = own.transpose(0, 1).to(joint.dtype)  # block (i, i) <- agent i's candidates
-    return joint.view(B, n * M, n * A)
+    own_block = torch.eye(n, dtype=torch.bool, device=own.device).view(1, n, 1, n, 1)  # block (i, i)
+    joint = torch.where(own_block, own.to(dataset.dtype).unsqueeze(3), dataset.reshape(B, 1, 1, n, A))
+    return joint.reshape(B, n * M, n * A)
 
 
 def replace_agents(dataset: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
