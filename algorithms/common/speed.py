@@ -178,6 +178,43 @@ def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], An
     return times
 
 
+def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_seeds: int, rounds: int = 20,
+                 warmup: int = 2, device: str = "cpu", clock: str = "wall", batch_size: int | None = None
+                 ) -> dict[str, list[float]]:
+    """Milliseconds of `n_seeds` separate runs' rounds (one round each, back to back, the runner's default
+    kernels) against one round of the same seeds as a SeedStack (algorithms/common/stacked.py), in
+    alternation (A B, then B A, ...): {"separate": [...], "stacked": [...]}, one entry per timed pair. Their
+    ratio separate/stacked is the stack's gain in runs per hour, for runs sharing one process's device."""
+    from plcql_bench.algorithms.common.stacked import SeedStack
+
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    ov = dict(overrides)
+    if batch_size is not None:
+        ov[batch_field(cls)] = batch_size
+    cfg = timing_config(cls, ov)
+    seeds = range(n_seeds)
+    separate = [cls(spec, cfg, s, device) for s in seeds]
+    stack = SeedStack([cls(spec, cfg, s, device) for s in seeds])
+    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+
+    def separate_rounds():
+        for algo, buf in zip(separate, bufs):
+            algo.update(buf)
+
+    variants = {"separate": separate_rounds, "stacked": lambda: stack.update(bufs)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(warmup + rounds):
+        for label in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
+            t0 = timer()
+            variants[label]()
+            sync()
+            if i >= warmup:
+                times[label].append((timer() - t0) * 1e3)
+    return times
+
+
 # -- how far from the floor ---------------------------------------------------------------------
 
 def matmul_rate(device: str = "cpu", clock: str = "wall", n: int = 2048, reps: int = 5) -> float:
