@@ -123,7 +123,12 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
             elif plan.is_done():  # finished by another process meanwhile
                 outcomes[i]["result"] = read_json(plan.final_path)
                 continue
-            runs.append((i, _start(plan, logs[i], dataset, device, [plans[j].cell.seed for j in todo])))
+            try:
+                runs.append((i, _start(plan, logs[i], dataset, device, [plans[j].cell.seed for j in todo])))
+            except BaseException as exc:  # as `runner.execute`: the run's status says why (the others stop too)
+                _stopped([_Run(plan, logs[i], progress={"update": 0, "reached": 0, "runtime_s": 0.0})], exc)
+                _stopped([run for _, run in runs], KeyboardInterrupt(f"{plan.cell.label()} of its stack did not start"))
+                raise
         by_round: dict[int, list[tuple[int, _Run]]] = {}
         for i, run in runs:
             by_round.setdefault(run.state["update"], []).append((i, run))
@@ -159,6 +164,17 @@ def _start(plan, log, dataset, device: str, seeds: list[int]) -> _Run:
         log(f"resuming {cell.label()} from update {u}")
     R._write_status(plan, "running", update=u, runtime_s=run.state["train_s"])
     return run
+
+
+def _stopped(runs: list[_Run], exc: BaseException) -> None:
+    """Every run of a stack that stops on `exc`: failed (an exception) or interrupted (Ctrl-C, SystemExit),
+    with its checkpoint round and the last round reached, as `runner.execute` records one run."""
+    state = "failed" if isinstance(exc, Exception) else "interrupted"
+    for r in runs:
+        R._write_status(r.plan, state, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+                        **r.progress)
+        r.log(f"{state}: {type(exc).__name__}: {exc} (at update {r.progress['reached']}; checkpoint at "
+              f"{r.progress['update']})\n{traceback.format_exc()}")
 
 
 def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
@@ -217,12 +233,7 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
                 result.update(warnings=warnings, **extra)
             results.append(R._validated(result, device))
     except BaseException as exc:
-        state = "failed" if isinstance(exc, Exception) else "interrupted"
-        for r in runs:
-            R._write_status(r.plan, state, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
-                            **r.progress)
-            r.log(f"{state}: {type(exc).__name__}: {exc} (at update {r.progress['reached']}; checkpoint at "
-                  f"{r.progress['update']})\n{traceback.format_exc()}")
+        _stopped(runs, exc)
         raise
     wall = time.time() - started
     for r, result in zip(runs, results):

@@ -263,3 +263,24 @@ def test_all_with_stack_trains_each_seed_as_its_own_run(setup):
         assert "stacked with seeds 0, 1, 2" in (plan.run_dir / "run.log").read_text()
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "skipped 3 (done)" in again.output
+
+
+def test_a_seed_that_cannot_start_fails_alone(setup, monkeypatch):
+    """Seed 1's construction raises: its status says failed (as a separate run's would), seed 0, already
+    started, says interrupted (resumable), and nothing is recorded as done."""
+    tmp, profile = setup
+    plans = _plans(tmp, profile, "b", seeds=(0, 1))
+    cls = load_all()["cfcql"]
+    real_init = cls.__init__
+
+    def init_fails_for_seed_1(self, spec, config, seed, device="cpu"):
+        if seed == 1:
+            raise ValueError("simulated bad seed")
+        real_init(self, spec, config, seed, device)
+
+    monkeypatch.setattr(cls, "__init__", init_fails_for_seed_1)
+    with pytest.raises(ValueError, match="simulated bad seed"):
+        execute_stack(plans, logs=_quiet(2))
+    states = [json.loads((p.run_dir / "status.json").read_text())["status"] for p in plans]
+    assert states == ["interrupted", "failed"]
+    assert not any(p.final_path.exists() for p in plans)
