@@ -136,12 +136,15 @@ def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup
         click.echo(f"# {name} {task_id}: no stacked round (the continuous CFCQL family only), --stack skipped")
         return
     t = time_stacked(name, spec, overrides, n_seeds, rounds=rounds, warmup=min(warmup, 2), device=device,
-                     clock=clock, batch_size=batch)
+                     clock=clock, batch_size=batch, count_ops=True)
+    ops = t.pop("ops")
     ratio, lo, hi = paired_ratio(t["separate"], t["stacked"])
     med = {k: statistics.median(v) for k, v in t.items()}
     click.echo(f"# {name} {task_id}, {rounds} interleaved pairs: {n_seeds} separate rounds {med['separate']:.1f} ms, "
                f"one stacked round of {n_seeds} seeds {med['stacked']:.1f} ms; runs per hour stacked/separate "
                f"{ratio:.2f} (95% CI {lo:.2f}-{hi:.2f})")
+    click.echo(f"# {name} {task_id}: operators dispatched (non-view; ~ kernel launches on a GPU): {n_seeds} separate "
+               f"rounds {ops['separate']}, one stacked round {ops['stacked']} (ratio {ops['separate'] / ops['stacked']:.2f})")
 
 
 def check_algo_names(names) -> None:
