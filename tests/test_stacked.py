@@ -59,6 +59,8 @@ def _separate_and_stacked(name: str, rounds: int = 3, **over):
     ("plcql", {}),
     ("plcql", {"replace_with": "target", "par_updates": "first-batch", "value_steps": 2}),
     ("plcql-uniform", {"par_reward": "lcb"}),
+    ("macql", {}),
+    ("spacql", {}),
 ])
 def test_stacked_seeds_equal_their_separate_runs(name, over):
     separate, stacked, metrics = _separate_and_stacked(name, **over)
@@ -125,6 +127,14 @@ def test_stackable_is_the_continuous_cfcql_family():
 
     assert not stackable(reg["bc"]) and not stackable(reg["omar"])
     assert not stackable(get_algorithm("plcql", discrete=True))
+
+    class OwnRound(reg["cfcql"]):  # a round the stack does not know is refused, not stacked wrongly
+        def update(self, sample):
+            return super().update(sample)
+
+    assert not stackable(OwnRound)
+    with pytest.raises(ValueError, match="no stacked round"):
+        SeedStack([OwnRound(SPEC, make_config(OwnRound, TINY), 0)])
 
 
 # -- the store: one run per seed -------------------------------------------------------------------------
