@@ -95,6 +95,9 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
     skipped | busy, "result"} (trained: the final.json written; skipped: already done). Raises on a failure
     (each seed's status.json then says why)."""
     logs = logs or [print] * len(plans)
+    cells = {(p.cell.algo, p.cell.task, p.cell.tier, p.profile.name) for p in plans}
+    if len(cells) != 1 or len({p.cell.seed for p in plans}) != len(plans):
+        raise ValueError("execute_stack: the plans must be different seeds of one cell (algo, task, tier, profile)")
     outcomes: list[dict] = [{"state": "skipped", "result": None} for _ in plans]
     todo = []
     for i, plan in enumerate(plans):
@@ -132,8 +135,14 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
         by_round: dict[int, list[tuple[int, _Run]]] = {}
         for i, run in runs:
             by_round.setdefault(run.state["update"], []).append((i, run))
-        for _, group in sorted(by_round.items()):
-            results = _train_stack([run for _, run in group], dataset, device)
+        groups = [group for _, group in sorted(by_round.items())]
+        for g, group in enumerate(groups):
+            try:
+                results = _train_stack([run for _, run in group], dataset, device)
+            except BaseException:
+                later = [run for grp in groups[g + 1:] for _, run in grp]
+                _stopped(later, KeyboardInterrupt("an earlier stack of this cell stopped"))
+                raise
             for (i, _), result in zip(group, results):
                 outcomes[i] = {"state": "trained", "result": result}
     return outcomes
@@ -187,6 +196,8 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
     ckpt_every = profile.checkpoint_every_for(plan0.cell.task, plan0.cell.tier)
     rounds, start = budget["updates"], runs[0].state["update"]
     started = clock = time.time()
+    for r in runs:
+        r.log(f"stack of seeds {', '.join(str(x.plan.cell.seed) for x in runs)} from update {start}")
     try:
         stack = SeedStack([r.algo for r in runs])
         if start == 0:
