@@ -230,11 +230,18 @@ def dispatched_ops(fn: Callable[[], Any]) -> int:
     """The aten operators `fn()` dispatches that are not views or empty allocations, counted at the leaves of
     the profiler's call tree: on a GPU each is about one kernel launch, so for rounds bound by the host
     issuing kernels this count is a proxy for their cost. (A matmul whose work runs in child operators is
-    counted by its children.)"""
+    counted by its children.) The fused CF-CQL penalty runs as one block, as on a GPU (kernels.block_bytes)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+    from plcql_bench.algorithms.common import kernels
+
+    cpu_blocks = kernels.BLOCK_BYTES
+    kernels.BLOCK_BYTES = kernels.GPU_BLOCK_BYTES
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+    finally:
+        kernels.BLOCK_BYTES = cpu_blocks
     return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.name[6:] not in _VIEW_OPS
                and not any(c.name.startswith("aten::") for c in e.cpu_children))
 
