@@ -17,7 +17,9 @@
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
 # STACK_BENCH="cfcql:mpe-cn plcql:mamujoco-halfcheetah-2x3 ..." first times, per algo:task, STACK separate
-# rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log.
+# rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log, e.g.
+#   STACK=8 STACK_ROUNDS=10 STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 \
+#     plcql:mamujoco-halfcheetah-2x3" LIMIT=60 GPU_ONLY=... bash ci/gpu_loan.sh   (~4 device-minutes)
 # Check it here on CPU with a tiny budget: DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out bash ci/gpu_loan.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
