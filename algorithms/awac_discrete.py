@@ -30,7 +30,8 @@ from torch import nn
 from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean
 from plcql_bench.algorithms.common.discrete_critics import (
-    TwinAgentQ, clipped_exp_weights, policy_expectation, soft_update)
+    TwinAgentQ, clipped_exp_weights, policy_expectation)
+from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.algorithms.iql_discrete import weighted_bc_loss
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -46,7 +47,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     target_rate: float = 0.005  # alpha 0.005 (target-Q EMA)
     # --- AWAC (baseline_awac.yaml, awac_learner.py) ---
@@ -58,22 +59,23 @@ class Config:
 class AWACDiscrete(DiscreteAlgorithm):
     name = "awac"
     Config = Config
+    legacy_keys = {"q": "critic", "target_q": "target_critic", "q_opt": "critic_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
-        self.q = self.build(2, lambda: TwinAgentQ(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
+        self.critic = self.build(2, lambda: TwinAgentQ(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                   shared_head=c.shared_head))
-        self.target_q = self.target_of(self.q)
+        self.target_critic = self.target_of(self.critic)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.lr)
-        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {"actor": self.actor, "q": self.q, "target_q": self.target_q}
+        return {"actor": self.actor, "critic": self.critic, "target_critic": self.target_critic}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor_opt": self.actor_opt, "q_opt": self.q_opt}
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
 
     def policy_agent(self) -> RNNAgent:
         return self.actor
@@ -82,7 +84,7 @@ class AWACDiscrete(DiscreteAlgorithm):
     def values(self, batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(V [B, T+1, n] = the policy's expected target Q, Q'(a_data) [B, T, n])."""
         T = batch.max_t
-        tq = self.target_q(batch.state, batch.obs)  # [B, T+1, n, A]
+        tq = self.target_critic(batch.state, batch.obs)  # [B, T+1, n, A]
         v = policy_expectation(logits, tq, batch.avail)
         return v, tq[:, :T].gather(-1, batch.actions.unsqueeze(-1))[..., 0]
 
@@ -98,14 +100,14 @@ class AWACDiscrete(DiscreteAlgorithm):
         adv = tq - v
         # Q: one-step targets from the policy's expected target Q at o_{t+1}
         y = batch.rewards.unsqueeze(-1) + c.gamma * (1.0 - batch.terminals.unsqueeze(-1)) * next_v
-        qs = self.q.both(batch.state[:, :T], batch.obs[:, :T])
+        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T])
         q_taken = [q.gather(-1, act)[..., 0] for q in qs]
         q_loss = sum(masked_mean((qt - y).pow(2), m) for qt in q_taken) / len(qs)
-        self.q_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
         q_loss.backward()
-        q_gn = nn.utils.clip_grad_norm_(self.q.parameters(), c.grad_clip)
-        self.q_opt.step()
-        soft_update(self.target_q, self.q, c.target_rate)
+        q_gn = nn.utils.clip_grad_norm_(self.critic.parameters(), c.grad_clip)
+        self.critic_opt.step()
+        polyak_(self.target_critic, self.critic, c.target_rate)
         # policy: advantage-weighted BC
         w = clipped_exp_weights(adv, c.beta, c.max_weight)
         p_loss, logp = weighted_bc_loss(logits[:, :T], batch, w)

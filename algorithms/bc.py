@@ -35,6 +35,7 @@ class Config:
 class BC(Checkpointable, DeterministicActors):
     name = "bc"
     Config = Config
+    legacy_keys = {"opt": "actor_opt"}  # before issue 22
     discrete = False
 
     @classmethod
@@ -48,14 +49,14 @@ class BC(Checkpointable, DeterministicActors):
         gen = torch.Generator().manual_seed(int(seed))
         self.actors = Actors(spec.n_agents, spec.obs_dim, spec.act_dim, config.hidden, config.input_norm, gen)
         self.actors.to(self.device)
-        self.opt = torch.optim.Adam(self.actors.parameters(), lr=config.lr)
+        self.actor_opt = torch.optim.Adam(self.actors.parameters(), lr=config.lr)
         self.rounds = 0
 
     def modules(self) -> dict[str, nn.Module]:
         return {"actors": self.actors}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"opt": self.opt}
+        return {"actor_opt": self.actor_opt}
 
     def update(self, sample: BatchSampler) -> dict[str, float]:
         """One round = one gradient step on a fresh batch."""
@@ -63,10 +64,10 @@ class BC(Checkpointable, DeterministicActors):
         pred = self.actors(batch.obs)
         per_agent = (pred - batch.actions).pow(2).mean(dim=(0, 2))  # [n]
         loss = per_agent.sum()  # agents are independent; summing keeps each agent's gradient scale
-        self.opt.zero_grad(set_to_none=True)
+        self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
             clip_grad_norm_stacked_(list(self.actors.parameters()), self.cfg.grad_clip, self.spec.n_agents)
-        self.opt.step()
+        self.actor_opt.step()
         self.rounds += 1
         return {"bc/mse": float(per_agent.detach().mean())}

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, bc_cross_entropy
+from plcql_bench.algorithms.base import register
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, bc_step
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -29,38 +29,27 @@ class Config:
     grad_clip: float = 10.0  # default.yaml grad_norm_clip 10 (0 = off)
 
 
-def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, grad_clip: float) -> float:
-    """One masked cross-entropy step of `agent` on `batch`; returns the loss (also used by CFCQL's
-    behaviour model)."""
-    loss = bc_cross_entropy(agent.unroll(batch), batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(agent.parameters(), grad_clip)
-    opt.step()
-    return float(loss.detach())
-
-
 @register
 class BCDiscrete(DiscreteAlgorithm):
     name = "bc"
     Config = Config
+    legacy_keys = {"opt": "actor_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
-        self.actor = self.build(1, lambda: self.agent(config.hidden))
-        self.opt = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
+        self.actor = self.build(1, lambda: self.new_agent(config.hidden))
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
 
     def modules(self) -> dict[str, nn.Module]:
         return {"actor": self.actor}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"opt": self.opt}
+        return {"actor_opt": self.actor_opt}
 
     def policy_agent(self) -> RNNAgent:
         return self.actor
 
     def update(self, sample) -> dict[str, float]:
-        loss = bc_step(self.actor, self.opt, sample(self.cfg.batch_episodes), self.cfg.grad_clip)
+        loss = bc_step(self.actor, self.actor_opt, sample(self.cfg.batch_episodes), self.cfg.grad_clip)
         self.rounds += 1
         return {"bc/cross_entropy": loss}

@@ -199,9 +199,7 @@ class DoF(Checkpointable):
             if self.rounds < c.step_start_ema:
                 hard_update_(self.ema, self.actors)
             else:
-                with torch.no_grad():
-                    torch._foreach_lerp_(list(self.ema.parameters()), list(self.actors.parameters()),
-                                         1 - c.ema_decay)
+                polyak_(self.ema, self.actors, 1 - c.ema_decay)
         polyak_(self.target_critic, self.critic, c.tau)
         return {"critic/td_loss": float(td.detach()), "actor/bc_loss": float(bc.detach().mean()),
                 "actor/q_loss": float(q_loss.detach().mean()), "critic/q_data": float(q.detach().mean())}

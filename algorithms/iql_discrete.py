@@ -34,7 +34,8 @@ from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_log_softmax, masked_mean)
 from plcql_bench.algorithms.common.discrete_critics import (
-    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss, soft_update)
+    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss)
+from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -49,7 +50,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     target_rate: float = 0.005  # alpha 0.005 (target-Q EMA)
     # --- IQL (baseline_iql.yaml, iql_learner.py) ---
@@ -71,24 +72,25 @@ def weighted_bc_loss(logits: torch.Tensor, batch, weights: torch.Tensor) -> tupl
 class IQLDiscrete(DiscreteAlgorithm):
     name = "iql"
     Config = Config
+    legacy_keys = {"q": "critic", "target_q": "target_critic", "q_opt": "critic_opt"}  # before issue 22
 
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
         S, o = spec.state_dim, spec.obs_dim
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
-        self.q = self.build(2, lambda: TwinAgentQ(S, o, self.n, self.A, c.critic_hidden, shared_head=c.shared_head))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
+        self.critic = self.build(2, lambda: TwinAgentQ(S, o, self.n, self.A, c.critic_hidden, shared_head=c.shared_head))
         self.value = self.build(3, lambda: AgentMLP(S, o, self.n, 1, c.critic_hidden))
-        self.target_q = self.target_of(self.q)
+        self.target_critic = self.target_of(self.critic)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.lr)
-        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=c.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         self.value_opt = torch.optim.Adam(self.value.parameters(), lr=c.lr)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {"actor": self.actor, "q": self.q, "value": self.value, "target_q": self.target_q}
+        return {"actor": self.actor, "critic": self.critic, "value": self.value, "target_critic": self.target_critic}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor_opt": self.actor_opt, "q_opt": self.q_opt, "value_opt": self.value_opt}
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt, "value_opt": self.value_opt}
 
     def policy_agent(self) -> RNNAgent:
         return self.actor
@@ -110,17 +112,17 @@ class IQLDiscrete(DiscreteAlgorithm):
         v_all = self.value(batch.state, batch.obs)[..., 0]  # [B, T+1, n]
         v, next_v = v_all[:, :T], v_all[:, 1:].detach()
         with torch.no_grad():
-            tq = self.target_q(batch.state[:, :T], batch.obs[:, :T]).gather(-1, act)[..., 0]  # [B, T, n]
+            tq = self.target_critic(batch.state[:, :T], batch.obs[:, :T]).gather(-1, act)[..., 0]  # [B, T, n]
         adv = tq - v
         v_loss = masked_mean(expectile_loss(adv, c.expectile), m)
         v_gn = self._step(v_loss, self.value, self.value_opt)
         # Q: one-step targets from V(o_{t+1})
         y = batch.rewards.unsqueeze(-1) + c.gamma * (1.0 - batch.terminals.unsqueeze(-1)) * next_v
-        qs = self.q.both(batch.state[:, :T], batch.obs[:, :T])
+        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T])
         q_taken = [q.gather(-1, act)[..., 0] for q in qs]
         q_loss = sum(masked_mean((qt - y).pow(2), m) for qt in q_taken) / len(qs)
-        q_gn = self._step(q_loss, self.q, self.q_opt)
-        soft_update(self.target_q, self.q, c.target_rate)
+        q_gn = self._step(q_loss, self.critic, self.critic_opt)
+        polyak_(self.target_critic, self.critic, c.target_rate)
         # policy: advantage-weighted BC
         w = clipped_exp_weights(adv, c.beta, c.max_weight)
         p_loss, logp = weighted_bc_loss(self.actor.unroll(batch)[:, :T], batch, w)

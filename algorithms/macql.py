@@ -9,7 +9,7 @@ Reference: `thu-rllab/CFCQL` `continuous/main.py --cql --central_critic` without
 HalfCheetah branch (`sample_action_class="1-1-1"`, set by task_overrides): the joint samples are
 uniform plus noisy current-policy and next-policy joint actions, each with its joint log-density.
 Everything else (twin centralised critic, targets with N(0, 0.05) smoothing, cf_pol actor, --ca_ratio 5
-rounds, backbone) is CFCQL's. The code has no separate MACQL alpha table (§4.2: NOT FOUND), so the
+rounds, backbone) is CFCQL's (algorithms/common/continuous.py). The code has no separate MACQL alpha table (§4.2: NOT FOUND), so the
 CFCQL `cql_alpha` table is used (configs/cfcql.yaml).
 """
 
@@ -21,17 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from plcql_bench.algorithms.base import Batch, register
-from plcql_bench.algorithms.cfcql import CFCQL
-from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
+from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
 
 
 @dataclass
-class Config(CFCQLConfig):
+class Config(BackboneConfig):
     pass  # same fields and defaults as CFCQL; n_sampled_actions = joint samples per state
 
 
 @register
-class MACQL(CFCQL):
+class MACQL(CentralCriticAlgorithm):
     name = "macql"
     Config = Config
 

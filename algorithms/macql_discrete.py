@@ -15,37 +15,73 @@ actions (`masked_uniform_sample`), so no unavailable action enters the logsumexp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete
-from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
-from plcql_bench.algorithms.common.discrete import masked_mean, masked_uniform_sample
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean, masked_uniform_sample
+from plcql_bench.algorithms.common.discrete_ensemble import SINGLE_LEGACY_KEYS, BackboneConfig, CFCQLBackbone
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
-class Config(CFCQLConfig):
+class Config(BackboneConfig):
     cql_alpha: float = 5.0  # global_cql_alpha=5.0 (README's MACQL command, every map and dataset)
     softmax_temp: float = 0.0  # unused (no counterfactual weights)
     n_sampled_actions: int = 100  # raw_sample_actions 100 (joint actions per step)
 
 
 @register
-class MACQLDiscrete(CFCQLDiscrete):
+class MACQLDiscrete(DiscreteAlgorithm):
     name = "macql"
     Config = Config
     table = "macql_discrete"
+    legacy_keys = SINGLE_LEGACY_KEYS
 
-    def uses_behaviour(self) -> bool:
-        return False
+    def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
+        super().__init__(spec, config, seed, device)
+        self.backbone = CFCQLBackbone(self, 1, stacked=False, use_behaviour=False)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return self.backbone.modules()
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.backbone.optimisers()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> RNNAgent:
+        return self.backbone.policy
 
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
                     mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
-        B, T, n, A = q.shape
+        """logsumexp over M sampled available joint actions of Q_tot, minus Q_tot(s, a): [E, B, T]."""
+        E, B, T, n, A = q.shape
         M = self.cfg.n_sampled_actions
         joint = masked_uniform_sample(batch.avail[:, :T], M, self.gen)  # [B, T, n, M], available only
-        q_s = q.gather(-1, joint).transpose(-1, -2)  # [B, T, M, n]
-        q_tot_s = self.mix.mix_many(q_s, batch.state[:, :T], mix_w)  # [B, T, M]
+        q_s = q.gather(-1, joint.unsqueeze(0).expand(E, -1, -1, -1, -1)).transpose(-1, -2)  # [E, B, T, M, n]
+        q_tot_s = self.backbone.mixers.mix_many(q_s, batch.state[:, :T], mix_w)  # [E, B, T, M]
         neg = torch.logsumexp(q_tot_s, -1)
         return neg - q_tot, {"cql/negative": masked_mean(neg.detach(), batch.mask)}
+
+    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
+        """CFCQL-discrete's TD(λ) double-Q target [B, T] (`CFCQLBackbone.td_target`)."""
+        return self.backbone.td_target(batch, q_all)
+
+    def update(self, sample) -> dict[str, float]:
+        batch = self.scaled(sample(self.cfg.batch_episodes))
+        q_all = self.backbone.unroll(batch)  # [1, B, T+1, n, A]
+        pred = self.backbone.predict(batch, q_all)
+        out = self.backbone.update(batch, pred, self.compute_target(batch, q_all),
+                                   penalty=self.cql_penalty)
+        self.rounds += 1
+        if self.rounds % self.cfg.target_update_interval == 0:
+            self.backbone.update_targets()
+        return out

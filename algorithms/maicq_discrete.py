@@ -42,8 +42,9 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, hard_update, masked_log_softmax, masked_mean, masked_softmax,
+    DiscreteAlgorithm, QMixer, RNNAgent, masked_log_softmax, masked_mean, masked_softmax,
     td_lambda_targets)
+from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.algorithms.common.discrete_critics import (
     AgentMLP, batch_softmax_weights, obs_mask, policy_expectation)
 from plcql_bench.suite.core.spec import TaskSpec
@@ -64,7 +65,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10 (default.yaml; ICQ's own repo: 20)
     batch_episodes: int = 128  # batch_size 128 episodes (ICQ's own repo: 32)
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.8  # td_lambda 0.8
     # --- ICQ weights (icq_learner.py constants) ---
@@ -90,22 +91,22 @@ class MAICQDiscrete(DiscreteAlgorithm):
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         c = config
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: AgentMLP(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                      dueling=True))
-        self.mix = self.build(3, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
+        self.mixer = self.build(3, lambda: self.new_mixer(c.mixing_embed, c.hypernet_embed))
         self.target_critic = self.target_of(self.critic)
-        self.target_mix = self.target_of(self.mix)
+        self.target_mixer = self.target_of(self.mixer)
         rms = dict(alpha=c.optim_alpha, eps=c.optim_eps)
         self.actor_opt = torch.optim.RMSprop(self.actor.parameters(), lr=c.lr, **rms)
-        self.critic_params = [*self.critic.parameters(), *self.mix.parameters()]
+        self.critic_params = [*self.critic.parameters(), *self.mixer.parameters()]
         self.critic_opt = torch.optim.RMSprop(self.critic_params, lr=c.critic_lr, **rms)
         self.counters = {"critic_steps": 0, "last_target_update": 0}
 
     # -- protocol -------------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
-        return {"actor": self.actor, "critic": self.critic, "mixer": self.mix, "target_critic": self.target_critic,
-                "target_mixer": self.target_mix}
+        return {"actor": self.actor, "critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
+                "target_mixer": self.target_mixer}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
         return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
@@ -135,7 +136,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         q_data = tq.gather(-1, acts.unsqueeze(-1))[..., 0]
         q_pi = policy_expectation(logits, tq, batch.avail)
         last = torch.arange(T + 1, device=tq.device)[None, :] == batch.lengths[:, None]  # [B, T+1]
-        q_tot = self.target_mix(torch.where(last.unsqueeze(-1), q_pi, q_data), batch.state)  # [B, T+1]
+        q_tot = self.target_mixer(torch.where(last.unsqueeze(-1), q_pi, q_data), batch.state)  # [B, T+1]
         om = obs_mask(batch)
         w = batch_softmax_weights(q_tot, om, self.cfg.beta_q) * om.sum(0, keepdim=True)
         y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, w * q_tot, self.cfg.gamma,
@@ -166,18 +167,18 @@ class MAICQDiscrete(DiscreteAlgorithm):
         y, w_q = self.compute_target(batch, logits.detach())
         # critic + mixer
         q = self.critic(batch.state[:, :T], batch.obs[:, :T])  # [B, T, n, A]
-        q_tot = self.mix(q.gather(-1, batch.actions.unsqueeze(-1))[..., 0], batch.state[:, :T])
+        q_tot = self.mixer(q.gather(-1, batch.actions.unsqueeze(-1))[..., 0], batch.state[:, :T])
         td = masked_mean((q_tot - y).pow(2), batch.mask)
         with torch.no_grad():
-            k = mixer_slopes(self.mix, batch.state[:, :T])
+            k = mixer_slopes(self.mixer, batch.state[:, :T])
         self.critic_opt.zero_grad(set_to_none=True)
         td.backward()
         cgn = nn.utils.clip_grad_norm_(self.critic_params, c.grad_clip)
         self.critic_opt.step()
         self.counters["critic_steps"] += int(batch.lengths.max())
         if self.counters["critic_steps"] - self.counters["last_target_update"] >= c.target_update_interval:
-            hard_update(self.target_critic, self.critic)
-            hard_update(self.target_mix, self.mix)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_mixer, self.mixer)
             self.counters["last_target_update"] = self.counters["critic_steps"]
         # actor
         loss, stats = self.actor_loss(batch, logits[:, :T], q.detach(), k)

@@ -44,13 +44,13 @@ class MATD3BC(IndependentBase):
             y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
         q = self.critic(b.obs, b.actions)
         td = (q - y).pow(2).mean(1).sum()
-        self.step_critic(td)
+        self.critic_step(td)
         pi = self.actors(b.obs)
         q_pi = self.critic(b.obs, pi)[0]  # [B, n]
         lam = c.alpha / q_pi.abs().mean(0).detach().clamp(min=1e-6)  # [n], per agent
         bc = (pi - b.actions).pow(2).mean((0, 2))  # [n]
         loss = (-lam * q_pi.mean(0) + bc).sum()
-        self.step_actor(loss)
+        self.actor_step(loss)
         self.update_targets()
         self.rounds += 1
         return {"critic/td_loss": float(td.detach()), "critic/q_data": float(q.detach().mean()),

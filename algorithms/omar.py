@@ -160,9 +160,9 @@ class OMAR(IndependentBase):
     def update(self, sample: BatchSampler) -> dict[str, float]:
         b = sample(self.cfg.batch_size)
         loss, m = self.critic_loss(b)
-        self.step_critic(loss)
+        self.critic_step(loss)
         aloss, am = self.actor_loss(b)
-        self.step_actor(aloss)
+        self.actor_step(aloss)
         self.update_targets()
         self.rounds += 1
         return {**m, **am, "critic/loss": float(loss.detach())}

@@ -45,8 +45,9 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, RNNAgent, hard_update, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
+    DiscreteAlgorithm, RNNAgent, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
     masked_softmax)
+from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.algorithms.common.discrete_critics import TwinAgentQ, per_agent_td_lambda
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -63,7 +64,7 @@ class Config:
     grad_clip: float = 10.0  # grad_norm_clip 10
     batch_episodes: int = 128  # batch_size 128 episodes
     gamma: float = 0.99  # gamma 0.99
-    reward_scale: float = 1.0  # rewards x this in the update; SMAX: SMAX_REWARD_SCALE via task_overrides
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
     bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
     td_lambda: float = 0.6  # td_lambda 0.6
     target_update_interval: int = 25  # rounds: target_update_interval 200 "episodes" / batch_size_run 8
@@ -85,7 +86,7 @@ class OMARDiscrete(DiscreteAlgorithm):
         c = config
         if c.omar_search not in ("argmax", "sampled"):
             raise ValueError(f"omar: omar_search must be 'argmax' or 'sampled', got {c.omar_search!r}")
-        self.actor = self.build(1, lambda: self.agent(c.hidden))
+        self.actor = self.build(1, lambda: self.new_agent(c.hidden))
         self.critic = self.build(2, lambda: TwinAgentQ(spec.state_dim, spec.obs_dim, self.n, self.A, c.critic_hidden,
                                                        dueling=True, shared_head=c.shared_head))
         self.target_actor = self.target_of(self.actor)
@@ -180,8 +181,8 @@ class OMARDiscrete(DiscreteAlgorithm):
         self.actor_opt.step()
         self.rounds += 1
         if self.rounds % c.target_update_interval == 0:
-            hard_update(self.target_critic, self.critic)
-            hard_update(self.target_actor, self.actor)
+            hard_update_(self.target_critic, self.critic)
+            hard_update_(self.target_actor, self.actor)
         q1_taken = q1.detach().gather(-1, batch.actions.unsqueeze(-1))[..., 0]
         stats.update({"critic/td_loss": td.detach(), "critic/cql": cql.detach(), "critic/loss": closs.detach(),
                       "critic/q_taken": masked_mean(q1_taken, m), "critic/target": masked_mean(y, m),

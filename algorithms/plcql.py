@@ -1,6 +1,7 @@
 """PLCQL: PAR-Learning-based Conservative Q-Learning (continuous actions), Algorithm 1 of the paper.
 
-On top of the CFCQL machinery (centralised critic, per-agent tanh actors, counterfactual CQL):
+On top of the CFCQL backbone (algorithms/common/continuous.py: centralised critic, per-agent tanh actors,
+counterfactual CQL, its losses and steps):
   * an ensemble of E = 10 centralised Q-networks (one batched call) with ensemble-min targets;
   * a PAR policy pi_par(k | s') (MLP 64x64 on s' -> categorical over k = 1..n). For every sampled
     transition a k is drawn (line 182), k agents are chosen uniformly (183), those take the CURRENT
@@ -35,9 +36,8 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_variant
-from plcql_bench.algorithms.cfcql import CFCQL
-from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
-from plcql_bench.algorithms.common.continuous import host_floats, make_adam, mean_metrics, replace_agents
+from plcql_bench.algorithms.common.continuous import (
+    BackboneConfig, CentralCriticAlgorithm, host_floats, make_adam, mean_metrics, replace_agents)
 from plcql_bench.algorithms.common.nets import StackedMLP, buffers_restored
 
 
@@ -70,7 +70,7 @@ class ParConfig:
 
 
 @dataclass
-class Config(CFCQLConfig, ParConfig):
+class Config(BackboneConfig, ParConfig):
     # Everything of CFCQL's Config (paper: "all other hyperparameters follow SPaCQL", which follows
     # CFCQL, reference-implementations.md §4.4), the PAR settings, plus:
     n_critics: int = 10  # paper §Experimental Setup: "an ensemble of ten Q-networks"
@@ -127,13 +127,17 @@ def par_reward_terms(q: torch.Tensor, cfg, q_data: torch.Tensor | None = None
     return w * q[0], u, w
 
 
+# PAR's optimiser keys before issue 22 (`Checkpointable.legacy_keys`)
+PAR_LEGACY_KEYS = {"par_opt": "par_policy_opt", "value_opt": "par_value_opt"}
+
+
 class Par:
     """The PAR component both PLCQLs hold as `self.par` (one implementation for both action spaces):
     pi_par(k | s') and its baseline V(s'), their optimisers, and the PAR settings (`ParConfig`):
     sampling k, the replacement mask, the reward r_par, the value update and the PPO update.
 
     Checkpoint keys stay the algorithm's: `modules()` and `optimisers()` name the networks par_policy
-    and par_value and the optimisers par_opt and value_opt, which the algorithm merges into its own."""
+    and par_value and the optimisers par_policy_opt and par_value_opt, which the algorithm merges into its own."""
 
     def __init__(self, cfg: ParConfig, n: int, state_dim: int, init_gen: torch.Generator,
                  device: torch.device | str = "cpu") -> None:
@@ -148,7 +152,7 @@ class Par:
         return {"par_policy": self.policy, "par_value": self.value}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"par_opt": self.policy_opt, "value_opt": self.value_opt}
+        return {"par_policy_opt": self.policy_opt, "par_value_opt": self.value_opt}
 
     @property
     def learned(self) -> bool:
@@ -337,17 +341,19 @@ def collapse_warnings(history: list[dict], learned: bool, n: int) -> tuple[list[
 
 
 @register
-class PLCQL(CFCQL):
+class PLCQL(CentralCriticAlgorithm):
     name = "plcql"
     Config = Config
+    legacy_keys = PAR_LEGACY_KEYS
 
     # -- construction --------------------------------------------------------------------------------
-    def _build_extra(self, init_gen: torch.Generator) -> None:
-        """The PAR component (pi_par, V), drawn from init_gen after the actors and critics."""
+    def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
         for name, allowed in (("replace_with", ("online", "target")), ("par_updates", ("every-batch", "first-batch"))):
-            if getattr(self.cfg, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self.cfg, name)!r}")
-        self.par = Par(self.cfg, self.n, self.spec.state_dim, init_gen, self.device)
+            if getattr(config, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}")
+        super().__init__(spec, config, seed, device)
+        # the PAR component (pi_par, V), drawn from the initialisation generator after the actors and critics
+        self.par = Par(config, self.n, spec.state_dim, self.init_gen, self.device)
 
     def modules(self) -> dict[str, nn.Module]:
         return {**super().modules(), **self.par.modules()}
@@ -410,7 +416,9 @@ class PLCQL(CFCQL):
             gn = self.critic_step(loss)
             critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(1).mean()})
             if u == 0:
-                out.update(self.actor_step(batch))
+                actor_loss, actor_stats = self.actor_loss(batch)
+                self.actor_step(actor_loss)
+                out.update(actor_stats)
             if par_here:
                 ms = self.par.stats(probs, k, r_par, u_q, w)
                 if self.par.learned:

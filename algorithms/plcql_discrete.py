@@ -3,7 +3,7 @@ See docs/algorithms/plcql.md, "Discrete (SMAX/SMAC)".
 
 Backbone: QMIX + TD(λ) + counterfactual CQL with the per-map cql_alpha/softmax_temp
 (configs/cfcql_discrete.yaml), with an ensemble of `n_critics` = 10 QMIX value functions (GRU agent +
-mixer per member, stacked; algorithms/common/discrete_ensemble.py). Per update round (one gradient
+mixer per member, stacked; the family's backbone with its critic update, algorithms/common/discrete_ensemble.py). Per update round (one gradient
 step on 128 episodes, as CFCQL-discrete):
 
   * PAR policy π_par(k | s') (MLP 64x64 on the global state -> categorical over k = 1..n) draws one k
@@ -34,9 +34,11 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
 from plcql_bench.algorithms.common.continuous import host_floats
-from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
-from plcql_bench.algorithms.common.discrete_ensemble import EnsembleCFCQLDiscrete, EnsembleConfig
-from plcql_bench.algorithms.plcql import Par, ParConfig, par_probe_stats, probe_terms
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete_ensemble import (
+    ENSEMBLE_LEGACY_KEYS, CFCQLBackbone, EnsembleConfig, MeanQPolicy, next_action_data, uses_behaviour)
+from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, Par, ParConfig, par_probe_stats, probe_terms
+from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
@@ -45,29 +47,43 @@ class Config(EnsembleConfig, ParConfig):
 
 
 @register
-class PLCQLDiscrete(EnsembleCFCQLDiscrete):
+class PLCQLDiscrete(DiscreteAlgorithm):
     name = "plcql"
     Config = Config
+    table = "cfcql_discrete"  # CFCQL-discrete's per-map cql_alpha / softmax_temp
+    legacy_keys = {**ENSEMBLE_LEGACY_KEYS, **PAR_LEGACY_KEYS}
 
-    def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
+    def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
+        self.backbone = CFCQLBackbone(self, config.n_critics, stacked=True, use_behaviour=uses_behaviour(config),
+                                      block_mb=config.cf_block_mb)
         # the PAR component (plcql.Par), its parameters from their own generator
         self.par = Par(config, self.n, spec.state_dim, torch.Generator().manual_seed(self.seed * 1000 + 7),
                        self.device)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {**super().modules(), **self.par.modules()}
+        return {**self.backbone.modules(), **self.par.modules()}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {**super().optimisers(), **self.par.optimisers()}
+        return {**self.backbone.optimisers(), **self.par.optimisers()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> MeanQPolicy:
+        return self.backbone.policy
 
     # -- targets --------------------------------------------------------------------------------
     @torch.no_grad()
     def par_joint_actions(self, batch: EpisodeBatch, q_all: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """k ~ π_par(.|s_t') at every index and a'^(k) [B, T+1, n]."""
         B, T1, n = batch.size, batch.max_t + 1, self.n
-        data, valid, boot = self.next_action_data(batch)
-        greedy = self.greedy_actions(batch, q_all)
+        data, valid, boot = next_action_data(batch)
+        greedy = self.backbone.greedy_actions(batch, q_all)
         k, logp_old, probs = self.par.sample_k(batch.state.reshape(B * T1, -1), self.gen)
         mask = self.par.mask(k, valid.reshape(-1), self.gen).view(B, T1, n)
         joint = torch.where(mask, greedy, data)
@@ -78,8 +94,8 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None):
         """y [B, T]: TD(λ) over min_j Qbar_tot,j(s_t', a'^(k)_t'); info carries k and a'^(k)."""
         info = self.par_joint_actions(batch, q_all)
-        tq = self.target_q_ens.unroll(batch)
-        v = self.member_q_tot(tq, self.target_mix_ens, info["joint"].unsqueeze(2), batch.state)[..., 0].min(0).values
+        tq = self.backbone.unroll(batch, target=True)
+        v = self.backbone.member_q_tot(tq, info["joint"].unsqueeze(2), batch.state, target=True)[..., 0].min(0).values
         y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, self.cfg.gamma, self.cfg.td_lambda)
         info["stats"] = {"par/k_replaced": masked_mean(info["mask"].float().sum(-1), info["boot"])}
         return y, info
@@ -87,7 +103,7 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
     @torch.no_grad()
     def online_q_tot(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor) -> torch.Tensor:
         """[E, B, T+1]: every online member's Q_tot at (s_t', a'^(k)_t')."""
-        return self.member_q_tot(q_all.detach(), self.mix_ens, joint.unsqueeze(2), batch.state)[..., 0]
+        return self.backbone.member_q_tot(q_all.detach(), joint.unsqueeze(2), batch.state)[..., 0]
 
     @torch.no_grad()
     def par_reward(self, batch: EpisodeBatch, q_all: torch.Tensor, joint: torch.Tensor):
@@ -98,14 +114,12 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
             return q[0], u, torch.ones_like(u)
         q_data = None
         if self.cfg.par_reward == "lcb":  # the dataset's a_t' (0 where unknown: those rows are masked out)
-            q_data = self.online_q_tot(batch, q_all, self.next_action_data(batch)[0])
+            q_data = self.online_q_tot(batch, q_all, next_action_data(batch)[0])
         return self.par.reward(q, q_data)
 
-    def before_step(self, batch: EpisodeBatch, q_all: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
-        r_par, u, w = self.par_reward(batch, q_all, info["joint"])
-        return {"r_par": r_par, "u": u, "w": w}
-
-    def after_step(self, batch: EpisodeBatch, info: dict[str, Any], pre: dict[str, Any]) -> dict[str, float]:
+    def par_update(self, batch: EpisodeBatch, info: dict[str, Any], pre: dict[str, Any]) -> dict[str, float]:
+        """One PAR update (V, then PPO) on the indices whose dataset action is known and whose state
+        bootstraps a real step, with r_par from before the critic step (`pre`); returns its metrics."""
         rows = (info["valid"] * info["boot"]) > 0.5  # [B, T+1]: dataset a_t' known, s_t' bootstraps a real step
         if not bool(rows.any()):
             keys = [f"par/p_k{i + 1}" for i in range(self.n)] + ["par/E_k", "par/k_sampled", "par/r_par",
@@ -121,15 +135,30 @@ class PLCQLDiscrete(EnsembleCFCQLDiscrete):
                                      torch.ones(s.shape[0], device=s.device)))
         return host_floats(out)
 
+    # -- one round ------------------------------------------------------------------------------
+    def update(self, sample) -> dict[str, float]:
+        out = self.backbone.train_behaviour(sample)
+        batch = self.scaled(sample(self.cfg.batch_episodes))
+        q_all = self.backbone.unroll(batch)  # [E, B, T+1, n, A]
+        pred = self.backbone.predict(batch, q_all)  # before the target (the graph's order)
+        y, info = self.compute_target(batch, q_all)
+        r_par, u, w = self.par_reward(batch, q_all, info["joint"])  # the online members before their step
+        out.update(self.backbone.update(batch, pred, y, extra_stats=info["stats"]))
+        self.rounds += 1
+        if self.rounds % self.cfg.target_update_interval == 0:
+            self.backbone.update_targets()
+        out.update(self.par_update(batch, info, {"r_par": r_par, "u": u, "w": w}))
+        return out
+
     # -- diagnostics (runner: at every evaluation point, on a fixed probe batch) ----------------------
     @torch.no_grad()
     def diagnostics(self, probe: EpisodeBatch) -> dict[str, float]:
         """As the continuous PLCQL's: per k, the online members at (s_t', a'^(k)_t') over the probe's
         bootstrap indices with a known dataset action, and π_par on their states (own generator)."""
         B, T1, n = probe.size, probe.max_t + 1, self.n
-        q_all = self.q_ens.unroll(probe)
-        data, valid, boot = self.next_action_data(probe)
-        greedy = self.greedy_actions(probe, q_all)
+        q_all = self.backbone.unroll(probe)
+        data, valid, boot = next_action_data(probe)
+        greedy = self.backbone.greedy_actions(probe, q_all)
         rows = (valid * boot) > 0.5
         gen = torch.Generator(device=self.device).manual_seed(12345)
         q_data = self.online_q_tot(probe, q_all, data)[:, rows]

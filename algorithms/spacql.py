@@ -1,7 +1,7 @@
 """SPaCQL (Jin & Montana 2025, "Partial action replacement ... conservative Q-learning"), continuous.
 
 No code is public (reference-implementations.md §4.4). What the paper summary states, implemented as
-such on top of the CFCQL continuous machinery (the paper: "all hyperparameters consistent with CFCQL"):
+such on top of the CFCQL continuous backbone (algorithms/common/continuous.py; the paper: "all hyperparameters consistent with CFCQL"):
 
   * an ensemble of E = 10 centralised critics (one batched call) with ensemble-min targets;
   * one PAR target per k = 1..n: exactly k agents, chosen uniformly without replacement, take the
@@ -29,12 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from plcql_bench.algorithms.base import Batch, register
-from plcql_bench.algorithms.cfcql import CFCQL
-from plcql_bench.algorithms.cfcql import Config as CFCQLConfig
+from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
 
 
 @dataclass
-class Config(CFCQLConfig):
+class Config(BackboneConfig):
     n_critics: int = 10  # SPaCQL: "an ensemble of 10 Q-networks" (§4.4)
     # --- paper-silent choices ---
     weights_per: str = "sample"  # "sample": w_k per transition; "batch": w_k from the batch-mean u_k
@@ -82,14 +81,15 @@ def check_weight_choices(cfg) -> None:
 
 
 @register
-class SPaCQL(CFCQL):
+class SPaCQL(CentralCriticAlgorithm):
     name = "spacql"
     Config = Config
 
-    def _build_extra(self, init_gen: torch.Generator) -> None:
-        check_weight_choices(self.cfg)
-        if self.cfg.replace_with not in ("online", "target"):  # a continuous-only field
-            raise ValueError(f"replace_with must be 'online' or 'target', got {self.cfg.replace_with!r}")
+    def __init__(self, spec, config: Config, seed: int, device: str = "cpu") -> None:
+        check_weight_choices(config)
+        if config.replace_with not in ("online", "target"):  # a continuous-only field
+            raise ValueError(f"replace_with must be 'online' or 'target', got {config.replace_with!r}")
+        super().__init__(spec, config, seed, device)
 
     @torch.no_grad()
     def par_joint_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

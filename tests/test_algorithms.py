@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
-from plcql_bench.algorithms.cfcql import cf_cql_penalty
+from plcql_bench.algorithms.common.continuous import cf_cql_penalty
 from plcql_bench.algorithms.common.continuous import (
     EnsembleCritic,
     counterfactual_joint,

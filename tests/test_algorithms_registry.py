@@ -136,7 +136,7 @@ def test_fused_trunk_matches_autograd_and_refuses_second_backward():
 def test_halfcheetah_cql_uses_policy_samples():
     """HalfCheetah branch: agent i's CQL candidates = 10 uniform + 10 noisy current-policy + 10 noisy
     next-policy actions, each corrected by its own log-density."""
-    from plcql_bench.algorithms.cfcql import cf_cql_penalty
+    from plcql_bench.algorithms.common.continuous import cf_cql_penalty
     from plcql_bench.algorithms.common.continuous import counterfactual_joint
 
     algo = build("cfcql", HC, n_critics=2)
@@ -155,3 +155,23 @@ def test_halfcheetah_cql_uses_policy_samples():
     assert torch.allclose(pen, exp, atol=1e-4)
     m = build("macql", HC).update(SyntheticBuffer(HC, 200, seed=0))
     assert math.isfinite(m["cql/penalty"])
+
+
+def test_at_most_one_level_of_algorithm_base_class():
+    """Every implementation derives from at most one algorithm base class (CentralCriticAlgorithm,
+    IndependentBase, DiscreteAlgorithm), which itself derives from protocol pieces only: shared parts are
+    components it holds (the discrete CFCQL backbone, PAR) or functions. A variant (register_variant) is
+    its algorithm with other config defaults."""
+    from plcql_bench.algorithms.base import all_algorithm_classes
+    from plcql_bench.algorithms.common.discrete import RecurrentActing
+    from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+
+    pieces = {Checkpointable, DeterministicActors, RecurrentActing, object}
+    registered = set(all_algorithm_classes())
+    for cls in all_algorithm_classes():
+        if getattr(cls, "variant_of", None):
+            assert len(cls.__bases__) == 1 and cls.__bases__[0].name == cls.variant_of, cls
+            cls = cls.__bases__[0]
+        bases = [b for b in cls.__mro__[1:] if b not in pieces]
+        assert len(bases) <= 1, f"{cls.__name__}: {[b.__name__ for b in bases]}"
+        assert not set(bases) & registered, f"{cls.__name__} derives from a registered algorithm"

@@ -12,7 +12,7 @@ from plcql_bench.suite import tasks
 from plcql_bench.suite.core.spec import Task, TaskSpec
 
 
-def _fake_task() -> tuple[Task, Recipe]:
+def _fake_task() -> tuple[Task, Recipe, list]:
     spec = TaskSpec("fake-smax", "smax", 2, 4, 6, 5, True, 6, tasks.SMAC_TIERS, score="win_rate")
     calls = []
 
@@ -30,11 +30,11 @@ def _fake_task() -> tuple[Task, Recipe]:
 
     recipe = Recipe(collect=collect, behaviours=behaviours,
                     references=lambda task: {"random": float("nan"), "expert": float("nan")})
-    return Task(spec, make_env=None, extras={"calls": calls}), recipe
+    return Task(spec, make_env=None), recipe, calls
 
 
 def test_collector_hook_and_mixed(tmp_path, monkeypatch):
-    task, recipe = _fake_task()
+    task, recipe, calls = _fake_task()
     monkeypatch.setitem(RECIPES, "fake-smax", recipe)
     monkeypatch.setitem(tasks._FACTORIES, "fake-smax", ("tests.none", "none"))
     monkeypatch.setattr(build, "get_task", lambda tid: task)
@@ -47,7 +47,6 @@ def test_collector_hook_and_mixed(tmp_path, monkeypatch):
     assert e["win_rate"] == 0.5 and np.isnan(e["ref_return_expert"])
     e = build.build_dataset("fake-smax", "mixed", 6, tmp_path, profile="smoke")
     assert e["n_episodes"] == 6 and e["behaviour_policy_id"] == "mixed(fake-medium|fake-expert)"
-    calls = task.extras["calls"]
     assert [c[0] for c in calls[-2:]] == ["fake-medium", "fake-expert"]
     assert len(calls[-2][1]) == 3 and len(calls[-1][1]) == 3
     assert not set(calls[-2][1]) & set(calls[-1][1])  # disjoint seeds

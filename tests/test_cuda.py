@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import plcql_bench.algorithms.common.kernels as C
-from plcql_bench.algorithms.cfcql import lse_penalty
+from plcql_bench.algorithms.common.continuous import lse_penalty
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all, make_config
 from plcql_bench.algorithms.common.continuous import counterfactual_joint
 from plcql_bench.algorithms.common.speed import SyntheticBuffer, batch_field, synthetic_episodes

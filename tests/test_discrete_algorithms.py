@@ -60,14 +60,14 @@ def test_bc_learns_the_data(arrays):
 
 def test_cfcql_penalty_by_hand(arrays):
     algo = build("cfcql", softmax_temp=0.0)
-    assert algo.behaviour is None  # temp 0: uniform λ, no behaviour model
+    assert algo.backbone.behaviour is None  # temp 0: uniform λ, no behaviour model
     b = EpisodeSampler(arrays, seed=0)(4)
     T = b.max_t
     with torch.no_grad():
-        q = algo.q_agent.unroll(b)[:, :T]
+        q = algo.backbone.critic.unroll(b)[:, :T]
         q_taken = q.gather(-1, b.actions[..., None])[..., 0]
-        q_tot = algo.mix(q_taken, b.state[:, :T])
-        pen, _ = algo.cql_penalty(b, q, q_tot)
+        q_tot = algo.backbone.mixer(q_taken, b.state[:, :T])
+        pen = algo.backbone.cql_penalty(b, q[None], q_tot[None])[0][0]  # one member
         n, A = SPEC.n_agents, SPEC.act_dim
         expect = torch.zeros_like(q_tot)
         for i in range(n):
@@ -75,7 +75,7 @@ def test_cfcql_penalty_by_hand(arrays):
             for j in range(A):
                 qq = q_taken.clone()
                 qq[..., i] = q[..., i, j]
-                vals.append(algo.mix(qq, b.state[:, :T]))
+                vals.append(algo.backbone.mixer(qq, b.state[:, :T]))
             vals = torch.stack(vals, -1)  # [B, T, A]
             av = b.avail[:, :T, i]
             lse = torch.where(av.sum(-1) > 0,
@@ -99,7 +99,8 @@ def test_behaviour_trains_for_the_reference_timestep_budget(arrays):
         expect += 1
     assert expect > 20  # well past the old 20-step patience: no early stop
     assert m["behaviour/updates"] == expect and m["behaviour/timesteps"] == seen
-    assert algo.behaviour_state == {**algo.behaviour_state, "updates": expect, "timesteps": seen, "done": True}
+    st = algo.backbone.behaviour_state
+    assert st == {**st, "updates": expect, "timesteps": seen, "done": True}
     assert build("cfcql").cfg.behaviour_timesteps == 10_000_000  # max_behaviour_train_steps
     assert build("cfcql").cfg.behaviour_max_updates == 3 and get_algorithm("cfcql", discrete=True).Config().behaviour_max_updates == 0
 
@@ -108,19 +109,19 @@ def test_cfcql_lambda_from_behaviour(arrays):
     s = EpisodeSampler(arrays, seed=0)
     algo = build("cfcql", softmax_temp=1.0, behaviour_max_updates=50)
     m = algo.update(s)
-    assert m["behaviour/updates"] == 50 and algo.behaviour_state["done"]
-    steps = algo.behaviour_state["updates"]
+    assert m["behaviour/updates"] == 50 and algo.backbone.behaviour_state["done"]
+    steps = algo.backbone.behaviour_state["updates"]
     algo.update(s)
-    assert algo.behaviour_state["updates"] == steps  # trained once, before the first Q step
+    assert algo.backbone.behaviour_state["updates"] == steps  # trained once, before the first Q step
     b = s(4)
     T = b.max_t
     with torch.no_grad():
-        q = algo.q_agent.unroll(b)[:, :T]
-        cf = algo.mix.counterfactual(q, b.actions, b.state[:, :T])
-        lam = algo.cf_weights(cf, b)
+        q = algo.backbone.critic.unroll(b)[:, :T]
+        cf = algo.backbone.mixer.counterfactual(q, b.actions, b.state[:, :T])
+        lam = algo.backbone.cf_weights(cf[None], b)[0]  # one member
         assert torch.allclose(lam.sum(-1), torch.ones(lam.shape[:-1]))
         algo.cfg.softmax_temp = 100.0
-        hard = algo.cf_weights(cf, b)
+        hard = algo.backbone.cf_weights(cf[None], b)[0]
         assert ((hard == 0) | (hard == 1)).all() and (hard.sum(-1) == 1).all()
 
 

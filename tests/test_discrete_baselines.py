@@ -23,8 +23,8 @@ EXTRA = {"maicq": {"mixing_embed": 4, "hypernet_embed": 8, "target_update_interv
          "omar": {"target_update_interval": 2},
          "iql": {},
          "awac": {}}
-CHANGED = {"maicq": ("actor", "critic", "mixer"), "omar": ("actor", "critic"), "iql": ("actor", "q", "value"),
-           "awac": ("actor", "q")}
+CHANGED = {"maicq": ("actor", "critic", "mixer"), "omar": ("actor", "critic"), "iql": ("actor", "critic", "value"),
+           "awac": ("actor", "critic")}
 
 
 def build(name, seed=0, spec=SPEC, **over):
@@ -232,7 +232,7 @@ def test_awac_value_is_the_policy_expectation_over_available_actions(arrays):
     b = EpisodeSampler(arrays, seed=0)(4)
     logits = algo.actor.unroll(b).detach()
     v, _ = algo.values(b, logits)
-    tq = algo.target_q(b.state, b.obs)
+    tq = algo.target_critic(b.state, b.obs)
     p = torch.softmax(logits.masked_fill(b.avail == 0, float("-inf")), -1).nan_to_num(0.0)
     ok = b.avail.sum(-1) > 0
     assert torch.allclose(v[ok], (p * tq).sum(-1)[ok], atol=1e-5)

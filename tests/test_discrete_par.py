@@ -86,7 +86,7 @@ def hand_q(E=3):
 def test_par_replacement_by_hand(fixed_k):
     algo = build("plcql", fixed_k=fixed_k)
     b, q = hand_batch(), hand_q()
-    greedy = algo.greedy_actions(b, q)
+    greedy = algo.backbone.greedy_actions(b, q)
     expect_greedy = torch.full((1, 3, 3), 5)
     expect_greedy[0, 1, 0] = 4  # 5 unavailable -> next best available
     expect_greedy[0, 2, 2] = 4
@@ -137,8 +137,8 @@ def test_spacql_target_matches_weighted_min(arrays):
     b = EpisodeSampler(arrays, seed=0)(4)
     y, info = algo.compute_target(b)
     with torch.no_grad():
-        tq = algo.target_q_ens.unroll(b)
-        qk = algo.member_q_tot(tq, algo.target_mix_ens, info["joint"], b.state)
+        tq = algo.backbone.unroll(b, target=True)
+        qk = algo.backbone.member_q_tot(tq, info["joint"], b.state, target=True)
         u = qk.std(0, correction=0)
         w = (1 / (u + 1e-6)) / (1 / (u + 1e-6)).sum(-1, keepdim=True)
         v = (w * qk.min(0).values).sum(-1)
@@ -169,14 +169,14 @@ def test_trains_finite_and_acts_available(name, arrays):
     algo = build(name)
     assert algo.discrete is True and algo.batch_kind == "episodes"
     s = EpisodeSampler(arrays, seed=0)
-    params0 = [p.detach().clone() for p in algo.q_ens.parameters()]
+    params0 = [p.detach().clone() for p in algo.backbone.critic.parameters()]
     keys = []
     for _ in range(3):
         m = algo.update(s)
         keys.append(set(m))
         assert m and all(isinstance(v, float) and math.isfinite(v) for v in m.values()), m
     assert keys[0] == keys[1] == keys[2]
-    assert any(not torch.equal(a, b) for a, b in zip(params0, algo.q_ens.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(params0, algo.backbone.critic.parameters()))
     if name.startswith("plcql"):
         assert {"par/E_k", "par/p_k1", "par/p_k3", "par/k_sampled", "par/r_par"} <= keys[0]
         assert abs(sum(m[f"par/p_k{i}"] for i in (1, 2, 3)) - 1.0) < 1e-5

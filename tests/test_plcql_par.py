@@ -231,14 +231,14 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
     """pi_par pinned to k = n (huge bias, lr 0) is flagged in final.json and the run log; the uniform
     ablation, with the same schedule, is not."""
     tmp, profile = unit
-    real_build = PLCQL._build_extra
+    real_init = PLCQL.__init__
 
-    def pinned(self, gen):
-        real_build(self, gen)
+    def pinned(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
         with torch.no_grad():
             self.par.policy.out.bias[..., -1] = 50.0
 
-    monkeypatch.setattr(PLCQL, "_build_extra", pinned)
+    monkeypatch.setattr(PLCQL, "__init__", pinned)
     logs: list[str] = []
     res = {}
     for algo in ("plcql", "plcql-uniform"):

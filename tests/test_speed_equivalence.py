@@ -24,7 +24,7 @@ import torch
 
 import plcql_bench.algorithms.common.kernels as C
 from plcql_bench.algorithms.base import load_all, make_config
-from plcql_bench.algorithms.cfcql import cf_cql_penalty, lse_penalty
+from plcql_bench.algorithms.common.continuous import cf_cql_penalty, lse_penalty
 from plcql_bench.algorithms.common.continuous import EnsembleCritic, counterfactual_joint
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.suite.core.spec import TaskSpec
@@ -350,7 +350,7 @@ def test_plain_critic_matches_fused_trunk(input_norm):
 
 @pytest.mark.parametrize("case", ["mpe", "temp-weights", "members"])
 def test_plain_lse_penalty_matches_blocked(case):
-    """The penalty's critic part on a plain critic (cfcql.lse_penalty in torch) = `_BlockedLSE` on a fused one."""
+    """The penalty's critic part on a plain critic (continuous.lse_penalty in torch) = `_BlockedLSE` on a fused one."""
     E, B, S, n, A, M = 3, 11, 5, 3, 2, 4
     fused, plain = _same_critics(E, S, n * A, 8, True, torch.float64)
     g = torch.Generator().manual_seed(12)

@@ -11,9 +11,9 @@ Public API
   masks:    masked_argmax, masked_logsumexp, masked_log_softmax, masked_softmax, masked_sample,
             masked_uniform_sample, masked_mean, NEG
   networks: RNNAgent (shared-parameter GRU agent), QMixer (QMIX hypernetwork mixer),
-            last_action_onehot, hard_update, seeded
+            last_action_onehot, seeded (target updates: nets.polyak_ / nets.hard_update_)
   targets:  td_lambda_targets
-  losses:   bc_cross_entropy
+  losses:   bc_cross_entropy, bc_step
   acting:   RecurrentActing (begin_episodes()/act() for a greedy GRU policy)
   base:     DiscreteAlgorithm (Checkpointable + RecurrentActing, batch_kind "episodes")
 """
@@ -267,10 +267,6 @@ class QMixer(nn.Module):
         return pre[:, 0], q_all - q_taken, w1, w2[..., 0], b2[:, 0]
 
 
-def hard_update(target: nn.Module, source: nn.Module) -> None:
-    target.load_state_dict(source.state_dict())
-
-
 # --------------------------------------------------------------------------------------------
 # Targets and losses
 
@@ -307,6 +303,18 @@ def bc_cross_entropy(logits: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
     logp = masked_log_softmax(logits[:, :T], batch.avail[:, :T])
     taken = logp.gather(-1, batch.actions.unsqueeze(-1))[..., 0]  # [B, T, n]
     return -masked_mean(taken, batch.mask.unsqueeze(-1))
+
+
+def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, grad_clip: float) -> float:
+    """One masked cross-entropy step of `agent` on `batch`; returns the loss (BC, and the CFCQL
+    family's behaviour model)."""
+    loss = bc_cross_entropy(agent.unroll(batch), batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(agent.parameters(), grad_clip)
+    opt.step()
+    return float(loss.detach())
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,14 +359,6 @@ class RecurrentActing:
         return a.cpu().numpy().astype(np.int64)
 
 
-# SMAC (SC2) runs with reward_scale_rate 20, so a whole episode's return is at most 20, and the
-# references' hyperparameters (cql_alpha, lr, grad_clip, ...) are tuned at that scale. SMAX's team
-# return is at most about 2 (enemy health lost, normalised to 1, + 1 for a win). With rewards c
-# times smaller, a CQL-style loss alpha * penalty + TD^2 behaves as if alpha were 1/c times larger,
-# so the reward-learning discrete algorithms multiply SMAX rewards by 10 (config `reward_scale`,
-# set per task by `task_overrides`; datasets keep SMAX's raw rewards). docs/smax.md.
-SMAX_REWARD_SCALE = 10.0
-
 # Timeouts (SMAX and SC2 alike). The datasets keep `terminals` (battle over) and `timeouts` (SMAC's
 # episode limit reached) apart. The references count a timeout as terminal: CFCQL's envs/sc2.yaml
 # sets `continuing_episode: False`, so SMAC never reports `episode_limit` in its info and PyMARL's
@@ -377,20 +377,19 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
-        """Per-map/dataset values from the algorithm's table (none: {}); on SMAX, algorithms that
-        learn from rewards also get `reward_scale` = SMAX_REWARD_SCALE (the table may override)."""
+        """Per-map/dataset values: configs/discrete_common.yaml (the fields this Config declares: on SMAX,
+        `reward_scale` for the algorithms that learn from rewards), then the algorithm's own table."""
         from dataclasses import fields
 
         from plcql_bench.algorithms.common.configs import tier_table
 
-        out = tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)
-        if spec.domain == "smax" and "reward_scale" in {f.name for f in fields(cls.Config)}:
-            out = {"reward_scale": SMAX_REWARD_SCALE, **out}
-        return out
+        declared = {f.name for f in fields(cls.Config)}
+        shared = {k: v for k, v in tier_table("discrete_common", spec, tier).items() if k in declared}
+        return {**shared, **tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)}
 
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
         """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`
-        (see SMAX_REWARD_SCALE) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
+        (10 on SMAX: configs/discrete_common.yaml) and, unless the config sets `bootstrap_timeouts`, time-limit cuts
         counted as terminals (the references' convention, see above). Only algorithms whose Config
         declares both fields call it."""
         scale = float(self.cfg.reward_scale)
@@ -422,8 +421,8 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
                 m.flatten_parameters()
         return t
 
-    def agent(self, hidden: int) -> RNNAgent:
+    def new_agent(self, hidden: int) -> RNNAgent:
         return RNNAgent(self.n, self.spec.obs_dim, self.A, hidden)
 
-    def mixer(self, embed: int, hypernet: int) -> QMixer:
+    def new_mixer(self, embed: int, hypernet: int) -> QMixer:
         return QMixer(self.n, self.spec.state_dim, embed, hypernet)

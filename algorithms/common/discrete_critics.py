@@ -11,7 +11,7 @@ Public API
   networks: SplitInputLinear, AgentMLP (Q over actions, optional dueling a + v head, or a scalar V),
             TwinAgentQ (two trunks; `shared_head` reproduces the references' twins that share their
             output layer)
-  helpers:  obs_mask, soft_update, expectile_loss, policy_expectation, clipped_exp_weights,
+  helpers:  obs_mask, expectile_loss, policy_expectation, clipped_exp_weights,
             batch_softmax_weights, per_agent_td_lambda
 """
 
@@ -97,15 +97,6 @@ def obs_mask(batch: EpisodeBatch) -> torch.Tensor:
     T = batch.max_t
     idx = torch.arange(T + 1, device=batch.lengths.device)
     return (idx[None, :] <= batch.lengths[:, None]).to(batch.rewards.dtype)
-
-
-@torch.no_grad()
-def soft_update(target: nn.Module, source: nn.Module, rate: float) -> None:
-    """target ← (1 − rate)·target + rate·source (the references' `update_exponential_moving_average`)."""
-    t = list(target.parameters())
-    s = list(source.parameters())
-    torch._foreach_mul_(t, 1.0 - rate)
-    torch._foreach_add_(t, s, alpha=rate)
 
 
 def expectile_loss(u: torch.Tensor, tau: float) -> torch.Tensor:

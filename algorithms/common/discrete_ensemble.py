@@ -1,9 +1,29 @@
-"""Q-ensembles for the discrete-action (SMAX/SMAC) algorithms, and the shared backbone of discrete
-SPaCQL and PLCQL. See docs/algorithms/spacql.md / plcql.md, "Discrete (SMAX/SMAC)".
+"""The backbone of the discrete-action (SMAX/SMAC) CFCQL family, with the ensemble size E as a parameter:
+CFCQL (E = 1), MACQL (E = 1, its own penalty), SPaCQL and PLCQL (E = n_critics = 10). See
+docs/algorithms/cfcql.md, spacql.md and plcql.md, "Discrete (SMAX/SMAC)".
 
-Each of the E members is a full QMIX value function: its own GRU agent (`RNNAgent`) and its own
-mixer (`QMixer`), built exactly as CFCQL-discrete builds its single pair (PyTorch default init, each
-member under its own seed). The members are *stacked*, not looped over:
+`CFCQLBackbone` is a component an algorithm holds (`self.backbone`); it has the E QMIX value functions
+(GRU agent + mixer each), their targets and one Adam, the behaviour model β for λ, and the one critic
+update of the family (`update`):
+
+  q_all    = E agents' Qs at every observation                                  [E, B, T+1, n, A]
+  Q_tot,j  = member j's mixer at the data joint action (s_t, a_t)                [E, B, T]
+  loss     = Σ_j [ mean over real steps of ½ (Q_tot,j − y)²  +  cql_alpha · pen_j ]
+  pen_j    = Σ_i λ_i logsumexp_{a available} Q_tot,j(s, a_i = a, a_-i) − Q_tot,j(s, a)   (counterfactual CQL)
+  λ        = softmax_i(softmax_temp · KL(μ_i || β_i)), μ_i = softmax over agent i's counterfactual Q_tot
+  step     = Adam on all members; gradient norm clipped per member (with one member: over all its
+             parameters, CFCQL's clip); hard target copies every target_update_interval rounds
+
+The target y [B, T] is the algorithm's (CFCQL: TD(λ) over the target members' min at the double-Q action;
+SPaCQL, PLCQL: at PAR joint actions), as is the penalty where it differs (MACQL's sampled joint actions).
+Every member regresses on the SAME target and carries its own penalty, so a member trains exactly like
+CFCQL's pair; the greedy policy (acting, PAR's replaced agents) is the argmax of the MEAN of the members'
+individual Qs over the available actions.
+
+Members. CFCQL and MACQL hold one `RNNAgent` and one `QMixer` (the checkpoint keeps their layout); the
+update sees them through `OneAgent`/`OneMixer`, which add a member axis of size 1, so one code path runs
+E = 1 and E = 10 and CFCQL's numbers are those of its own single-pair code. The ensembles stack their
+members, built exactly as CFCQL builds its pair (PyTorch default init, each member under its own seed):
 
   StackedRNNAgent  weights [E, ...]; the input layer, the GRU input projections and the output layer
                    are one batched matmul each over all members and all time steps; the recurrence is
@@ -12,25 +32,16 @@ member under its own seed). The members are *stacked*, not looped over:
   StackedQMixer    hypernetwork weights [E, ...]: one batched matmul per layer for all members;
                    `mix_many` and `counterfactual` as QMixer's, with a leading member axis.
 
-`EnsembleCFCQLDiscrete` is CFCQL-discrete (QMIX + TD(λ) + counterfactual CQL with the per-map
-`cql_alpha`/`softmax_temp`, behaviour model for λ) with the single pair replaced by the ensemble:
-  * loss = Σ_j [TD_j + cql_alpha · pen_j]: every member regresses on the SAME target and carries its own
-    CF-CQL term (as the continuous PLCQL/SPaCQL, which apply CFCQL's term to every member); each member's
-    gradient norm is clipped at `grad_clip` separately, so a member trains exactly like CFCQL's pair;
-  * greedy policy = argmax over the available actions of the MEAN of the members' individual Qs
-    (acting, and the replaced agents' actions in PAR targets);
-  * targets: the subclass builds the bootstrap joint actions at every observation index
-    (`compute_target`); this class provides the PAR bookkeeping (dataset next actions, masks) and
-    Q_tot of every target member at given joint actions.
 Memory: the counterfactual CQL term has an [E, B·T, n, A, embed] intermediate (1.9 GB in float32 for
-E = 10 on 6h_vs_8z, B = 128, T = 150); it is evaluated in row blocks of `cf_block_mb` under activation
-checkpointing (recomputed in the backward pass), so only one block's intermediate is alive at a time.
+E = 10 on 6h_vs_8z, B = 128, T = 150); on the plain path it is evaluated in row blocks of `cf_block_mb`
+under activation checkpointing (recomputed in the backward pass), so only one block's intermediate is
+alive at a time; the fused path (kernels_discrete.cf_negative) never stores it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,17 +49,69 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from plcql_bench.algorithms.base import EpisodeBatch
-from plcql_bench.algorithms.cfcql_discrete import CFCQLDiscrete, counterfactual_cql, cql_from_negative
-from plcql_bench.algorithms.cfcql_discrete import Config as CFCQLConfig
-from plcql_bench.algorithms.cfcql_discrete import new_behaviour_state
-from plcql_bench.algorithms.common.continuous import make_adam
-from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, last_action_onehot, masked_argmax, masked_mean,
-    masked_softmax)
 from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common import kernels_discrete as fast
-from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_
-from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.algorithms.common.continuous import make_adam
+from plcql_bench.algorithms.common.discrete import (
+    QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
+    td_lambda_targets)
+from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
+
+
+@dataclass
+class BackboneConfig:
+    """CFCQL-discrete's settings, shared by the family (each algorithm's Config derives from this one)."""
+
+    # --- QMIX backbone (cql_qmix.yaml, default.yaml) ---
+    hidden: int = 64  # rnn_hidden_dim 64 (n_rnn agent)
+    mixing_embed: int = 32  # mixing_embed_dim 32
+    hypernet_embed: int = 64  # hypernet_embed 64
+    lr: float = 1e-3  # lr 0.001, optimizer adam
+    gamma: float = 0.99  # gamma 0.99
+    reward_scale: float = 1.0  # rewards x this in the update; SMAX: 10 (configs/discrete_common.yaml)
+    bootstrap_timeouts: bool = False  # False: a timeout is terminal, as in the references (common/discrete.py)
+    td_lambda: float = 0.6  # td_lambda 0.6 on every map (configs/cfcql_discrete.yaml says why)
+    batch_episodes: int = 128  # batch_size 128 episodes
+    grad_clip: float = 10.0  # grad_norm_clip 10
+    target_update_interval: int = 25  # rounds: 200 "episodes" / batch_size_run 8
+    double_q: bool = True  # online argmax, target evaluation (cq_learner)
+    # --- counterfactual CQL ---
+    cql_alpha: float = 50.0  # global_cql_alpha 50.0 (cql_qmix.yaml); per map/dataset via the table
+    softmax_temp: float = 5.0  # softmax_temp 5 (cql_qmix.yaml); per map/dataset via the table; 0 = 1/n
+    # --- behaviour model for λ (moderate_lambda) ---
+    behaviour_lr: float = 1e-3  # the reference's behaviour optimiser uses args.lr
+    behaviour_timesteps: int = 10_000_000  # max_behaviour_train_steps 10M sampled (filled) timesteps
+    behaviour_max_updates: int = 0  # cap on β updates; 0 = none (the reference); smoke profiles set it
+
+
+@dataclass
+class EnsembleConfig(BackboneConfig):
+    # Everything of CFCQL-discrete's Config (QMIX backbone, per-map cql_alpha / softmax_temp, behaviour
+    # model for λ), plus:
+    n_critics: int = 10  # "an ensemble of ten Q-networks" (PLCQL paper; SPaCQL §4.4)
+    cf_block_mb: float = 256.0  # CF-CQL evaluated in row blocks of this many MB of intermediate, checkpointed (0 = one block, no checkpointing)
+
+
+def new_behaviour_state() -> dict[str, Any]:
+    """β's training progress (checkpointed): updates, sampled timesteps, done, last loss."""
+    return {"updates": 0, "timesteps": 0, "done": False, "loss": 0.0}
+
+
+def counterfactual_cql(cf: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
+                       q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """cf [..., B, T, n, A] (Q_tot with agent i's action replaced by each action), λ [..., B, T, n]:
+    Σ_i λ_i logsumexp over agent i's AVAILABLE actions, minus q_tot [..., B, T]; and diagnostics."""
+    lse = masked_logsumexp(cf, batch.avail[:, :batch.max_t])  # [..., B, T, n]
+    return cql_from_negative((lam * lse).sum(-1), lam, batch, q_tot)
+
+
+def cql_from_negative(neg: torch.Tensor, lam: torch.Tensor, batch: EpisodeBatch,
+                      q_tot: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The penalty neg − q_tot [..., B, T] and diagnostics from the negative term and λ."""
+    m = batch.mask
+    stats = {"cql/lambda_max": masked_mean(lam.max(-1).values, m), "cql/lambda_min": masked_mean(lam.min(-1).values, m),
+             "cql/negative": masked_mean(neg.detach(), m)}
+    return neg - q_tot, stats
 
 
 class StackedRNNAgent(nn.Module):
@@ -202,81 +265,141 @@ class StackedQMixer(nn.Module):
                 w2.reshape(E * M, Em), b2.reshape(E * M, 1))
 
 
+def uses_behaviour(cfg) -> bool:
+    """β is trained when λ is not uniform and there is a penalty to weight."""
+    return cfg.softmax_temp != 0 and cfg.cql_alpha > 0
+
+
+# Checkpoint keys before issue 22 (`Checkpointable.legacy_keys`): the single pair's and the ensembles'.
+SINGLE_LEGACY_KEYS = {"q_agent": "critic", "target_agent": "target_critic", "opt": "critic_opt"}
+ENSEMBLE_LEGACY_KEYS = {"q_ens": "critic", "mixer_ens": "mixer", "target_q_ens": "target_critic",
+                        "target_mixer_ens": "target_mixer", "opt": "critic_opt"}
+
+
+class OneAgent:
+    """A single `RNNAgent` seen as an ensemble of one: `unroll` gains a leading member axis of size 1."""
+
+    def __init__(self, agent: RNNAgent) -> None:
+        self.agent = agent
+
+    def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
+        return self.agent.unroll(batch).unsqueeze(0)
+
+
+class OneMixer:
+    """A single `QMixer` seen as an ensemble of one: inputs with a member axis of size 1 lose it, outputs
+    gain it; the calls and tensors are QMixer's own (CFCQL's numbers)."""
+
+    def __init__(self, mixer: QMixer) -> None:
+        self.mixer = mixer
+        self.fused = mixer.fused
+
+    def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.mixer.weights(state)
+
+    def mix_many(self, qs: torch.Tensor, state: torch.Tensor, w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        return self.mixer.mix_many(qs[0], state, w).unsqueeze(0)
+
+    def counterfactual(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                       w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        return self.mixer.counterfactual(q_all[0], actions, state, w).unsqueeze(0)
+
+    def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
+                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        return self.mixer.counterfactual_parts(q_all[0], actions, state, w)  # rows r = m, as E·M for E = 1
+
+
 @dataclass
-class EnsembleConfig(CFCQLConfig):
-    # Everything of CFCQL-discrete's Config (QMIX backbone, per-map cql_alpha / softmax_temp, behaviour
-    # model for λ), plus:
-    n_critics: int = 10  # "an ensemble of ten Q-networks" (PLCQL paper; SPaCQL §4.4)
-    cf_block_mb: float = 256.0  # CF-CQL evaluated in row blocks of this many MB of intermediate, checkpointed (0 = one block, no checkpointing)
+class Prediction:
+    """What the critic update regresses (`CFCQLBackbone.predict`)."""
+
+    q: torch.Tensor  # the online members' Qs at s_0..s_T-1 [E, B, T, n, A]
+    q_tot: torch.Tensor  # every member's Q_tot at the data joint action (s_t, a_t) [E, B, T]
+    mix_w: tuple[torch.Tensor, ...] | None  # the online mixers' weights at s_0..s_T-1 (fused path), for the penalty
 
 
-class EnsembleCFCQLDiscrete(CFCQLDiscrete):
-    """CFCQL-discrete with an E-member stacked QMIX ensemble (see the module docstring). Subclasses
-    implement `compute_target(batch, q_all) -> (y [B, T], info)`; `before_step(batch, q_all, info)` runs
-    after the target and before the gradient step (PLCQL's r_par)."""
+class CFCQLBackbone:
+    """The family's value functions, β and critic update (module docstring). Checkpoint keys: critic,
+    mixer, target_critic, target_mixer, critic_opt, behaviour and behaviour_opt (when β is used)."""
 
-    Config = EnsembleConfig
-
-    def __init__(self, spec: TaskSpec, config: EnsembleConfig, seed: int, device: str = "cpu") -> None:
-        DiscreteAlgorithm.__init__(self, spec, config, seed, device)
-        c = config
-        if c.n_critics < 1:
-            raise ValueError(f"n_critics must be >= 1, got {c.n_critics}")
-        E = c.n_critics
-        self.q_ens = StackedRNNAgent([self.build(10 + j, lambda: self.agent(c.hidden)) for j in range(E)]).to(self.device)
-        self.mix_ens = StackedQMixer([self.build(10 + E + j, lambda: self.mixer(c.mixing_embed, c.hypernet_embed))
-                                      for j in range(E)]).to(self.device)
-        self.target_q_ens = self.target_of(self.q_ens)
-        self.target_mix_ens = self.target_of(self.mix_ens)
-        self.opt = make_adam([*self.q_ens.parameters(), *self.mix_ens.parameters()], c.lr)
+    def __init__(self, algo: Any, n_members: int, stacked: bool, use_behaviour: bool, block_mb: float = 0.0) -> None:
+        """`algo`: the DiscreteAlgorithm that holds it (its config, `build`, `agent`, `mixer`, device).
+        `stacked`: E members stacked (the ensembles, E >= 1), else one RNNAgent + QMixer (E = 1, CFCQL's).
+        `block_mb`: the plain path's CF-CQL row blocks (EnsembleConfig.cf_block_mb; 0 = one block)."""
+        self._owner, c = algo, algo.cfg
+        if n_members < 1 or (not stacked and n_members != 1):
+            raise ValueError(f"n_critics must be >= 1 (1 without stacking), got {n_members}")
+        self.n_members, self.stacked, self.block_mb = n_members, stacked, block_mb
+        if stacked:
+            E = n_members
+            self.critic = StackedRNNAgent([algo.build(10 + j, lambda: algo.new_agent(c.hidden)) for j in range(E)]).to(algo.device)
+            self.mixer = StackedQMixer([algo.build(10 + E + j, lambda: algo.new_mixer(c.mixing_embed, c.hypernet_embed))
+                                        for j in range(E)]).to(algo.device)
+        else:
+            self.critic = algo.build(1, lambda: algo.new_agent(c.hidden))
+            self.mixer = algo.build(2, lambda: algo.new_mixer(c.mixing_embed, c.hypernet_embed))
+        self.target_critic, self.target_mixer = algo.target_of(self.critic), algo.target_of(self.mixer)
+        params = [*self.critic.parameters(), *self.mixer.parameters()]
+        self.critic_opt = make_adam(params, c.lr) if stacked else torch.optim.Adam(params, lr=c.lr)
+        # the member-axis views the update works on (the stacked networks are their own)
+        self.agents, self.mixers = (self.critic, self.mixer) if stacked else (OneAgent(self.critic), OneMixer(self.mixer))
+        self.target_agents, self.target_mixers = (self.target_critic, self.target_mixer) if stacked else (
+            OneAgent(self.target_critic), OneMixer(self.target_mixer))
+        self.policy = MeanQPolicy(self.critic) if stacked else self.critic  # acting (RecurrentActing)
         self.behaviour: RNNAgent | None = None
-        if self.uses_behaviour():
-            self.behaviour = self.build(3, lambda: self.agent(c.hidden))
+        if use_behaviour:
+            self.behaviour = algo.build(3, lambda: algo.new_agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
         self.behaviour_state = new_behaviour_state()
-        self._policy = MeanQPolicy(self.q_ens)
 
-    def value_modules(self) -> dict[str, nn.Module]:
-        return {"q_ens": self.q_ens, "mixer_ens": self.mix_ens, "target_q_ens": self.target_q_ens,
-                "target_mixer_ens": self.target_mix_ens}
+    @property
+    def cfg(self) -> Any:
+        """The holding algorithm's config, as it is now."""
+        return self._owner.cfg
 
-    def policy_agent(self) -> MeanQPolicy:  # type: ignore[override]
-        return self._policy
+    # -- checkpoint ------------------------------------------------------------------------------
+    def modules(self) -> dict[str, nn.Module]:
+        m = {"critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
+             "target_mixer": self.target_mixer}
+        if self.behaviour is not None:
+            m["behaviour"] = self.behaviour
+        return m
 
-    # -- PAR bookkeeping ------------------------------------------------------------------------
-    @staticmethod
-    def next_action_data(batch: EpisodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per observation index t' in 0..T: the dataset action a_t' [B, T+1, n] (0 at T), whether it
-        is known [B, T+1] (t' < len; the final next observation has none: PAR replaces every agent
-        there), and whether Q(s_t', ·) bootstraps a real step [B, T+1] (1 <= t' <= len)."""
-        B, T, n = batch.actions.shape
-        data = torch.cat([batch.actions, batch.actions.new_zeros(B, 1, n)], 1)
-        zero = batch.mask.new_zeros(B, 1)
-        valid = torch.cat([batch.mask, zero], 1)
-        boot = torch.cat([zero, batch.mask], 1)
-        return data, valid, boot
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        o = {"critic_opt": self.critic_opt}
+        if self.behaviour is not None:
+            o["behaviour_opt"] = self.behaviour_opt
+        return o
+
+    # -- behaviour model -------------------------------------------------------------------------
+    def train_behaviour(self, sample) -> dict[str, float]:
+        """Train β until its sampled-timestep budget is spent (or the optional update cap); a no-op once
+        done. Called before every critic step, so β is fully trained before the first one ({} without β)."""
+        if self.behaviour is None:
+            return {}
+        st, c = self.behaviour_state, self.cfg
+        while not st["done"]:
+            batch = sample(c.batch_episodes)
+            st["loss"] = bc_step(self.behaviour, self.behaviour_opt, batch, c.grad_clip)
+            st["updates"] += 1
+            st["timesteps"] += int((batch.lengths + 1).sum())  # the reference's filled entries: L + 1
+            capped = 0 < c.behaviour_max_updates <= st["updates"]
+            st["done"] = st["timesteps"] >= c.behaviour_timesteps or capped
+        return {"behaviour/updates": float(st["updates"]), "behaviour/timesteps": float(st["timesteps"]),
+                "behaviour/loss": float(st["loss"])}
 
     @torch.no_grad()
-    def greedy_actions(self, batch: EpisodeBatch, q_all: torch.Tensor | None) -> torch.Tensor:
-        """The current policy's greedy available action at every observation [B, T+1, n]: argmax of
-        the mean over the ONLINE members' individual Qs (computed here when q_all is None)."""
-        if q_all is None:
-            q_all = self.q_ens.unroll(batch)
-        return masked_argmax(q_all.detach().mean(0), batch.avail)
+    def behaviour_logprob(self, batch: EpisodeBatch) -> torch.Tensor | None:
+        """log(β + 1e-5) [B·T, n, A] for the fused λ (kernels_discrete.cf_lambda); None when λ is uniform."""
+        if self.behaviour is None or self.cfg.softmax_temp == 0:
+            return None
+        T = batch.max_t
+        beta = masked_softmax(self.behaviour.unroll(batch)[:, :T], batch.avail[:, :T])
+        return beta.add_(1e-5).log_().flatten(0, 1)
 
-    def member_q_tot(self, agent_q: torch.Tensor, mixer: StackedQMixer, joint: torch.Tensor,
-                     state: torch.Tensor) -> torch.Tensor:
-        """Q_tot of every member at joint actions: agent_q [E, B, L, n, A], joint [B, L, K, n] (K joint
-        actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled."""
-        E = agent_q.shape[0]
-        idx = joint.transpose(2, 3).unsqueeze(0).expand(E, -1, -1, -1, -1)  # [E, B, L, n, K]
-        q = agent_q.gather(-1, idx).transpose(-1, -2)  # [E, B, L, K, n]
-        return mixer.mix_many(q, state)
-
-    # -- λ weights and CF-CQL on the ensemble ---------------------------------------------------
     @torch.no_grad()
-    def cf_weights_ens(self, cf: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
-        """CFCQL's λ per member: cf [E, B, T, n, A] -> [E, B, T, n] (β computed once)."""
+    def cf_weights(self, cf: torch.Tensor, batch: EpisodeBatch) -> torch.Tensor:
+        """λ per member from the counterfactual Q_tot: cf [E, B, T, n, A] -> [E, B, T, n] (β computed once)."""
         E, B, T, n, _ = cf.shape
         temp = self.cfg.softmax_temp
         if self.behaviour is None or temp == 0:
@@ -284,104 +407,145 @@ class EnsembleCFCQLDiscrete(CFCQLDiscrete):
         avail = batch.avail[:, :T]
         beta = masked_softmax(self.behaviour.unroll(batch)[:, :T], avail)
         mu = masked_softmax(cf, avail)
-        eps = 1e-5
+        eps = 1e-5  # as the reference's kl_div(log(β + 1e-5), μ + 1e-5)
         kl = ((mu + eps) * ((mu + eps).log() - (beta + eps).log()) * avail).sum(-1)  # [E, B, T, n]
-        if temp >= 100:
+        if temp >= 100:  # the reference's hard argmax
             return F.one_hot(kl.argmax(-1), n).float()
         return torch.softmax(temp * kl, -1)
 
+    # -- values ----------------------------------------------------------------------------------
+    def unroll(self, batch: EpisodeBatch, target: bool = False) -> torch.Tensor:
+        """Every (target) member's Qs at every observation: [E, B, T+1, n, A]."""
+        return (self.target_agents if target else self.agents).unroll(batch)
+
+    @torch.no_grad()
+    def greedy_actions(self, batch: EpisodeBatch, q_all: torch.Tensor | None) -> torch.Tensor:
+        """The current policy's greedy available action at every observation [B, T+1, n]: argmax of
+        the mean over the ONLINE members' individual Qs (computed here when q_all is None)."""
+        if q_all is None:
+            q_all = self.unroll(batch)
+        return masked_argmax(q_all.detach().mean(0), batch.avail)
+
+    def member_q_tot(self, agent_q: torch.Tensor, joint: torch.Tensor, state: torch.Tensor,
+                     target: bool = False) -> torch.Tensor:
+        """Q_tot of every (target) member at joint actions: agent_q [E, B, L, n, A], joint [B, L, K, n] (K
+        joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled."""
+        E = agent_q.shape[0]
+        idx = joint.transpose(2, 3).unsqueeze(0).expand(E, -1, -1, -1, -1)  # [E, B, L, n, K]
+        q = agent_q.gather(-1, idx).transpose(-1, -2)  # [E, B, L, K, n]
+        return (self.target_mixers if target else self.mixers).mix_many(q, state)
+
+    @torch.no_grad()
+    def td_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
+        """CFCQL's target [B, T]: TD(λ) returns of Q'_tot(s_t, a*_t), a* = argmax over the available actions
+        of the (mean over members of the) online Qs (double Q; q_all [E, B, T+1, n, A], computed here when
+        not given) or of the target Qs, evaluated by each target member, min over the members."""
+        c = self.cfg
+        tq = self.unroll(batch, target=True)  # [E, B, T+1, n, A]
+        if q_all is None and c.double_q:
+            q_all = self.unroll(batch)
+        choose_from = q_all.detach() if c.double_q else tq
+        a_star = masked_argmax(choose_from.mean(0), batch.avail)  # [B, T+1, n]
+        v = self.member_q_tot(tq, a_star.unsqueeze(2), batch.state, target=True)[..., 0].min(0).values  # [B, T+1]
+        return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, c.gamma, c.td_lambda)
+
+    # -- the counterfactual CQL penalty ----------------------------------------------------------
     def counterfactual_blocked(self, q: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
                                w: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
-        """mix_ens.counterfactual over rows [B·T] in blocks of ~cf_block_mb, each under activation
-        checkpointing (its [E, rows, n, A, embed] intermediate is recomputed in the backward pass).
-        The fused kernel (kernels_discrete.counterfactual_mix) blocks inside and takes all rows at once,
-        with the mixer weights `w` of these states when given."""
+        """The mixers' counterfactual Q_tot [E, B, T, n, A] over rows [B·T] in blocks of ~block_mb, each
+        under activation checkpointing (its [E, rows, n, A, embed] intermediate is recomputed in the backward
+        pass). The fused kernel (kernels_discrete.counterfactual_mix) blocks inside and takes all rows at
+        once, with the mixer weights `w` of these states when given."""
         E, B, T, n, A = q.shape
         M = B * T
         qf, af, sf = q.reshape(E, M, n, A), actions.reshape(M, n), state.reshape(M, -1)
-        if self.mix_ens.fused:
-            return self.mix_ens.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
+        if self.mixers.fused:
+            return self.mixers.counterfactual(qf, af, sf, w).view(E, B, T, n, A)
         per_row = E * n * A * self.cfg.mixing_embed * 4 * 3  # pre_cf, elu, product (bytes)
-        rows = M if self.cfg.cf_block_mb <= 0 else max(1, int(self.cfg.cf_block_mb * 2 ** 20 // per_row))
-        if rows >= M and self.cfg.cf_block_mb <= 0:
-            return self.mix_ens.counterfactual(qf, af, sf).view(E, B, T, n, A)
+        rows = M if self.block_mb <= 0 else max(1, int(self.block_mb * 2 ** 20 // per_row))
+        if rows >= M and self.block_mb <= 0:
+            return self.mixers.counterfactual(qf, af, sf).view(E, B, T, n, A)
         outs = []
         for r0 in range(0, M, rows):
             sl = slice(r0, r0 + rows)
             if torch.is_grad_enabled():
-                outs.append(checkpoint(self.mix_ens.counterfactual, qf[:, sl], af[sl], sf[sl], use_reentrant=False))
+                outs.append(checkpoint(self.mixers.counterfactual, qf[:, sl], af[sl], sf[sl], use_reentrant=False))
             else:
-                outs.append(self.mix_ens.counterfactual(qf[:, sl], af[sl], sf[sl]))
+                outs.append(self.mixers.counterfactual(qf[:, sl], af[sl], sf[sl]))
         return torch.cat(outs, 1).view(E, B, T, n, A)
 
-    def cql_penalty_ens(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
-                        w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
-        """[E, B, T] counterfactual CQL term per member (CFCQL's), and diagnostics (`w`: the online
-        mixers' weights at the batch's states s_0..s_T-1, when the caller has them)."""
-        if self.mix_ens.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
+    def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
+                    w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+        """CFCQL's counterfactual CQL term per member [E, B, T] (q [E, B, T, n, A], q_tot [E, B, T]) and
+        diagnostics (`w`: the online mixers' weights at s_0..s_T-1, when the caller has them)."""
+        if self.mixers.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
-            parts = self.mix_ens.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
                                         self.cfg.softmax_temp, E)
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
         cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t], w)  # [E, B, T, n, A]
-        return counterfactual_cql(cf, self.cf_weights_ens(cf.detach(), batch), batch, q_tot)
+        return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
 
-    # -- one round ------------------------------------------------------------------------------
-    def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None):  # pragma: no cover
-        raise NotImplementedError
-
-    def before_step(self, batch: EpisodeBatch, q_all: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
-        """Runs after the target, before the gradient step; its result goes to after_step."""
-        return {}
-
-    def after_step(self, batch: EpisodeBatch, info: dict[str, Any], pre: dict[str, Any]) -> dict[str, float]:
-        """Runs after the gradient step; returns extra metrics."""
-        return {}
-
-    def update(self, sample) -> dict[str, float]:
-        out: dict[str, float] = {}
-        if self.behaviour is not None:
-            out.update(self.train_behaviour(sample))
-        c = self.cfg
-        batch = self.scaled(sample(c.batch_episodes))
-        T, E = batch.max_t, c.n_critics
-        q_all = self.q_ens.unroll(batch)  # [E, B, T+1, n, A]
+    # -- the critic update -----------------------------------------------------------------------
+    def predict(self, batch: EpisodeBatch, q_all: torch.Tensor) -> Prediction:
+        """The online values the update regresses, from the online Qs q_all [E, B, T+1, n, A] (see
+        `Prediction`). An algorithm calls it before building its target, so that a target which carries
+        gradient (SPaCQL's detach_weights=False) adds its gradients up in the graph's order."""
+        E, T = self.n_members, batch.max_t
         q = q_all[:, :, :T]
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
         # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
-        mix_w = self.mix_ens.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mix_ens.fused else None
-        q_tot = self.mix_ens.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0]  # [E, B, T]
-        y, info = self.compute_target(batch, q_all)
-        pre = self.before_step(batch, q_all, info)
-        m = batch.mask
+        mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mixers.fused else None
+        return Prediction(q, self.mixers.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0], mix_w)
+
+    def update(self, batch: EpisodeBatch, pred: Prediction, y: torch.Tensor,
+               penalty: Callable[..., tuple[torch.Tensor, dict]] | None = None,
+               extra_stats: dict[str, Any] | None = None) -> dict[str, float]:
+        """One gradient step of every member on TD to y [B, T] + cql_alpha · penalty (default: CFCQL's
+        `cql_penalty`; same signature) from `predict`'s values. Returns the metrics (`extra_stats`, the
+        algorithm's, are logged with them)."""
+        c, E, m, q_tot = self.cfg, self.n_members, batch.mask, pred.q_tot
         td_e = (0.5 * (q_tot - y).pow(2) * m).sum((1, 2)) / m.sum().clamp_min(1.0)  # [E]
         loss = td_e.sum()
         stats = {"critic/td_loss": td_e.detach().mean(), "critic/q_taken": masked_mean(q_tot.detach(), m),
-                 "critic/target": masked_mean(y.detach(), m),
-                 "critic/q_std": masked_mean(q_tot.detach().std(0) if E > 1 else torch.zeros_like(y), m)}
+                 "critic/target": masked_mean(y.detach(), m)}
+        if self.stacked:
+            stats["critic/q_std"] = masked_mean(q_tot.detach().std(0) if E > 1 else torch.zeros_like(y), m)
         if c.cql_alpha > 0:
-            pen_bt, cst = self.cql_penalty_ens(batch, q, q_tot, mix_w)
+            pen_bt, cst = (penalty or self.cql_penalty)(batch, pred.q, q_tot, pred.mix_w)
             pen_e = (pen_bt * m).sum((1, 2)) / m.sum().clamp_min(1.0)
             loss = loss + c.cql_alpha * pen_e.sum()
             stats.update(cst)
             stats["cql/penalty"] = pen_e.detach().mean()
-        stats.update(info.get("stats", {}))
-        self.opt.zero_grad(set_to_none=True)
+        stats.update(extra_stats or {})
+        self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
-        params = [*self.q_ens.parameters(), *self.mix_ens.parameters()]
-        if c.grad_clip > 0:
+        params = [*self.critic.parameters(), *self.mixer.parameters()]
+        if c.grad_clip <= 0:
+            gn = torch.zeros(())
+        elif self.stacked:  # each member on its own, as CFCQL's pair
             gn = clip_grad_norm_stacked_(params, c.grad_clip, E).mean()
         else:
-            gn = torch.zeros(())
-        self.opt.step()
-        self.rounds += 1
-        if self.rounds % c.target_update_interval == 0:
-            self.target_q_ens.load_state_dict(self.q_ens.state_dict())
-            self.target_mix_ens.load_state_dict(self.mix_ens.state_dict())
+            gn = nn.utils.clip_grad_norm_(params, c.grad_clip)
+        self.critic_opt.step()
         stats["critic/loss"] = loss.detach() / E
         stats["critic/grad_norm"] = gn
-        out.update({k: float(v) for k, v in stats.items()})
-        out.update(self.after_step(batch, info, pre))
-        return out
+        return {k: float(v) for k, v in stats.items()}
+
+    def update_targets(self) -> None:
+        hard_update_(self.target_critic, self.critic)
+        hard_update_(self.target_mixer, self.mixer)
+
+
+def next_action_data(batch: EpisodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per observation index t' in 0..T: the dataset action a_t' [B, T+1, n] (0 at T), whether it is known
+    [B, T+1] (t' < len; the final next observation has none: PAR replaces every agent there), and whether
+    Q(s_t', ·) bootstraps a real step [B, T+1] (1 <= t' <= len). (SPaCQL and PLCQL's PAR bookkeeping.)"""
+    B, T, n = batch.actions.shape
+    data = torch.cat([batch.actions, batch.actions.new_zeros(B, 1, n)], 1)
+    zero = batch.mask.new_zeros(B, 1)
+    valid = torch.cat([batch.mask, zero], 1)
+    boot = torch.cat([zero, batch.mask], 1)
+    return data, valid, boot

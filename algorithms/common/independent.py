@@ -186,14 +186,14 @@ class IndependentBase(Checkpointable, DeterministicActors):
         return o
 
     # pieces -------------------------------------------------------------------------------------
-    def step_critic(self, loss: torch.Tensor) -> None:
+    def critic_step(self, loss: torch.Tensor) -> None:
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:  # reference clips each agent's critic (both twins) separately
             clip_grad_norm_agents_(list(self.critic.parameters()), self.cfg.grad_clip, self.n_twins, self.n)
         self.critic_opt.step()
 
-    def step_actor(self, loss: torch.Tensor) -> None:
+    def actor_step(self, loss: torch.Tensor) -> None:
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -205,9 +205,9 @@ class IndependentBase(Checkpointable, DeterministicActors):
         deterministic actors regress onto the dataset actions weighted by `weight` [B, n], then
         only the critic targets move (these methods have no target actors in use)."""
         td = (self.critic(b.obs, b.actions) - y).pow(2).mean(1).sum()
-        self.step_critic(td)
+        self.critic_step(td)
         a_loss = (weight * (self.actors(b.obs) - b.actions).pow(2).sum(-1)).mean(0).sum()
-        self.step_actor(a_loss)
+        self.actor_step(a_loss)
         polyak_(self.target_critic, self.critic, self.cfg.tau)
         self.rounds += 1
         return td.detach(), a_loss.detach()

@@ -262,7 +262,7 @@ def blocked_lse_penalty(critic, state: torch.Tensor, actions: torch.Tensor, n_gr
         pol_j = mean_b sum_g weights_g * T * logsumexp_m(z / T)              -> [E']
     Returns pol [E'] and the sum of z over all rows [E'] (detached, for diagnostics): the same value and
     gradients as evaluating `critic(state, actions, members)` and reducing with autograd (the plain path
-    in cfcql.py: `cf_cql_penalty`), but every activation block is forwarded and backpropagated while it
+    in continuous.py: `cf_cql_penalty`), but every activation block is forwarded and backpropagated while it
     is in cache."""
     B, R, nA = actions.shape
     sl = members if members is not None else slice(None)

@@ -162,8 +162,10 @@ def buffers_restored(module: nn.Module) -> Iterator[None]:
 
 
 def polyak_(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) * target + tau * online, over parameters (not buffers, as the reference
-    `soft_update`). One fused foreach call."""
+    """target <- (1 - tau) * target + tau * online, over parameters (not buffers, as the references'
+    `soft_update` / `update_exponential_moving_average`). One fused foreach lerp, target + tau *
+    (online - target): the same update as the references' mul-then-add up to float rounding. The
+    one soft target update of every algorithm (continuous and discrete)."""
     with torch.no_grad():
         t = [p for p in target.parameters()]
         o = [p for p in online.parameters()]
@@ -171,6 +173,7 @@ def polyak_(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 
 def hard_update_(target: nn.Module, online: nn.Module) -> None:
+    """target <- online, parameters and buffers (a full state-dict copy). The one hard target update."""
     target.load_state_dict(online.state_dict())
 
 

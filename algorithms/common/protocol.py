@@ -2,11 +2,18 @@
 
 An algorithm lists its networks in `modules()`, its optimisers in `optimisers()` and its private
 random generators in `generators()`; `state_dict()` / `load_state_dict()` then cover all of them
-plus the round counter, which is what bitwise resume needs."""
+plus the round counter, which is what bitwise resume needs.
+
+Names (they are the checkpoint keys; docs/algorithms/ADDING.md, "Names"): `actors` (one network per
+agent, stacked) or `actor` (one network shared by the agents) for the policy, `critic` for the network
+that outputs Q (twins and ensemble members stacked in it), `mixer` for a QMIX mixer, `value` for a
+state value V, `target_<name>` for a target copy and `<name>_opt` for an optimiser (`actor_opt` for
+actors, `critic_opt` for a critic and its mixer). A class that renamed a key lists the old name in
+`legacy_keys`, so checkpoints written before the rename still resume (bitwise)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -15,6 +22,8 @@ from torch import nn
 
 class Checkpointable:
     rounds: int
+    # checkpoint key of an earlier version -> today's key (see the module docstring)
+    legacy_keys: ClassVar[dict[str, str]] = {}
 
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
@@ -33,6 +42,7 @@ class Checkpointable:
         return sd
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = renamed_keys(state, self.legacy_keys)
         for k, m in self.modules().items():
             m.load_state_dict(state[k])
         for k, o in self.optimisers().items():
@@ -40,6 +50,15 @@ class Checkpointable:
         for k, g in self.generators().items():
             g.set_state(state[k])
         self.rounds = int(state["rounds"])
+
+
+def renamed_keys(state: dict[str, Any], legacy: dict[str, str]) -> dict[str, Any]:
+    """`state` with every old key of `legacy` that it holds under its new name (a checkpoint written
+    before a rename); a checkpoint with today's keys is returned as it is."""
+    clash = sorted(old for old, new in legacy.items() if old in state and new in state)
+    if clash:
+        raise KeyError(f"checkpoint holds both old and new keys: {', '.join(f'{o}/{legacy[o]}' for o in clash)}")
+    return {legacy.get(k, k): v for k, v in state.items()}
 
 
 class DeterministicActors:

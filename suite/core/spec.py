@@ -9,7 +9,7 @@ collection and evaluation need.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -87,8 +87,10 @@ Policy = Callable[[Step], np.ndarray]
 
 @dataclass(frozen=True)
 class Task:
-    """A registered task: its spec and a factory for batched envs."""
+    """A registered task: its spec and a factory for batched envs. Env settings (SMAX/SMAC map, MPE
+    physics and prey) are the factory's bound arguments and are recorded, typed, in
+    `spec.env_versions` (part of every result); dataset recipes and behaviour trainers are typed
+    objects of datasets/ (datasets/recipes.py), not attributes of the task."""
 
     spec: TaskSpec
     make_env: Callable[[int], BatchedEnv]  # num_envs -> env
-    extras: dict[str, Any] = field(default_factory=dict)

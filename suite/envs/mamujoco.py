@@ -192,7 +192,7 @@ def make_task(episode_limit: int = EPISODE_LIMIT) -> Task:
                     "shared reward, 1000 steps) on gymnasium-robotics + mujoco",
         env_versions=partial(versions, int(episode_limit)),
     )
-    return Task(spec=spec, make_env=partial(_make_env, spec), extras={})
+    return Task(spec=spec, make_env=partial(_make_env, spec))
 
 
 def _make_env(spec: TaskSpec, num_envs: int, backend: str = "mujoco") -> MaMuJoCoEnv:

@@ -401,7 +401,7 @@ def make_task(task_id: str, physics: str = "omar", prey_path: str | Path | None 
         env_versions=partial(_versions, physics, path),
     )
     factory = partial(_make_env, spec, sc, physics, path)
-    return Task(spec=spec, make_env=factory, extras={"physics": physics, "prey_path": path})
+    return Task(spec=spec, make_env=factory)
 
 
 def _make_env(spec: TaskSpec, sc: Scenario, physics: str, prey_path: Path | None, num_envs: int,

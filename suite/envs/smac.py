@@ -180,5 +180,4 @@ def make_spec(map_name: str) -> TaskSpec:
 
 def make_task(map_name: str, env_factory: Callable[..., Any] | None = None) -> Task:
     spec = make_spec(map_name)
-    return Task(spec=spec, make_env=partial(SmacEnv, spec, map_name, env_factory=env_factory),
-                extras={"map_name": map_name, "tested_against_sc2": False})
+    return Task(spec=spec, make_env=partial(SmacEnv, spec, map_name, env_factory=env_factory))

@@ -310,4 +310,4 @@ def make_spec(map_name: str) -> TaskSpec:
 
 def make_task(map_name: str) -> Task:
     spec = make_spec(map_name)
-    return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name), extras={"map_name": map_name})
+    return Task(spec=spec, make_env=partial(SmaxEnv, spec, map_name))
