@@ -35,8 +35,11 @@ import click
 @click.option("--compare-plain", is_flag=True,
               help="Time each algorithm with the fused kernels against the plain torch path "
                    "(PLCQL_KERNELS=plain; algorithms/common/kernels*.py) in alternation, with the paired ratio.")
+@click.option("--stack", "stack", type=click.IntRange(min=2), default=None, metavar="S",
+              help="Also time S separate runs' rounds against one round of the S seeds as stacked models "
+                   "(`all --stack`; the continuous CFCQL family), in alternation, with the paired ratio.")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain) -> None:
+                description, seconds, floor, compare_plain, stack) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -98,6 +101,8 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             results[(name, task_id)] = t
             if compare_plain:
                 compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
+            if stack:
+                compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
 
@@ -119,6 +124,27 @@ def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, d
     med = {k: statistics.median(v) for k, v in inter.items()}
     click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: fused {med['fused']:.1f} ms, plain "
                f"{med['plain']:.1f} ms, median per-round ratio fused/plain {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+
+
+def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup, batch, device, clock) -> None:
+    """S separate runs' rounds against one stacked round of S seeds (`time_stacked`): medians, and the median
+    per-pair ratio separate/stacked (the gain in runs per hour) with its 95% bootstrap interval."""
+    from plcql_bench.algorithms.common.speed import paired_ratio, time_stacked
+    from plcql_bench.algorithms.common.stacked import stackable
+
+    if not stackable(cls):
+        click.echo(f"# {name} {task_id}: no stacked round (the continuous CFCQL family only), --stack skipped")
+        return
+    t = time_stacked(name, spec, overrides, n_seeds, rounds=rounds, warmup=min(warmup, 2), device=device,
+                     clock=clock, batch_size=batch, count_ops=True)
+    ops = t.pop("ops")
+    ratio, lo, hi = paired_ratio(t["separate"], t["stacked"])
+    med = {k: statistics.median(v) for k, v in t.items()}
+    click.echo(f"# {name} {task_id}, {rounds} interleaved pairs: {n_seeds} separate rounds {med['separate']:.1f} ms, "
+               f"one stacked round of {n_seeds} seeds {med['stacked']:.1f} ms; runs per hour stacked/separate "
+               f"{ratio:.2f} (95% CI {lo:.2f}-{hi:.2f})")
+    click.echo(f"# {name} {task_id}: operators dispatched (non-view; ~ kernel launches on a GPU): {n_seeds} separate "
+               f"rounds {ops['separate']}, one stacked round {ops['stacked']} (ratio {ops['separate'] / ops['stacked']:.2f})")
 
 
 def check_algo_names(names) -> None:

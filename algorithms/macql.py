@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from plcql_bench.algorithms.base import Batch, register
+from plcql_bench.algorithms.common import rng
 from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
 
 
@@ -43,7 +44,7 @@ class MACQL(CentralCriticAlgorithm):
         loss = td
         if self.cfg.cql_alpha > 0:
             M = self.cfg.n_sampled_actions
-            joint = torch.rand(B, M, nA, generator=self.gen, device=self.device) * 2 - 1
+            joint = rng.rand(self.gen, B, M, nA, device=self.device) * 2 - 1
             logp = torch.full((B, M), nA * math.log(0.5), device=self.device)
             extra = self.policy_cql_samples(batch)  # HalfCheetah branch: noisy current/next joint policy actions
             if extra is not None:

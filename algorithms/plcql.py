@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_variant
+from plcql_bench.algorithms.common import rng
 from plcql_bench.algorithms.common.continuous import (
     BackboneConfig, CentralCriticAlgorithm, host_floats, make_adam, mean_metrics, replace_agents)
 from plcql_bench.algorithms.common.nets import StackedMLP, buffers_restored
@@ -101,7 +102,7 @@ def par_mask(k: torch.Tensor, valid: torch.Tensor, n: int, generator: torch.Gene
     uniform without replacement: the ranks of a uniform random permutation that are < k.
     """
     B = k.shape[0]
-    scores = torch.rand(B, n, generator=generator, device=k.device)
+    scores = rng.rand(generator, B, n, device=k.device)
     ranks = scores.argsort(dim=1).argsort(dim=1)
     mask = ranks < k.unsqueeze(1)
     return mask | (valid < 0.5).unsqueeze(1)
@@ -188,20 +189,35 @@ class Par:
         else:
             probs = self.probs(next_state)
             logp_all = probs.log()
-        idx = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        idx = rng.categorical(generator, probs)
         return idx + 1, logp_all.gather(1, idx[:, None])[:, 0], probs
+
+    def value_loss(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """L_v: the masked MSE of V(s') to r_par (Algorithm 1 line 197)."""
+        v = self.value(next_state)[0, :, 0]
+        return ((v - r_par).pow(2) * m).sum() / m.sum().clamp(min=1)
+
+    def optimise(self, opt: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
+        """One Adam step of pi_par or V on `loss`, its gradient norm clipped to par_grad_clip."""
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.par_grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), self.cfg.par_grad_clip, foreach=True)
+        opt.step()
 
     def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         loss = torch.zeros((), device=next_state.device)
         for _ in range(self.cfg.value_steps):
-            v = self.value(next_state)[0, :, 0]
-            loss = ((v - r_par).pow(2) * m).sum() / m.sum().clamp(min=1)
-            self.value_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.par_grad_clip, foreach=True)
-            self.value_opt.step()
+            loss = self.value_loss(next_state, r_par, m)
+            self.optimise(self.value_opt, self.value, loss)
         return loss.detach()
+
+    @torch.no_grad()
+    def advantage(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """PPO's advantage r_par - V(s') normalised per `advantage_norm`, and its raw masked mean (logged)."""
+        adv = r_par - self.value(next_state)[0, :, 0]
+        return self.normalised_advantage(adv, r_par, m), (adv * m).sum() / m.sum().clamp(min=1)
 
     def normalised_advantage(self, adv: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         """The advantage PPO sees, per `advantage_norm` (masked mean/std over the rows with m = 1)."""
@@ -218,39 +234,44 @@ class Par:
             std = mean_std(r_par)[1]
         return (adv - mean) / (std + 1e-8)
 
+    def ppo_loss(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                 m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The clipped-surrogate loss with an entropy bonus over the rows with m = 1; also the ratio and the
+        entropy per row (for `ppo_stats`)."""
+        logp_all = torch.log_softmax(self.logits(next_state), dim=-1)
+        logp = logp_all.gather(1, (k - 1).unsqueeze(1))[:, 0]
+        ratio = (logp - logp_old).exp()
+        surr = torch.min(ratio * adv, ratio.clamp(1 - self.cfg.ppo_clip, 1 + self.cfg.ppo_clip) * adv)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        loss = -((surr + self.cfg.entropy_coef * entropy) * m).sum() / m.sum().clamp(min=1)
+        return loss, ratio, entropy
+
+    @torch.no_grad()
+    def ppo_stats(self, loss: torch.Tensor, ratio: torch.Tensor, entropy: torch.Tensor, m: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+        denom = m.sum().clamp(min=1)
+        return {"ppo/loss": loss.detach(), "ppo/entropy": (entropy * m).sum() / denom,
+                "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
+
     def ppo_update(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor,
                    adv: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
         """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps), with
-        the advantage as given."""
-        denom = m.sum().clamp(min=1)
-        idx = (k - 1).unsqueeze(1)
+        the advantage as given; the logged statistics are the last epoch's."""
         stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
-            logp_all = torch.log_softmax(self.logits(next_state), dim=-1)
-            logp = logp_all.gather(1, idx)[:, 0]
-            ratio = (logp - logp_old).exp()
-            surr = torch.min(ratio * adv, ratio.clamp(1 - self.cfg.ppo_clip, 1 + self.cfg.ppo_clip) * adv)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-            loss = -((surr + self.cfg.entropy_coef * entropy) * m).sum() / denom
-            self.policy_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.cfg.par_grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.par_grad_clip, foreach=True)
-            self.policy_opt.step()
-            if epoch == self.cfg.ppo_epochs - 1:  # the logged statistics are the last epoch's
-                with torch.no_grad():
-                    stats = {"ppo/loss": loss.detach(), "ppo/entropy": (entropy * m).sum() / denom,
-                             "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
+            loss, ratio, entropy = self.ppo_loss(next_state, k, logp_old, adv, m)
+            self.optimise(self.policy_opt, self.policy, loss)
+            if epoch == self.cfg.ppo_epochs - 1:
+                stats = self.ppo_stats(loss, ratio, entropy, m)
         return stats
 
     def step(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, r_par: torch.Tensor,
                  m: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s')."""
+        """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s').
+        (algorithms/common/stacked.py runs the same steps for a stack of seeds: keep the two in step.)"""
         out = {"par/value_loss": self.value_update(next_state, r_par, m)}
-        with torch.no_grad():
-            adv = r_par - self.value(next_state)[0, :, 0]
-        out["par/adv_raw"] = (adv * m).sum() / m.sum().clamp(min=1)
-        out.update(self.ppo_update(next_state, k, logp_old, self.normalised_advantage(adv, r_par, m), m))
+        adv, out["par/adv_raw"] = self.advantage(next_state, r_par, m)
+        out.update(self.ppo_update(next_state, k, logp_old, adv, m))
         return out
 
     def stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from plcql_bench.algorithms.base import Batch, register
+from plcql_bench.algorithms.common import rng
 from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
 
 
@@ -48,7 +49,7 @@ def par_masks_all_k(B: int, n: int, valid: torch.Tensor, generator: torch.Genera
 
     For each (row, k) an independent uniform subset of exactly k agents (ranks of a random permutation
     < k); rows whose dataset next action is unknown (`valid` = 0) replace every agent for every k."""
-    scores = torch.rand(B, n, n, generator=generator, device=valid.device)
+    scores = rng.rand(generator, B, n, n, device=valid.device)
     ranks = scores.argsort(dim=2).argsort(dim=2)
     k = torch.arange(1, n + 1, device=valid.device).view(1, n, 1)
     return (ranks < k) | (valid < 0.5).view(B, 1, 1)

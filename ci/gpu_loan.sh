@@ -14,6 +14,12 @@
 # Then, through the device tool: carry [".wheels"] and run
 #   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
+# Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
+# (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
+# STACK_BENCH="cfcql:mpe-cn plcql:mamujoco-halfcheetah-2x3 ..." first times, per algo:task, STACK separate
+# rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log, e.g.
+#   STACK=8 STACK_ROUNDS=10 STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 \
+#     plcql:mamujoco-halfcheetah-2x3" LIMIT=60 GPU_ONLY=... bash ci/gpu_loan.sh   (~4 device-minutes)
 # Check it here on CPU with a tiny budget: DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out bash ci/gpu_loan.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +50,9 @@ PER_GPU=${PER_GPU:-3}
 GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
 CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
 PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
+STACK=${STACK:-1}                # seeds of a GPU_ONLY cell trained in one process as stacked models
+STACK_BENCH=${STACK_BENCH:-}     # "algo:task ..." timed with bench-speed --stack $STACK before training
+STACK_ROUNDS=${STACK_ROUNDS:-10} # timed pairs per STACK_BENCH entry
 CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
 OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
@@ -91,10 +100,20 @@ PY
   log "datasets built"
 fi
 
+# Stacked seeds against separate rounds on this device (the issue-19 target: >= 3x runs per hour on a GPU).
+if [[ -n "$STACK_BENCH" ]]; then
+  for at in $STACK_BENCH; do
+    OMP_NUM_THREADS=1 timeout -k 10 300 "${BENCH[@]}" bench-speed --algo "${at%%:*}" --task "${at#*:}" \
+      --device "$DEVICE" --stack "$(( STACK > 1 ? STACK : 3 ))" --rounds "$STACK_ROUNDS" --warmup 2 --no-floor \
+      >> "$OUT/stack_bench.log" 2>&1 || echo "bench-speed $at: exit $?" >> "$OUT/stack_bench.log"
+  done
+  grep -h "^#\|^[a-z]" "$OUT/stack_bench.log" | grep -v "^# torch" ; log "stack bench done"
+fi
+
 # The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
 export OMP_NUM_THREADS=1
 timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
-  --only "$GPU_ONLY" > "$OUT/gpu.log" 2>&1 &
+  --stack "$STACK" --only "$GPU_ONLY" > "$OUT/gpu.log" 2>&1 &
 gpu_pid=$!
 timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device cpu --jobs "$CPU_JOBS" \
   --only "$CPU_ONLY" > "$OUT/cpu.log" 2>&1 &

@@ -202,9 +202,12 @@ class _Progress:
 @click.option("--ray-address", default=None, help="Existing Ray cluster (default: start a local one on 127.0.0.1).")
 @click.option("--rerun-failed", is_flag=True, help="Run failed cells again (default: report and skip them).")
 @click.option("--force", is_flag=True, help="Retrain the selected cells from scratch, even finished ones.")
+@click.option("--stack", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Train up to this many seeds of a cell in one process as stacked models (continuous "
+                   "CFCQL, MACQL, SPaCQL, PLCQL; others alone). Each seed keeps its own run (docs/runner.md).")
 @click.pass_obj
 def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per_gpu, executor, ray_address,
-            rerun_failed, force) -> None:
+            rerun_failed, force, stack) -> None:
     """Run the profile's matrix: build missing datasets, skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
     a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
@@ -248,8 +251,11 @@ def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per
                        f"({plan.run_dir / 'status.json'})", err=True)
         else:
             todo.append(cell)
-    job_list = [Job(c, prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force) for c in todo]
-    progress = _Progress(len(job_list), f"all ({prof.name})")
+    from plcql_bench.suite.stacking import stack_groups
+
+    job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:])
+                for g in stack_groups(todo, stack)]
+    progress = _Progress(len(todo), f"all ({prof.name})")
 
     def report(o: dict) -> None:
         progress.step()

@@ -40,6 +40,10 @@ class Job:
     fresh: bool = False  # --force: discard earlier results of this run
     echo: bool = False  # also print the run's log lines (in-process runs)
     overrides: dict = field(default_factory=dict)
+    stack: list = field(default_factory=list)  # more seeds of `cell`'s cell, trained with it as one stack
+
+    def cells(self) -> list:
+        return [self.cell, *self.stack]
 
 
 def cpu_count() -> int:
@@ -95,7 +99,11 @@ def resolve_device(device: str) -> tuple[str, int]:
 
 # ----------------------------------------------------------------------------- the worker
 def run_job(job: Job) -> dict:
-    """Train one cell; returns {"cell", "state": trained|skipped|busy|failed, ...}. Never raises."""
+    """Train one cell; returns {"cell", "state": trained|skipped|busy|failed, ...}. Never raises.
+    A job with a `stack` trains its cells as one seed stack (suite/stacking.py) and returns
+    {"stack_outcomes": one outcome per cell}."""
+    if job.stack:
+        return _run_stack_job(job)
     started = time.time()
     out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
                            "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
@@ -129,6 +137,44 @@ def run_job(job: Job) -> dict:
     finally:
         out["seconds"] = time.time() - started
     return out
+
+
+def _run_stack_job(job: Job) -> dict:
+    """run_job for the cells of a seed stack: one outcome per cell. A failure fails every seed of the stack
+    (each status.json holds the traceback)."""
+    started = time.time()
+    cells = job.cells()
+    outs = [{"cell": c, "state": "failed", "score": None, "error": "", "traceback": "", "run_dir": None,
+             "seconds": 0.0, "pid": os.getpid()} for c in cells]
+    try:
+        import torch
+
+        from plcql_bench.suite.runner import plan_run
+        from plcql_bench.suite.stacking import execute_stack
+
+        if job.threads:
+            torch.set_num_threads(job.threads)
+        device = job.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        plans = [plan_run(c, job.profile, job.data_dir, job.results_dir, job.overrides) for c in cells]
+        for o, plan in zip(outs, plans):
+            o["run_dir"] = str(plan.run_dir)
+        logs = [_RunLog(plan.run_dir, echo=job.echo) for plan in plans]
+        for o, plan, res in zip(outs, plans, execute_stack(plans, device=device, logs=logs, fresh=job.fresh)):
+            o.update(state=res["state"], error=res.get("error", ""),
+                     score=res["result"]["score"] if res["result"] else None)
+    except Exception as exc:  # isolate, as run_job
+        from plcql_bench.datasets.format import DatasetError
+
+        for o in outs:
+            if o["state"] == "failed":
+                o.update(error=" ".join(f"{type(exc).__name__}: {exc}".split()), traceback=traceback.format_exc(),
+                         user_error=isinstance(exc, (BenchError, DatasetError)))
+    finally:
+        for o in outs:
+            o["seconds"] = time.time() - started
+    return {"stack_outcomes": outs}
 
 
 def _score(plan) -> float | None:
@@ -189,8 +235,9 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
         return []
     for job in jobs:
         job.threads = threads
+    on_outcome = _per_cell(on_outcome)
     if executor == "ray":
-        return _run_ray(jobs, workers, device, per_gpu, ray_address, on_outcome)
+        return _flat(_run_ray(jobs, workers, device, per_gpu, ray_address, on_outcome))
     if executor != "local":
         raise BenchError(f"--executor {executor!r}: expected local or ray")
     slots = _device_slots(device, n_gpus, per_gpu, workers)[: len(jobs)]  # no idle workers
@@ -201,8 +248,20 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
             outcome = run_job(job)
             outcomes.append(outcome)
             on_outcome(outcome)
-        return outcomes
-    return _run_pool(jobs, slots, on_outcome, threads)
+        return _flat(outcomes)
+    return _flat(_run_pool(jobs, slots, on_outcome, threads))
+
+
+def _flat(outcomes: list[dict]) -> list[dict]:
+    return [o for outcome in outcomes for o in outcome.get("stack_outcomes", [outcome])]
+
+
+def _per_cell(on_outcome: Callable[[dict], None]) -> Callable[[dict], None]:
+    """on_outcome called once per cell: a seed stack's job reports one outcome per seed."""
+    def report(outcome: dict) -> None:
+        for o in outcome.get("stack_outcomes", [outcome]):
+            on_outcome(o)
+    return report
 
 
 def _device_slots(device: str, n_gpus: int, per_gpu: int, workers: int) -> list[str]:
@@ -271,8 +330,12 @@ def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
 
 def _worker_died(job: Job) -> dict:
     """Outcome of a job whose process died without reporting; it resumes from its checkpoint
-    on the next `all` (its status.json still says running or interrupted)."""
+    on the next `all` (its status.json still says running or interrupted). A seed stack: one per seed."""
     from plcql_bench.suite.runner import plan_run
+
+    if job.stack:
+        return {"stack_outcomes": [_worker_died(Job(c, job.profile, job.data_dir, job.results_dir,
+                                                    overrides=job.overrides)) for c in job.cells()]}
 
     run_dir = None
     try:
@@ -323,8 +386,9 @@ def _run_ray(jobs: list[Job], workers: int, device: str, per_gpu: int, address: 
                     outcome = ray.get(ref)
                 except Exception as exc:  # worker crashed or task errored outside run_job
                     outcome = _worker_died(job)
-                    if outcome["state"] == "failed":
-                        outcome["error"] = " ".join(f"ray: {type(exc).__name__}: {exc}".split())[:500]
+                    for o in outcome.get("stack_outcomes", [outcome]):
+                        if o["state"] == "failed":
+                            o["error"] = " ".join(f"ray: {type(exc).__name__}: {exc}".split())[:500]
                 outcomes.append(outcome)
                 on_outcome(outcome)
         return outcomes

@@ -68,3 +68,17 @@ def test_calibrate_writes_costs_that_plan_reads(tmp_path):
     assert plan.exit_code == 0, plan.output
     assert "estimate on box" in plan.output and "per algo" in plan.output
     assert re.search(r"^  bc\s+6\s", plan.output, re.M)  # 6 bc cells of the smoke matrix, all costed
+
+
+def test_bench_speed_stack_times_separate_against_stacked_rounds():
+    out = CliRunner().invoke(cli, ["bench-speed", "--algo", "cfcql", "--algo", "bc", "--rounds", "2", "--warmup", "1",
+                                   "--batch", "32", "--threads", "1", "--stack", "2", "--no-floor"])
+    assert out.exit_code == 0, out.output
+    m = re.search(r"cfcql mpe-cn, 2 interleaved pairs: 2 separate rounds (\d+\.\d) ms, one stacked round of 2 seeds "
+                  r"(\d+\.\d) ms; runs per hour stacked/separate (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", out.output)
+    assert m, out.output
+    sep, stk, ratio, lo, hi = map(float, m.groups())
+    assert sep > 0 and stk > 0 and lo <= ratio <= hi
+    ops = re.search(r"2 separate rounds (\d+), one stacked round (\d+)", out.output)
+    assert ops and int(ops.group(2)) < int(ops.group(1)), out.output  # one stacked round dispatches fewer ops
+    assert "bc mpe-cn: no stacked round" in out.output

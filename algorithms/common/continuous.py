@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import Batch, BatchSampler
-from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import (
@@ -241,10 +241,9 @@ def counterfactual_joint(dataset: torch.Tensor, own: torch.Tensor) -> torch.Tens
     Returns [B, n * M, n * A]: row (i, m) has agent i at own[:, i, m] and every j != i at dataset[:, j].
     """
     B, n, M, A = own.shape
-    joint = dataset.reshape(B, 1, 1, n, A).expand(B, n, M, n, A).clone()
-    idx = torch.arange(n, device=own.device)
-    joint[:, idx, :, idx] = own.transpose(0, 1).to(joint.dtype)  # block (i, i) <- agent i's candidates
-    return joint.view(B, n * M, n * A)
+    own_block = torch.eye(n, dtype=torch.bool, device=own.device).view(1, n, 1, n, 1)  # block (i, i)
+    joint = torch.where(own_block, own.to(dataset.dtype).unsqueeze(3), dataset.reshape(B, 1, 1, n, A))
+    return joint.reshape(B, n * M, n * A)
 
 
 def replace_agents(dataset: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -260,7 +259,7 @@ def noisy_policy_samples(actors: "Actors", obs: torch.Tensor, n_samples: int, si
     gradients from the critic loss are discarded)."""
     with torch.no_grad():
         a = actors(obs)  # [B, n, A]
-        noise = torch.randn(*a.shape[:2], n_samples, a.shape[-1], generator=generator, device=a.device) * sigma
+        noise = rng.randn(generator, *a.shape[:2], n_samples, a.shape[-1], device=a.device) * sigma
         logp = (-0.5 * (noise / sigma) ** 2 - math.log(sigma * math.sqrt(2 * math.pi))).sum(-1)
         return (a.unsqueeze(2) + noise).clamp(-1.0, 1.0), logp
 
@@ -292,14 +291,14 @@ def cf_cql_penalty(critic: EnsembleCritic, state: torch.Tensor, actions: torch.T
     penalty [E] and diagnostics.
     """
     B, n, A = actions.shape
-    own = torch.rand(B, n, n_samples, A, generator=generator, device=actions.device) * 2 - 1
+    own = rng.rand(generator, B, n, n_samples, A, device=actions.device) * 2 - 1
     logp = torch.full((B, n, n_samples), A * math.log(0.5), device=actions.device)
     if extra is not None:
         own = torch.cat([own, extra[0]], 2)
         logp = torch.cat([logp, extra[1]], 2)
     others = actions
     if other_jitter > 0:
-        others = actions + (torch.rand(actions.shape, generator=generator, device=actions.device) * 2 - 1) * other_jitter
+        others = actions + (rng.rand(generator, *actions.shape, device=actions.device) * 2 - 1) * other_jitter
     M = own.shape[2]
     lam = torch.full((n,), 1.0 / n, device=actions.device) if weights is None else weights
     joint = counterfactual_joint(others, own)  # [B, n * M, n * A]: row (i, m) = (a_i^m, a_-i)
@@ -404,7 +403,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         a = self.target_actors(next_obs)
         if self.cfg.target_noise > 0:
             gen = self.gen if generator is None else generator
-            a = a + torch.randn(a.shape, generator=gen, device=a.device) * self.cfg.target_noise
+            a = a + rng.randn(gen, *a.shape, device=a.device) * self.cfg.target_noise
         return a.clamp(-1.0, 1.0)
 
     @torch.no_grad()

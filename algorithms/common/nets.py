@@ -97,8 +97,10 @@ class StackedInputNorm(nn.Module):
         with torch.no_grad():
             unbiased = var * (n / max(n - 1, 1))
             rm, rv = self.running_mean[sl], self.running_var[sl]
-            rm.lerp_(mean.detach().expand_as(rm), self.momentum)
-            rv.lerp_(unbiased.detach().expand_as(rv), self.momentum)
+            # out of place, then copied: the same numbers as lerp_, and vmappable without a per-seed loop
+            # (algorithms/common/stacked.py)
+            rm.copy_(torch.lerp(rm, mean.detach().expand_as(rm), self.momentum))
+            rv.copy_(torch.lerp(rv, unbiased.detach().expand_as(rv), self.momentum))
 
     def forward(self, x: torch.Tensor, members: slice | None = None, frozen: bool = False) -> torch.Tensor:
         """x [E', B, in] for the members `members` (all: E' = E); `frozen`: no gradient to the affine

@@ -178,6 +178,74 @@ def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], An
     return times
 
 
+def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_seeds: int, rounds: int = 20,
+                 warmup: int = 2, device: str = "cpu", clock: str = "wall", batch_size: int | None = None,
+                 count_ops: bool = False) -> dict[str, Any]:
+    """Milliseconds of `n_seeds` separate runs' rounds (one round each, back to back, the runner's default
+    kernels) against one round of the same seeds as a SeedStack (algorithms/common/stacked.py), in
+    alternation (A B, then B A, ...): {"separate": [...], "stacked": [...]}, one entry per timed pair. Their
+    ratio separate/stacked is the stack's gain in runs per hour, for runs sharing one process's device.
+    `count_ops`: also {"ops": {"separate": n, "stacked": m}}, the operators each dispatches (`dispatched_ops`)."""
+    from plcql_bench.algorithms.common.stacked import SeedStack
+
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    ov = dict(overrides)
+    if batch_size is not None:
+        ov[batch_field(cls)] = batch_size
+    cfg = timing_config(cls, ov)
+    seeds = range(n_seeds)
+    separate = [cls(spec, cfg, s, device) for s in seeds]
+    stack = SeedStack([cls(spec, cfg, s, device) for s in seeds])
+    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+
+    def separate_rounds():
+        for algo, buf in zip(separate, bufs):
+            algo.update(buf)
+
+    variants = {"separate": separate_rounds, "stacked": lambda: stack.update(bufs)}
+    times: dict[str, Any] = {k: [] for k in variants}
+    for i in range(warmup + rounds):
+        for label in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
+            t0 = timer()
+            variants[label]()
+            sync()
+            if i >= warmup:
+                times[label].append((timer() - t0) * 1e3)
+    if count_ops:
+        times["ops"] = {label: dispatched_ops(fn) for label, fn in variants.items()}
+    return times
+
+
+# Operators that only make a view or an empty tensor (no kernel on a GPU), left out of `dispatched_ops`.
+_VIEW_OPS = frozenset(
+    "view reshape _reshape_alias _unsafe_view expand expand_as view_as transpose t permute movedim slice select "
+    "narrow unsqueeze squeeze flatten unflatten as_strided alias detach detach_ unbind split chunk contiguous "
+    "empty empty_like empty_strided resolve_conj resolve_neg lift_fresh result_type to item "
+    "_local_scalar_dense is_nonzero".split())
+
+
+def dispatched_ops(fn: Callable[[], Any]) -> int:
+    """The aten operators `fn()` dispatches that are not views or empty allocations, counted at the leaves of
+    the profiler's call tree: on a GPU each is about one kernel launch, so for rounds bound by the host
+    issuing kernels this count is a proxy for their cost. (A matmul whose work runs in child operators is
+    counted by its children.) The fused CF-CQL penalty runs as one block, as on a GPU (kernels.block_bytes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from plcql_bench.algorithms.common import kernels
+
+    cpu_blocks = kernels.BLOCK_BYTES
+    kernels.BLOCK_BYTES = kernels.GPU_BLOCK_BYTES
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+    finally:
+        kernels.BLOCK_BYTES = cpu_blocks
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.name[6:] not in _VIEW_OPS
+               and not any(c.name.startswith("aten::") for c in e.cpu_children))
+
+
 # -- how far from the floor ---------------------------------------------------------------------
 
 def matmul_rate(device: str = "cpu", clock: str = "wall", n: int = 2048, reps: int = 5) -> float:
