@@ -482,5 +482,8 @@ register_variant(PLCQL, "plcql-uniform", "PLCQL ablation: pi_par frozen at unifo
                  fixed_k="uniform")
 register_variant(PLCQL, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
 register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
+register_variant(PLCQL, "plcql-target-actors", "PLCQL with the replaced agents' next actions from the target actors "
+                 "plus CFCQL's clipped smoothing noise (TD3's target), not Algorithm 1's online actors.",
+                 replace_with="target")
 register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
                  "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")
