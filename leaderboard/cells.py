@@ -76,6 +76,11 @@ class Cell:
         """The par_collapse records of the cell's runs that collapsed."""
         return [r.rec.par_collapse for r in self.runs if r.rec.par_collapse]
 
+    @property
+    def diverged(self) -> list[int]:
+        """The seeds of the cell's runs whose critic diverged (leaderboard/load.py `critic_divergence`)."""
+        return [r.rec.seed for r in self.runs if any(w.startswith("critic diverged") for w in r.rec.warnings)]
+
 
 def group_cells(runs: Iterable[Run]) -> list[Cell]:
     groups: dict[tuple, list[Run]] = defaultdict(list)

@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from plcql_bench.leaderboard.load import learns_par, with_par_collapse
+from plcql_bench.leaderboard.load import DIVERGED, learns_par, with_critic_check, with_par_collapse
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
 from plcql_bench.suite.core.schema import scan_records
 
@@ -39,6 +39,7 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
         vals = run_values(rec)
         rec = with_par_collapse(results, path, rec)
         vals["collapsed"] = bool(rec.par_collapse) if learns_par(rec) else None
+        vals["diverged"] = any(w.startswith(DIVERGED) for w in with_critic_check(results, path, rec).warnings)
         out.setdefault(cell, {}).setdefault(rec.algo, []).append(vals)
     return {c: {a: out[c][a] for a in algos if a in out.get(c, {})} for c in cells if c in out}
 
@@ -58,13 +59,13 @@ def markdown(table: dict) -> str:
     for cell, algos in table.items():
         lines += [f"**{cell}** (normalised score, mean ± std over seeds; `ours` = this suite's reference returns, "
                   "`omar` = OMAR's)", "",
-                  "| algorithm | seeds | " + " | ".join(head) + " | PAR collapsed |",
-                  "|---|---|" + "---|" * len(head) + "---|"]
+                  "| algorithm | seeds | " + " | ".join(head) + " | PAR collapsed | critic diverged |",
+                  "|---|---|" + "---|" * len(head) + "---|---|"]
         for algo, runs in algos.items():
             flags = [r["collapsed"] for r in runs if r["collapsed"] is not None]
             coll = f"{sum(flags)} of {len(flags)}" if flags else "n/a"
             lines.append(f"| {algo} | {len(runs)} | " + " | ".join(_fmt([r[k] for r in runs]) for k in ORDER)
-                         + f" | {coll} |")
+                         + f" | {coll} | {sum(x['diverged'] for x in runs)} of {len(runs)} |")
         lines.append("")
     return "\n".join(lines)
 

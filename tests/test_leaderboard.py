@@ -450,3 +450,33 @@ def test_footer_states_the_compute_behind_the_board(tmp_path):
     assert "CPU AMD EPYC, 2 cores, 1 torch thread(s) per run: 3 runs, 1.5 run-hours" in footer
     assert "GPU NVIDIA H100 80GB HBM3: 1 run," in footer and "unrecorded: 1 run," in footer
     assert footer.index("CPU AMD EPYC") < footer.index("GPU NVIDIA")  # most hours first
+
+
+def _td_history(early: float, late: float, n: int = 50, spike_at: int | None = None) -> str:
+    rows = []
+    for i in range(n):
+        td = early if i < n // 2 else late
+        if i == spike_at:
+            td = late * 1e6
+        rows.append(json.dumps({"update": 10 * i, "train/critic/td_loss": td}))
+    return "\n".join(rows) + "\n"
+
+
+def test_a_diverged_critic_is_flagged_on_the_board(tmp_path):
+    """A TD loss 1,000x its early median over the last 20 % of training marks the run (warning, cell badge,
+    banner); 10x does not, nor does one spike, nor a run without a TD loss."""
+    from plcql_bench.leaderboard.load import critic_divergence
+
+    root = tmp_path / "res"
+    write_run(root, "cfcql", "mpe-cn", "medium-replay", 0, 10.0, metrics=_td_history(50.0, 5e4))
+    write_run(root, "cfcql", "mpe-cn", "medium-replay", 1, 45.0, metrics=_td_history(50.0, 500.0))
+    write_run(root, "cfcql", "mpe-cn", "medium-replay", 2, 44.0, metrics=_td_history(50.0, 60.0, spike_at=48))
+    write_run(root, "bc", "mpe-cn", "medium-replay", 0, 14.0, metrics=_td_history(0.0, 0.0)[:0])
+    assert critic_divergence([json.loads(x) for x in _td_history(50.0, 5e4).splitlines()])["ratio"] == 1000.0
+    assert critic_divergence([json.loads(x) for x in _td_history(50.0, 500.0).splitlines()]) is None
+    assert critic_divergence([{"train/critic/td_loss": 1.0}] * 9) is None  # too short to judge
+    built = build_quick(root, tmp_path / "site")
+    text = " ".join(built.index.read_text().split())
+    assert "1 run ended with a diverged critic" in text
+    assert "critic diverged 1/3" in text
+    assert "critic diverged: TD loss 5e+04 over the last 20% of training, 1000x its early 50" in text
