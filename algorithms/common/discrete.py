@@ -169,7 +169,7 @@ class RNNAgent(nn.Module):
         B, L, n, _ = obs.shape
         if self.fused:  # time-major rows through kernels_discrete.fused_gru (one member)
             H, rnn = self.hidden, self.rnn
-            x = F.relu(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
+            x = F.relu_(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
             h = None if h0 is None else h0.reshape(1, B * n, H)
             y = fast.fused_gru(x, rnn.weight_ih_l0.t()[None], rnn.bias_ih_l0[None, None], rnn.weight_hh_l0.t()[None],
                                rnn.bias_hh_l0[None, None], h, L)  # [1, L, B·n, H]

@@ -146,12 +146,14 @@ class StackedRNNAgent(nn.Module):
         E, H = self.n_members, self.hidden
         eye = torch.eye(n, device=obs.device, dtype=obs.dtype).expand(B, L, n, n)
         x = torch.cat([obs, last_onehot, eye], -1).transpose(0, 1).reshape(1, L * B * n, -1)  # time-major rows
-        x = F.relu(torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w))  # [E, L·B·n, H]
+        x = torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w)  # [E, L·B·n, H]
         if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
+            x = F.relu_(x)  # in place: no second [E, L·B·n, H] tensor (baddbmm's backward does not read its output)
             h0r = None if h0 is None else h0.reshape(E, B * n, H)
             y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
             out = fast.narrow_linear(y.view(E, L * B * n, H), self.fc2_w, self.fc2_b)  # fast weight gradient
             return out.view(E, L, B, n, self.n_actions).transpose(1, 2), y[:, -1].reshape(E, B, n, H)
+        x = F.relu(x)
         gis = torch.baddbmm(self.b_ih, x, self.w_ih).view(E, L, B * n, 3 * H).unbind(1)  # unbind: one backward stack, not L scatters
         h = self.init_hidden(B).view(E, B * n, H) if h0 is None else h0.reshape(E, B * n, H)
         hs = []

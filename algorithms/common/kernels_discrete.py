@@ -78,6 +78,12 @@ POOL = _Pool()
 # GRU
 
 
+def _tanh_(x: torch.Tensor) -> torch.Tensor:
+    """tanh in place as 2·sigmoid(2x) − 1: torch's CPU tanh is ~4x slower than its sigmoid (1.0 vs 0.25 ms
+    for the [10, 640, 64] gate of a stacked step, 4 passes included); equal up to rounding (~1 ulp of 1)."""
+    return x.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
+
+
 def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor | None,
                hs: torch.Tensor, gates: torch.Tensor | None) -> None:
     """The recurrence (nn.GRU's equations, gate order r, z, n) over gi [E, L, N, 3H] (input
@@ -95,7 +101,7 @@ def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: tor
         rz = g[..., :2 * H]
         torch.add(gi[:, t, :, :2 * H], rz, out=rz).sigmoid_()
         n = g[..., 3 * H:]
-        torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n).tanh_()
+        _tanh_(torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n))
         torch.lerp(n, h, rz[..., H:], out=hs[:, t])  # (1 - z)·n + z·h
         h = hs[:, t]
 
@@ -193,7 +199,7 @@ class _NarrowLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
-        return torch.baddbmm(b, x, w)
+        return torch.baddbmm(b, x, _column_major(w))
 
     @staticmethod
     def backward(ctx, g):
@@ -205,11 +211,17 @@ class _NarrowLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def _column_major(w: torch.Tensor) -> torch.Tensor:
+    """w [E, In, A] with each member's matrix stored column-major (a copy of a few KB): MKL's product
+    with few outputs runs ~1.6x faster with that layout (smax-2s3z's Q head: 72 -> 45 ms per unroll)."""
+    return w.mT.contiguous().mT
+
+
 def narrow_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x [E, R, In] @ w [E, In, A] + b [E, 1, A] (see `_NarrowLinear`)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w, b)):
         return _NarrowLinear.apply(x, w, b)
-    return torch.baddbmm(b, x, w)
+    return torch.baddbmm(b, x, _column_major(w))
 
 
 # --------------------------------------------------------------------------------------------
