@@ -253,18 +253,29 @@ class StackedQMixer(nn.Module):
 
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
-                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+                             w: tuple[torch.Tensor, ...] | None = None,
+                             pre: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """The inputs of the fused counterfactual kernels (kernels_discrete), rows r = e·M + m: QMIX's first
-        layer at the data pre [R, Em], the deltas q_all − q_taken [R, n, A], |W1| [R, n, Em], |W2| [R, Em],
-        b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
+        layer at the data pre [R, Em] (`pre` when the caller has it: `mix_data`), the deltas q_all − q_taken
+        [R, n, A], |W1| [R, n, Em], |W2| [R, Em], b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
         E, (n, A) = self.n_members, q_all.shape[-2:]
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
         q_all = q_all.reshape(E, -1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
-        pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
-        M, Em = pre.shape[1], pre.shape[-1]
-        return (pre.reshape(E * M, Em), (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
+        M, Em = q_all.shape[1], w1.shape[-1]
+        if pre is None:
+            pre = fast.first_layer(q_taken.reshape(E * M, n), w1.reshape(E * M, n, Em), b1.reshape(E * M, Em))
+        return (pre, (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
                 w2.reshape(E * M, Em), b2.reshape(E * M, 1))
+
+    def mix_data(self, q_taken: torch.Tensor, w: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused update's Q_tot at one joint action per state (`mix_many` with K = 1), q_taken [E, M, n],
+        w = weights(state) -> (Q_tot [E, M], QMIX's first layer there [E·M, Em], which `counterfactual_parts`
+        reuses: the TD term and the counterfactual CQL term share it and its backward pass)."""
+        E, M, n = q_taken.shape
+        w1, b1, w2, b2 = (x.reshape(E * M, *x.shape[2:]) for x in w)
+        pre = fast.first_layer(q_taken.reshape(E * M, n), w1, b1[:, 0])  # [E·M, Em]
+        return torch.baddbmm(b2, F.elu(pre).unsqueeze(1), w2).view(E, M), pre
 
 
 def uses_behaviour(cfg) -> bool:
@@ -307,8 +318,13 @@ class OneMixer:
         return self.mixer.counterfactual(q_all[0], actions, state, w).unsqueeze(0)
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
-                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-        return self.mixer.counterfactual_parts(q_all[0], actions, state, w)  # rows r = m, as E·M for E = 1
+                             w: tuple[torch.Tensor, ...] | None = None,
+                             pre: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        return self.mixer.counterfactual_parts(q_all[0], actions, state, w, pre)  # rows r = m, as E·M for E = 1
+
+    def mix_data(self, q_taken: torch.Tensor, w: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        q_tot, pre = self.mixer.mix_data(q_taken[0], w)
+        return q_tot.unsqueeze(0), pre
 
 
 @dataclass
@@ -318,6 +334,7 @@ class Prediction:
     q: torch.Tensor  # the online members' Qs at s_0..s_T-1 [E, B, T, n, A]
     q_tot: torch.Tensor  # every member's Q_tot at the data joint action (s_t, a_t) [E, B, T]
     mix_w: tuple[torch.Tensor, ...] | None  # the online mixers' weights at s_0..s_T-1 (fused path), for the penalty
+    pre: torch.Tensor | None = None  # fused path: QMIX's first layer at (s_t, a_t) [E·B·T, embed], for CF-CQL
 
 
 class CFCQLBackbone:
@@ -477,12 +494,13 @@ class CFCQLBackbone:
         return torch.cat(outs, 1).view(E, B, T, n, A)
 
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
-                    w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+                    w: tuple[torch.Tensor, ...] | None = None, pre: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """CFCQL's counterfactual CQL term per member [E, B, T] (q [E, B, T, n, A], q_tot [E, B, T]) and
-        diagnostics (`w`: the online mixers' weights at s_0..s_T-1, when the caller has them)."""
+        diagnostics (`w`: the online mixers' weights at s_0..s_T-1, `pre`: their first layer at the data
+        (`Prediction.pre`), when the caller has them)."""
         if self.mixers.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
-            parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w, pre)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
                                         self.cfg.softmax_temp, E)
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
@@ -498,9 +516,13 @@ class CFCQLBackbone:
         q = q_all[:, :, :T]
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
-        # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
-        mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mixers.fused else None
-        return Prediction(q, self.mixers.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0], mix_w)
+        if not self.mixers.fused:
+            return Prediction(q, self.mixers.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T])[..., 0], None)
+        # the fused path computes the online mixers' hypernetworks and their first layer at the data once
+        # for the TD term and CF-CQL
+        mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1]))
+        q_tot, pre = self.mixers.mix_data(q_taken.reshape(E, -1, q_taken.shape[-1]), mix_w)
+        return Prediction(q, q_tot.view(E, *q_taken.shape[1:3]), mix_w, pre)
 
     def update(self, batch: EpisodeBatch, pred: Prediction, y: torch.Tensor,
                penalty: Callable[..., tuple[torch.Tensor, dict]] | None = None,
@@ -516,7 +538,10 @@ class CFCQLBackbone:
         if self.stacked:
             stats["critic/q_std"] = masked_mean(q_tot.detach().std(0) if E > 1 else torch.zeros_like(y), m)
         if c.cql_alpha > 0:
-            pen_bt, cst = (penalty or self.cql_penalty)(batch, pred.q, q_tot, pred.mix_w)
+            if penalty is None:
+                pen_bt, cst = self.cql_penalty(batch, pred.q, q_tot, pred.mix_w, pred.pre)
+            else:
+                pen_bt, cst = penalty(batch, pred.q, q_tot, pred.mix_w)
             pen_e = (pen_bt * m).sum((1, 2)) / m.sum().clamp_min(1.0)
             loss = loss + c.cql_alpha * pen_e.sum()
             stats.update(cst)

@@ -225,6 +225,36 @@ def narrow_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Te
 
 
 # --------------------------------------------------------------------------------------------
+# QMIX's first layer at the data joint action
+
+
+class _FirstLayer(torch.autograd.Function):
+    """pre[r] = b1[r] + Σ_i q[r, i] · w1[r, i] for R rows of n agents: one [1, n] x [n, Em] product per row.
+    Autograd's weight gradient of that bmm is an outer-product bmm per row (~2x slower than a broadcast
+    multiply on CPU, 113 vs 56 ms for 153,600 rows on 2s3z)."""
+
+    @staticmethod
+    def forward(ctx, q, w1, b1):
+        ctx.save_for_backward(q, w1)
+        return torch.baddbmm(b1.unsqueeze(1), q.unsqueeze(1), w1).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, dpre):
+        q, w1 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dq = torch.bmm(w1, dpre.unsqueeze(-1)).squeeze(-1) if need[0] else None
+        dw1 = q.unsqueeze(-1) * dpre.unsqueeze(1) if need[1] else None
+        return dq, dw1, (dpre if need[2] else None)
+
+
+def first_layer(q: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor) -> torch.Tensor:
+    """QMIX's first layer before the ELU, q [R, n] (one joint action's Qs per row), |W1| [R, n, Em],
+    b1 [R, Em] -> [R, Em]. The fused update computes it once and shares it between Q_tot at the data
+    (the TD term) and the counterfactual mixer (`pre` of counterfactual_mix / cf_negative)."""
+    return _FirstLayer.apply(q.contiguous(), w1.contiguous(), b1.contiguous())
+
+
+# --------------------------------------------------------------------------------------------
 # Counterfactual mixer
 
 
