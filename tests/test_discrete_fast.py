@@ -284,6 +284,37 @@ def test_mix_data_matches_mix_many(stacked):
     assert torch.allclose(parts[0], pre, rtol=1e-12)
 
 
+def test_online_member_q_tot_reuses_predict_weights_only_while_valid():
+    """Without gradient, the online mixers at a batch's states reuse `predict`'s hypernetwork weights (same
+    values as computing them); after the parameters change (an optimiser step, an in-place edit) they are
+    computed afresh."""
+    cls = get_algorithm("plcql", discrete=True)
+    torch.manual_seed(0)
+    algo = cls(SPEC, make_config(cls, {**TINY, **ENSEMBLE, "par_hidden": 8}), 0)
+    bb = algo.backbone
+    batch = EpisodeSampler(ragged(lens=(5, 2, 4, 1)), 0, "cpu")(4)
+    q_all = bb.unroll(batch)
+    joint = torch.randint(0, SPEC.act_dim, (*batch.state.shape[:2], 2, SPEC.n_agents))
+    with torch.no_grad():
+        fresh = bb.member_q_tot(q_all, joint, batch.state)
+    bb.predict(batch, q_all)
+    calls = []
+    weights = bb.mixers.weights
+    bb.mixers.weights = lambda s: calls.append(s.shape[0]) or weights(s)
+    with torch.no_grad():
+        reused = bb.member_q_tot(q_all, joint, batch.state)
+        assert calls == [batch.size]  # the final next states only
+        assert torch.allclose(reused, fresh, rtol=1e-5, atol=1e-6)
+        next(bb.mixer.parameters()).add_(0.5)
+        changed = bb.member_q_tot(q_all, joint, batch.state)
+    assert calls[-1] == batch.size * (batch.max_t + 1)  # recomputed at every state
+    assert not torch.allclose(changed, reused)
+    bb.mixers.weights = weights
+    pred = bb.predict(batch, q_all)
+    bb.update(batch, pred, torch.zeros(batch.size, batch.max_t))
+    assert bb._predicted_weights(batch.state) is None  # the step invalidates them
+
+
 def test_the_runner_switch_reaches_the_discrete_networks(monkeypatch):
     """PLCQL_KERNELS=plain (the runner's configure_process) builds every discrete network on its plain path;
     fused (the default) on the kernels."""

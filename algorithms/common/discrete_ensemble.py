@@ -370,6 +370,9 @@ class CFCQLBackbone:
             self.behaviour = algo.build(3, lambda: algo.new_agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
         self.behaviour_state = new_behaviour_state()
+        # fused path: the online mixers' weights at the last `predict`'s states s_0..s_T-1, reused by the
+        # online `member_q_tot` at the same states until the parameters change (see `_predicted_weights`)
+        self._pred_w: tuple[torch.Tensor, tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
 
     @property
     def cfg(self) -> Any:
@@ -448,11 +451,35 @@ class CFCQLBackbone:
     def member_q_tot(self, agent_q: torch.Tensor, joint: torch.Tensor, state: torch.Tensor,
                      target: bool = False) -> torch.Tensor:
         """Q_tot of every (target) member at joint actions: agent_q [E, B, L, n, A], joint [B, L, K, n] (K
-        joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled."""
+        joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled. Without
+        gradient, the online mixers at a batch's states s_0..s_T (PLCQL's r_par, SPaCQL's u) reuse the
+        weights `predict` computed at s_0..s_T-1 and evaluate the hypernetworks at s_T only."""
         E = agent_q.shape[0]
         idx = joint.transpose(2, 3).unsqueeze(0).expand(E, -1, -1, -1, -1)  # [E, B, L, n, K]
         q = agent_q.gather(-1, idx).transpose(-1, -2)  # [E, B, L, K, n]
-        return (self.target_mixers if target else self.mixers).mix_many(q, state)
+        if target:
+            return self.target_mixers.mix_many(q, state)
+        w = self._predicted_weights(state)
+        if w is None:
+            return self.mixers.mix_many(q, state)
+        T = state.shape[1] - 1
+        head = self.mixers.mix_many(q[:, :, :T], state[:, :T], w)  # [E, B, T, K]
+        return torch.cat([head, self.mixers.mix_many(q[:, :, T:], state[:, T:])], 2)
+
+    def _predicted_weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The online mixers' weights (detached) at state[:, :-1] when the last `predict` computed them for
+        this very state tensor and the parameters have not changed since: `update` clears them after its
+        optimiser step (the fused Adam does not bump version counters), and the version counters catch
+        in-place changes of the parameters or the state (a checkpoint load); else None. Only without gradient."""
+        if self._pred_w is None or torch.is_grad_enabled():
+            return None
+        ref, versions, w = self._pred_w
+        if state is not ref or versions != self._versions(state):
+            return None
+        return w
+
+    def _versions(self, state: torch.Tensor) -> tuple[int, ...]:
+        return (state._version, *(p._version for p in self.mixer.parameters()))
 
     @torch.no_grad()
     def td_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
@@ -521,6 +548,7 @@ class CFCQLBackbone:
         # the fused path computes the online mixers' hypernetworks and their first layer at the data once
         # for the TD term and CF-CQL
         mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1]))
+        self._pred_w = (batch.state, self._versions(batch.state), tuple(x.detach() for x in mix_w))
         q_tot, pre = self.mixers.mix_data(q_taken.reshape(E, -1, q_taken.shape[-1]), mix_w)
         return Prediction(q, q_tot.view(E, *q_taken.shape[1:3]), mix_w, pre)
 
@@ -557,6 +585,7 @@ class CFCQLBackbone:
         else:
             gn = nn.utils.clip_grad_norm_(params, c.grad_clip)
         self.critic_opt.step()
+        self._pred_w = None  # the parameters change (the fused Adam leaves their version counters alone)
         stats["critic/loss"] = loss.detach() / E
         stats["critic/grad_norm"] = gn
         return {k: float(v) for k, v in stats.items()}
