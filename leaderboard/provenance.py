@@ -138,4 +138,30 @@ def build_provenance(runs: list, now: datetime) -> dict:
         "packages": {k: dict(sorted(v.items())) for k, v in sorted(packages.items())},
         "env_settings": {t: {k: sorted(v) for k, v in sorted(s.items())} for t, s in sorted(settings.items())},
         "images": sorted({json.dumps(r.rec.image, sort_keys=True) for r in runs if r.rec.image}),
+        "compute": compute_spent(runs),
     }
+
+
+def hardware_label(hardware: dict | None) -> str:
+    """One name per kind of machine a run trained on: the GPU's name on CUDA, else the CPU model with its
+    core count and torch threads; runs written before results recorded their hardware are "unrecorded"."""
+    if not hardware:
+        return "unrecorded"
+    if str(hardware.get("device", "cpu")).startswith("cuda"):
+        return f"GPU {hardware.get('gpu', 'unknown')}"
+    return (f"CPU {hardware.get('cpu', 'unknown')}, {hardware.get('cpu_count', '?')} cores, "
+            f"{hardware.get('torch_threads', '?')} torch thread(s) per run")
+
+
+def compute_spent(runs: list) -> list[dict]:
+    """The compute behind the board, from the runs' own records: per kind of machine, runs and hours of
+    training wall clock (`train.wall_clock_s`, summed over runs; runs that shared a machine overlap in time,
+    so this is run-hours, not machine-hours)."""
+    hours: dict[str, float] = defaultdict(float)
+    count: Counter = Counter()
+    for r in runs:
+        kind = hardware_label(r.rec.hardware)
+        hours[kind] += float(r.rec.train.get("wall_clock_s") or 0.0) / 3600.0
+        count[kind] += 1
+    return [{"hardware": k, "runs": count[k], "run_hours": round(hours[k], 2)}
+            for k in sorted(count, key=lambda k: (-hours[k], k))]

@@ -431,3 +431,22 @@ def test_best_in_row_and_cells_helpers():
     assert best_in_row([1.0, 3.0, 3.0]) == [1, 2]
     assert best_in_row([5.0, 3.0], eligible=[False, True]) == [1]
     assert isinstance(cells.cell_stats([]), Stats) and cells.cell_stats([]).mean is None
+
+
+def test_footer_states_the_compute_behind_the_board(tmp_path):
+    """Per kind of machine, the runs and the hours of training they recorded, summed; a run without a
+    hardware record is counted as unrecorded, not dropped."""
+    root = tmp_path / "res"
+    cpu = {"cpu": "AMD EPYC", "cpu_count": 2, "device": "cpu", "torch_threads": 1}
+    gpu = {"cpu": "Xeon", "cpu_count": 16, "device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3", "torch_threads": 1}
+    half_hour = {"updates": 110, "wall_clock_s": 1800.0, "train_s": 1700.0, "updates_per_s": 0.06}
+    for seed in range(3):
+        write_run(root, "cfcql", "mpe-cn", "expert", seed, 90.0, hardware=cpu, train=half_hour)
+    write_run(root, "cfcql", "mpe-cn", "medium", 0, 50.0, hardware=gpu)
+    write_run(root, "bc", "mpe-cn", "medium", 0, 40.0)
+    built = build_quick(root, tmp_path / "site")
+    footer = " ".join(built.index.read_text().split())
+    footer = footer[footer.index('<footer id="provenance">'):]
+    assert "CPU AMD EPYC, 2 cores, 1 torch thread(s) per run: 3 runs, 1.5 run-hours" in footer
+    assert "GPU NVIDIA H100 80GB HBM3: 1 run," in footer and "unrecorded: 1 run," in footer
+    assert footer.index("CPU AMD EPYC") < footer.index("GPU NVIDIA")  # most hours first
