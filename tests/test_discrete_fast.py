@@ -229,6 +229,92 @@ def test_cf_negative_matches_the_formulas(tiny_blocks, temp):
     _close(got, exp)
 
 
+def test_cf_negative_matches_the_formulas_far_below_zero(tiny_blocks):
+    """Counterfactual pre-activations far below −87 (where exp is subnormal in float32 and the kernel clamps
+    it): the same values and gradients as the plain ELU mixer."""
+    from plcql_bench.algorithms.common.discrete import masked_logsumexp
+
+    E, M, n, A, S = 2, 5, 3, 4, 6
+    mixer, q, acts, state, g = _stacked_mixer_case(5, 7, E, M, n, A, S)
+    q = (q.detach() * 60).requires_grad_()  # |delta · w1| up to a few hundred
+    avail = torch.ones(M, n, A, dtype=F64)
+    params = [q, *mixer.parameters()]
+    mixer.fused = False
+    cf = mixer.counterfactual(q, acts, state)
+    mixer.fused = True
+    parts = mixer.counterfactual_parts(q, acts, state)
+    assert float((parts[0].unsqueeze(1).unsqueeze(1) + parts[1].unsqueeze(-1) * parts[2].unsqueeze(2)).detach().min()) < -200
+    neg_r = (masked_logsumexp(cf, avail) / n).sum(-1)
+    exp = torch.autograd.grad(neg_r.sum(), params)
+    neg, _ = fast.cf_negative(*parts, avail, None, 0.0, E)
+    assert torch.allclose(neg.view(E, M), neg_r, rtol=1e-10)
+    _close(torch.autograd.grad(neg.sum(), params), exp)
+
+
+def test_cf_negative_refuses_a_second_backward():
+    mixer, q, acts, state, _ = _stacked_mixer_case(1, 2, 2, 3, 2, 3, 4)
+    neg, _ = fast.cf_negative(*mixer.counterfactual_parts(q, acts, state), torch.ones(3, 2, 3, dtype=F64), None, 0.0, 2)
+    neg.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        neg.sum().backward()
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_mix_data_matches_mix_many(stacked):
+    """The fused update's Q_tot at the data joint action (`mix_data`, through first_layer's hand-written
+    backward) equals `mix_many` with K = 1, values and gradients; its first layer is counterfactual_parts' pre."""
+    E, M, n, A, S = (3 if stacked else 1), 6, 3, 4, 5
+    mixer, q, acts, state, g = _stacked_mixer_case(3, 4, E, M, n, A, S)
+    if not stacked:
+        torch.manual_seed(3)
+        mixer = QMixer(n, S, 4, 8).to(F64)
+    q_taken = q.gather(-1, acts.expand(E, -1, -1).unsqueeze(-1))[..., 0]  # [E, M, n]
+    params = [q, *mixer.parameters()]
+    up = torch.randn(E, M, generator=g, dtype=F64)
+    w = mixer.weights(state)
+    if stacked:
+        q_tot, pre = mixer.mix_data(q_taken, w)
+        ref = mixer.mix_many(q_taken.unsqueeze(-2), state)[..., 0]
+    else:
+        q_tot, pre = mixer.mix_data(q_taken[0], w)
+        q_tot, ref = q_tot[None], mixer.mix_many(q_taken[0].unsqueeze(-2), state)[None, :, 0]
+    _close([q_tot, *torch.autograd.grad((q_tot * up).sum(), params, retain_graph=True)],
+           [ref, *torch.autograd.grad((ref * up).sum(), params)])
+    parts = mixer.counterfactual_parts(q if stacked else q[0], acts, state)
+    assert torch.allclose(parts[0], pre, rtol=1e-12)
+
+
+def test_online_member_q_tot_reuses_predict_weights_only_while_valid():
+    """Without gradient, the online mixers at a batch's states reuse `predict`'s hypernetwork weights (same
+    values as computing them); after the parameters change (an optimiser step, an in-place edit) they are
+    computed afresh."""
+    cls = get_algorithm("plcql", discrete=True)
+    torch.manual_seed(0)
+    algo = cls(SPEC, make_config(cls, {**TINY, **ENSEMBLE, "par_hidden": 8}), 0)
+    bb = algo.backbone
+    batch = EpisodeSampler(ragged(lens=(5, 2, 4, 1)), 0, "cpu")(4)
+    q_all = bb.unroll(batch)
+    joint = torch.randint(0, SPEC.act_dim, (*batch.state.shape[:2], 2, SPEC.n_agents))
+    with torch.no_grad():
+        fresh = bb.member_q_tot(q_all, joint, batch.state)
+    bb.predict(batch, q_all)
+    calls = []
+    weights = bb.mixers.weights
+    bb.mixers.weights = lambda s: calls.append(s.shape[0]) or weights(s)
+    with torch.no_grad():
+        reused = bb.member_q_tot(q_all, joint, batch.state)
+        assert calls == [batch.size]  # the final next states only
+        assert torch.allclose(reused, fresh, rtol=1e-5, atol=1e-6)
+        next(bb.mixer.parameters()).add_(0.5)
+        changed = bb.member_q_tot(q_all, joint, batch.state)
+    assert calls[-1] == batch.size * (batch.max_t + 1)  # recomputed at every state
+    assert not torch.allclose(changed, reused)
+    bb.mixers.weights = weights
+    pred = bb.predict(batch, q_all)
+    bb.update(batch, pred, torch.zeros(batch.size, batch.max_t))
+    assert bb._predicted_weights(batch.state) is None  # the step invalidates them
+
+
 def test_the_runner_switch_reaches_the_discrete_networks(monkeypatch):
     """PLCQL_KERNELS=plain (the runner's configure_process) builds every discrete network on its plain path;
     fused (the default) on the kernels."""

@@ -16,9 +16,12 @@ from fixtures.legacy_ckpt.make_fixtures import RENAMED, build, sampler_generator
 
 torch.set_num_threads(1)
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_ckpt"
-# IQL/AWAC (discrete) moved from the references' mul-then-add EMA to nets.polyak_'s lerp: their numbers
-# differ from the old code's by float rounding, so their metrics are compared with a tolerance.
-ROUNDING_ONLY = {("iql", True), ("awac", True)}
+# IQL/AWAC (discrete) moved from the references' mul-then-add EMA to nets.polyak_'s lerp, and issue 19
+# changed the rounding of the fused discrete kernels every GRU agent and mixer runs on by default
+# (kernels_discrete: tanh as 2·sigmoid(2x) − 1, the Q head's weight layout, QMIX's first layer and the
+# counterfactual ELU from one exp): their numbers differ from the old code's by float rounding, so their
+# metrics are compared with a tolerance (the checkpoints' tensors still load bitwise).
+ROUNDING_ONLY = {("iql", True), ("awac", True), ("bc", True), ("cfcql", True), ("spacql", True), ("plcql", True)}
 
 
 def tensors_equal(a, b) -> bool:

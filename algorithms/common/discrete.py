@@ -169,7 +169,7 @@ class RNNAgent(nn.Module):
         B, L, n, _ = obs.shape
         if self.fused:  # time-major rows through kernels_discrete.fused_gru (one member)
             H, rnn = self.hidden, self.rnn
-            x = F.relu(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
+            x = F.relu_(self.fc1(self._inputs(obs, last_onehot).transpose(0, 1))).reshape(1, L * B * n, H)
             h = None if h0 is None else h0.reshape(1, B * n, H)
             y = fast.fused_gru(x, rnn.weight_ih_l0.t()[None], rnn.bias_ih_l0[None, None], rnn.weight_hh_l0.t()[None],
                                rnn.bias_hh_l0[None, None], h, L)  # [1, L, B·n, H]
@@ -256,15 +256,25 @@ class QMixer(nn.Module):
 
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
-                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+                             w: tuple[torch.Tensor, ...] | None = None,
+                             pre: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """The inputs of the fused counterfactual kernels (kernels_discrete) per state m: QMIX's first layer
-        at the data pre [M, E], the deltas q_all − q_taken [M, n, A], |W1| [M, n, E], |W2| [M, E], b2 [M, 1]."""
+        at the data pre [M, E] (`pre` when the caller has it: `mix_data`), the deltas q_all − q_taken [M, n, A],
+        |W1| [M, n, E], |W2| [M, E], b2 [M, 1]."""
         n, A = q_all.shape[-2:]
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w
         q_all = q_all.reshape(-1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(-1, n, 1))  # [M, n, 1]
-        pre = torch.bmm(q_taken.transpose(1, 2), w1) + b1  # [M, 1, E]
-        return pre[:, 0], q_all - q_taken, w1, w2[..., 0], b2[:, 0]
+        if pre is None:
+            pre = fast.first_layer(q_taken[..., 0], w1, b1[:, 0])  # [M, E]
+        return pre, q_all - q_taken, w1, w2[..., 0], b2[:, 0]
+
+    def mix_data(self, q_taken: torch.Tensor, w: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused update's Q_tot at one joint action per state (`mix_many` with K = 1), q_taken [M, n],
+        w = weights(state) -> (Q_tot [M], QMIX's first layer there [M, E], which `counterfactual_parts` reuses)."""
+        w1, b1, w2, b2 = w
+        pre = fast.first_layer(q_taken, w1, b1[:, 0])
+        return torch.baddbmm(b2, F.elu(pre).unsqueeze(1), w2).view(-1), pre
 
 
 # --------------------------------------------------------------------------------------------

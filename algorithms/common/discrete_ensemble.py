@@ -146,12 +146,14 @@ class StackedRNNAgent(nn.Module):
         E, H = self.n_members, self.hidden
         eye = torch.eye(n, device=obs.device, dtype=obs.dtype).expand(B, L, n, n)
         x = torch.cat([obs, last_onehot, eye], -1).transpose(0, 1).reshape(1, L * B * n, -1)  # time-major rows
-        x = F.relu(torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w))  # [E, L·B·n, H]
+        x = torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w)  # [E, L·B·n, H]
         if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
+            x = F.relu_(x)  # in place: no second [E, L·B·n, H] tensor (baddbmm's backward does not read its output)
             h0r = None if h0 is None else h0.reshape(E, B * n, H)
             y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
             out = fast.narrow_linear(y.view(E, L * B * n, H), self.fc2_w, self.fc2_b)  # fast weight gradient
             return out.view(E, L, B, n, self.n_actions).transpose(1, 2), y[:, -1].reshape(E, B, n, H)
+        x = F.relu(x)
         gis = torch.baddbmm(self.b_ih, x, self.w_ih).view(E, L, B * n, 3 * H).unbind(1)  # unbind: one backward stack, not L scatters
         h = self.init_hidden(B).view(E, B * n, H) if h0 is None else h0.reshape(E, B * n, H)
         hs = []
@@ -251,18 +253,29 @@ class StackedQMixer(nn.Module):
 
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
-                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+                             w: tuple[torch.Tensor, ...] | None = None,
+                             pre: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """The inputs of the fused counterfactual kernels (kernels_discrete), rows r = e·M + m: QMIX's first
-        layer at the data pre [R, Em], the deltas q_all − q_taken [R, n, A], |W1| [R, n, Em], |W2| [R, Em],
-        b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
+        layer at the data pre [R, Em] (`pre` when the caller has it: `mix_data`), the deltas q_all − q_taken
+        [R, n, A], |W1| [R, n, Em], |W2| [R, Em], b2 [R, 1] (q_all [E, *L, n, A], actions [*L, n], state [*L, S])."""
         E, (n, A) = self.n_members, q_all.shape[-2:]
         w1, b1, w2, b2 = self.weights(state.reshape(-1, state.shape[-1])) if w is None else w  # [E, M, ...]
         q_all = q_all.reshape(E, -1, n, A)
         q_taken = q_all.gather(-1, actions.reshape(1, -1, n, 1).expand(E, -1, -1, -1))  # [E, M, n, 1]
-        pre = torch.matmul(q_taken.transpose(-1, -2), w1) + b1  # [E, M, 1, Em]
-        M, Em = pre.shape[1], pre.shape[-1]
-        return (pre.reshape(E * M, Em), (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
+        M, Em = q_all.shape[1], w1.shape[-1]
+        if pre is None:
+            pre = fast.first_layer(q_taken.reshape(E * M, n), w1.reshape(E * M, n, Em), b1.reshape(E * M, Em))
+        return (pre, (q_all - q_taken).reshape(E * M, n, A), w1.reshape(E * M, n, Em),
                 w2.reshape(E * M, Em), b2.reshape(E * M, 1))
+
+    def mix_data(self, q_taken: torch.Tensor, w: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused update's Q_tot at one joint action per state (`mix_many` with K = 1), q_taken [E, M, n],
+        w = weights(state) -> (Q_tot [E, M], QMIX's first layer there [E·M, Em], which `counterfactual_parts`
+        reuses: the TD term and the counterfactual CQL term share it and its backward pass)."""
+        E, M, n = q_taken.shape
+        w1, b1, w2, b2 = (x.reshape(E * M, *x.shape[2:]) for x in w)
+        pre = fast.first_layer(q_taken.reshape(E * M, n), w1, b1[:, 0])  # [E·M, Em]
+        return torch.baddbmm(b2, F.elu(pre).unsqueeze(1), w2).view(E, M), pre
 
 
 def uses_behaviour(cfg) -> bool:
@@ -305,8 +318,13 @@ class OneMixer:
         return self.mixer.counterfactual(q_all[0], actions, state, w).unsqueeze(0)
 
     def counterfactual_parts(self, q_all: torch.Tensor, actions: torch.Tensor, state: torch.Tensor,
-                             w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-        return self.mixer.counterfactual_parts(q_all[0], actions, state, w)  # rows r = m, as E·M for E = 1
+                             w: tuple[torch.Tensor, ...] | None = None,
+                             pre: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        return self.mixer.counterfactual_parts(q_all[0], actions, state, w, pre)  # rows r = m, as E·M for E = 1
+
+    def mix_data(self, q_taken: torch.Tensor, w: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        q_tot, pre = self.mixer.mix_data(q_taken[0], w)
+        return q_tot.unsqueeze(0), pre
 
 
 @dataclass
@@ -316,6 +334,7 @@ class Prediction:
     q: torch.Tensor  # the online members' Qs at s_0..s_T-1 [E, B, T, n, A]
     q_tot: torch.Tensor  # every member's Q_tot at the data joint action (s_t, a_t) [E, B, T]
     mix_w: tuple[torch.Tensor, ...] | None  # the online mixers' weights at s_0..s_T-1 (fused path), for the penalty
+    pre: torch.Tensor | None = None  # fused path: QMIX's first layer at (s_t, a_t) [E·B·T, embed], for CF-CQL
 
 
 class CFCQLBackbone:
@@ -351,6 +370,9 @@ class CFCQLBackbone:
             self.behaviour = algo.build(3, lambda: algo.new_agent(c.hidden))
             self.behaviour_opt = torch.optim.Adam(self.behaviour.parameters(), lr=c.behaviour_lr)
         self.behaviour_state = new_behaviour_state()
+        # fused path: the online mixers' weights at the last `predict`'s states s_0..s_T-1, reused by the
+        # online `member_q_tot` at the same states until the parameters change (see `_predicted_weights`)
+        self._pred_w: tuple[torch.Tensor, tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
 
     @property
     def cfg(self) -> Any:
@@ -429,11 +451,35 @@ class CFCQLBackbone:
     def member_q_tot(self, agent_q: torch.Tensor, joint: torch.Tensor, state: torch.Tensor,
                      target: bool = False) -> torch.Tensor:
         """Q_tot of every (target) member at joint actions: agent_q [E, B, L, n, A], joint [B, L, K, n] (K
-        joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled."""
+        joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled. Without
+        gradient, the online mixers at a batch's states s_0..s_T (PLCQL's r_par, SPaCQL's u) reuse the
+        weights `predict` computed at s_0..s_T-1 and evaluate the hypernetworks at s_T only."""
         E = agent_q.shape[0]
         idx = joint.transpose(2, 3).unsqueeze(0).expand(E, -1, -1, -1, -1)  # [E, B, L, n, K]
         q = agent_q.gather(-1, idx).transpose(-1, -2)  # [E, B, L, K, n]
-        return (self.target_mixers if target else self.mixers).mix_many(q, state)
+        if target:
+            return self.target_mixers.mix_many(q, state)
+        w = self._predicted_weights(state)
+        if w is None:
+            return self.mixers.mix_many(q, state)
+        T = state.shape[1] - 1
+        head = self.mixers.mix_many(q[:, :, :T], state[:, :T], w)  # [E, B, T, K]
+        return torch.cat([head, self.mixers.mix_many(q[:, :, T:], state[:, T:])], 2)
+
+    def _predicted_weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The online mixers' weights (detached) at state[:, :-1] when the last `predict` computed them for
+        this very state tensor and the parameters have not changed since: `update` clears them after its
+        optimiser step (the fused Adam does not bump version counters), and the version counters catch
+        in-place changes of the parameters or the state (a checkpoint load); else None. Only without gradient."""
+        if self._pred_w is None or torch.is_grad_enabled():
+            return None
+        ref, versions, w = self._pred_w
+        if state is not ref or versions != self._versions(state):
+            return None
+        return w
+
+    def _versions(self, state: torch.Tensor) -> tuple[int, ...]:
+        return (state._version, *(p._version for p in self.mixer.parameters()))
 
     @torch.no_grad()
     def td_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
@@ -475,12 +521,13 @@ class CFCQLBackbone:
         return torch.cat(outs, 1).view(E, B, T, n, A)
 
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
-                    w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
+                    w: tuple[torch.Tensor, ...] | None = None, pre: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """CFCQL's counterfactual CQL term per member [E, B, T] (q [E, B, T, n, A], q_tot [E, B, T]) and
-        diagnostics (`w`: the online mixers' weights at s_0..s_T-1, when the caller has them)."""
+        diagnostics (`w`: the online mixers' weights at s_0..s_T-1, `pre`: their first layer at the data
+        (`Prediction.pre`), when the caller has them)."""
         if self.mixers.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
-            parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w)
+            parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w, pre)
             neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
                                         self.cfg.softmax_temp, E)
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
@@ -496,9 +543,14 @@ class CFCQLBackbone:
         q = q_all[:, :, :T]
         act = batch.actions.unsqueeze(0).unsqueeze(-1).expand(E, -1, -1, -1, -1)
         q_taken = q.gather(-1, act)[..., 0]  # [E, B, T, n]
-        # the fused path computes the online mixers' hypernetworks once for the TD term and CF-CQL
-        mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1])) if self.mixers.fused else None
-        return Prediction(q, self.mixers.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T], mix_w)[..., 0], mix_w)
+        if not self.mixers.fused:
+            return Prediction(q, self.mixers.mix_many(q_taken.unsqueeze(-2), batch.state[:, :T])[..., 0], None)
+        # the fused path computes the online mixers' hypernetworks and their first layer at the data once
+        # for the TD term and CF-CQL
+        mix_w = self.mixers.weights(batch.state[:, :T].reshape(-1, batch.state.shape[-1]))
+        self._pred_w = (batch.state, self._versions(batch.state), tuple(x.detach() for x in mix_w))
+        q_tot, pre = self.mixers.mix_data(q_taken.reshape(E, -1, q_taken.shape[-1]), mix_w)
+        return Prediction(q, q_tot.view(E, *q_taken.shape[1:3]), mix_w, pre)
 
     def update(self, batch: EpisodeBatch, pred: Prediction, y: torch.Tensor,
                penalty: Callable[..., tuple[torch.Tensor, dict]] | None = None,
@@ -514,7 +566,10 @@ class CFCQLBackbone:
         if self.stacked:
             stats["critic/q_std"] = masked_mean(q_tot.detach().std(0) if E > 1 else torch.zeros_like(y), m)
         if c.cql_alpha > 0:
-            pen_bt, cst = (penalty or self.cql_penalty)(batch, pred.q, q_tot, pred.mix_w)
+            if penalty is None:
+                pen_bt, cst = self.cql_penalty(batch, pred.q, q_tot, pred.mix_w, pred.pre)
+            else:
+                pen_bt, cst = penalty(batch, pred.q, q_tot, pred.mix_w)
             pen_e = (pen_bt * m).sum((1, 2)) / m.sum().clamp_min(1.0)
             loss = loss + c.cql_alpha * pen_e.sum()
             stats.update(cst)
@@ -530,6 +585,7 @@ class CFCQLBackbone:
         else:
             gn = nn.utils.clip_grad_norm_(params, c.grad_clip)
         self.critic_opt.step()
+        self._pred_w = None  # the parameters change (the fused Adam leaves their version counters alone)
         stats["critic/loss"] = loss.detach() / E
         stats["critic/grad_norm"] = gn
         return {k: float(v) for k, v in stats.items()}
