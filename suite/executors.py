@@ -108,15 +108,9 @@ def run_job(job: Job) -> dict:
     out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
                            "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
     try:
-        import torch
-
         from plcql_bench.suite.runner import RunBusy, execute, plan_run
 
-        if job.threads:
-            torch.set_num_threads(job.threads)
-        device = job.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _worker_device(job)
         plan = plan_run(job.cell, job.profile, job.data_dir, job.results_dir, job.overrides)
         out["run_dir"] = str(plan.run_dir)
         if plan.is_done() and not job.fresh:
@@ -139,6 +133,17 @@ def run_job(job: Job) -> dict:
     return out
 
 
+def _worker_device(job: Job) -> str:
+    """Set the worker's torch threads and resolve the job's device ("auto": CUDA when there is one)."""
+    import torch
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    if job.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return job.device
+
+
 def _run_stack_job(job: Job) -> dict:
     """run_job for the cells of a seed stack: one outcome per cell. A failure fails every seed of the stack
     (each status.json holds the traceback)."""
@@ -147,16 +152,10 @@ def _run_stack_job(job: Job) -> dict:
     outs = [{"cell": c, "state": "failed", "score": None, "error": "", "traceback": "", "run_dir": None,
              "seconds": 0.0, "pid": os.getpid()} for c in cells]
     try:
-        import torch
-
         from plcql_bench.suite.runner import plan_run
         from plcql_bench.suite.stacking import execute_stack
 
-        if job.threads:
-            torch.set_num_threads(job.threads)
-        device = job.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _worker_device(job)
         plans = [plan_run(c, job.profile, job.data_dir, job.results_dir, job.overrides) for c in cells]
         for o, plan in zip(outs, plans):
             o["run_dir"] = str(plan.run_dir)
