@@ -105,8 +105,8 @@ def critic_divergence(history: list[dict]) -> dict | None:
     first and the last DIVERGENCE_SHARE of the logged points (medians, so one spike neither raises nor
     hides it), else None. Runs without a TD loss, or with fewer than 10 points of it, are not judged.
     Measured on the committed paper runs (2026-11-27, 109 runs judged): CFCQL on CN medium-replay ends at
-    2.6-3.1x its early median and no run that trained normally above 39x (OMAR, PP medium); the two
-    PLCQL CN medium-replay runs with Algorithm 1's defaults at 13,000x and 452,000x, and MACQL on CN
+    2.6-3.1x its early median and no run that trained normally above 39x (OMAR, PP medium); the three
+    PLCQL CN medium-replay runs with Algorithm 1's defaults at 135x, 13,000x and 452,000x, and MACQL on CN
     expert at 267x (score 45.7) and 11,000,000x (score -17.2) (docs/reproduction.md)."""
     losses = [float(h[DIVERGENCE_KEY]) for h in history if isinstance(h.get(DIVERGENCE_KEY), (int, float))]
     if len(losses) < 10:
