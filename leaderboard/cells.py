@@ -79,7 +79,15 @@ class Cell:
     @property
     def diverged(self) -> list[int]:
         """The seeds of the cell's runs whose critic diverged (leaderboard/load.py `critic_divergence`)."""
-        return [r.rec.seed for r in self.runs if any(w.startswith("critic diverged") for w in r.rec.warnings)]
+        return [r.rec.seed for r in self.runs if critic_diverged(r.rec)]
+
+
+DIVERGED = "critic diverged"  # the warning leaderboard/load.py `with_critic_check` adds
+
+
+def critic_diverged(rec) -> bool:
+    """Whether the run's record carries the leaderboard's "critic diverged" warning."""
+    return any(w.startswith(DIVERGED) for w in rec.warnings)
 
 
 def group_cells(runs: Iterable[Run]) -> list[Cell]:

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from plcql_bench.leaderboard.cells import Run
+from plcql_bench.leaderboard.cells import DIVERGED, Run, critic_diverged
 from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
 
 __all__ = ["Loaded", "Unfinished", "load"]
@@ -97,7 +97,6 @@ def with_par_collapse(results_dir: Path, path: str, rec: RunRecord) -> RunRecord
 DIVERGENCE_KEY = "train/critic/td_loss"  # the critic's TD loss, as every critic-based algorithm logs it
 DIVERGENCE_FACTOR = 100.0  # late TD loss this many times the early one
 DIVERGENCE_SHARE = 0.2  # early = the first 20 % of the logged points, late = the last 20 %
-DIVERGED = "critic diverged"
 
 
 def critic_divergence(history: list[dict]) -> dict | None:
@@ -121,7 +120,7 @@ def critic_divergence(history: list[dict]) -> dict | None:
 def with_critic_check(results_dir: Path, path: str, rec: RunRecord) -> RunRecord:
     """The record with a "critic diverged" warning added when its metrics.jsonl shows one
     (`critic_divergence`); the leaderboard computes it, the result file is left as written."""
-    if any(w.startswith(DIVERGED) for w in rec.warnings):
+    if critic_diverged(rec):
         return rec
     from plcql_bench.leaderboard.analysis import read_metrics
 

@@ -16,7 +16,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from plcql_bench.leaderboard.load import DIVERGED, learns_par, with_critic_check, with_par_collapse
+from plcql_bench.leaderboard.cells import critic_diverged
+from plcql_bench.leaderboard.load import learns_par, with_critic_check, with_par_collapse
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
 from plcql_bench.suite.core.schema import scan_records
 
@@ -39,7 +40,7 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
         vals = run_values(rec)
         rec = with_par_collapse(results, path, rec)
         vals["collapsed"] = bool(rec.par_collapse) if learns_par(rec) else None
-        vals["diverged"] = any(w.startswith(DIVERGED) for w in with_critic_check(results, path, rec).warnings)
+        vals["diverged"] = critic_diverged(with_critic_check(results, path, rec))
         out.setdefault(cell, {}).setdefault(rec.algo, []).append(vals)
     return {c: {a: out[c][a] for a in algos if a in out.get(c, {})} for c in cells if c in out}
 
