@@ -485,5 +485,8 @@ register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperatu
 register_variant(PLCQL, "plcql-target-actors", "PLCQL with the replaced agents' next actions from the target actors "
                  "plus CFCQL's clipped smoothing noise (TD3's target), not Algorithm 1's online actors.",
                  replace_with="target")
+register_variant(PLCQL, "plcql-kn-target", "Control (not the paper's): k fixed to n with the target actors plus smoothing, "
+                 "i.e. CFCQL's own target and update on the 10-member ensemble (is a diverging critic PLCQL's, or the "
+                 "ensemble's?).", fixed_k="n", replace_with="target")
 register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
                  "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

@@ -41,6 +41,7 @@ _COLORS = {
     "plcql-t0.1": "#e84393",
     "plcql-t10": "#6c5ce7",
     "plcql-target-actors": "#a0522d",
+    "plcql-kn-target": "#7f8c8d",
     "plcql-lcb": "#00897b",
     "spacql": "#1f5fbf",
     "cfcql": "#16a085",
