@@ -89,7 +89,7 @@ class EpisodeSampler:
                                                                              device=self.device))
         return EpisodeBatch(obs=obs, state=state, avail=avail, actions=actions,
                             rewards=self.rewards[tr] * mask, terminals=self.terminals[tr] * mask,
-                            mask=mask, lengths=lens, timeouts=self.timeouts[tr] * mask)
+                            mask=mask, lengths=lens, timeouts=self.timeouts[tr] * mask, episode_ids=idx)
 
     def __call__(self, batch_size: int) -> EpisodeBatch:
         return self.episodes(self.draw(batch_size))

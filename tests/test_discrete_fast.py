@@ -352,3 +352,45 @@ def test_the_allocator_is_set_by_the_runner_not_by_an_algorithm(monkeypatch):
     root = Path(__file__).resolve().parent.parent / "algorithms"
     callers = [p.name for p in root.rglob("*.py") if "mallopt" in p.read_text() and p.name != "kernels.py"]
     assert callers == []
+
+
+def test_behaviour_cache_gives_the_unrolled_beta_and_follows_beta():
+    """Once β is trained, a round reads log(β + 1e-5) from the per-episode cache: the same values as
+    unrolling β over the padded batch (ragged episodes, padding included), a new cache when β's
+    weights change (a checkpoint load), and the unroll for a batch that does not say its episodes."""
+    import dataclasses
+
+    cls = get_algorithm("cfcql", discrete=True)
+    torch.manual_seed(0)
+    algo = cls(SPEC, make_config(cls, TINY), 0)
+    bb = algo.backbone
+    sampler = EpisodeSampler(ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4)), 0, "cpu")
+    algo.update(sampler)  # β trains (3 updates) before the first critic step
+    assert bb.behaviour_state["done"]
+
+    def both(batch):
+        cached = bb.behaviour_logprob(batch)
+        bb.cache_behaviour = False
+        unrolled = bb.behaviour_logprob(batch)
+        bb.cache_behaviour = True
+        return cached, unrolled
+
+    for _ in range(3):
+        batch = sampler(4)
+        cached, unrolled = both(batch)
+        assert cached.shape == unrolled.shape == (4 * batch.max_t, SPEC.n_agents, SPEC.act_dim)
+        torch.testing.assert_close(cached, unrolled, rtol=1e-6, atol=1e-6)
+    first = bb._behaviour_cache
+    assert first is not None and first.valid_for(bb.behaviour, sampler)
+
+    state = {k: v + 0.5 for k, v in bb.behaviour.state_dict().items()}  # another β, loaded in place
+    bb.behaviour.load_state_dict(state)
+    batch = sampler(4)
+    cached, unrolled = both(batch)
+    torch.testing.assert_close(cached, unrolled, rtol=1e-6, atol=1e-6)
+    assert bb._behaviour_cache is not first
+
+    anonymous = dataclasses.replace(batch, episode_ids=None)
+    bb._behaviour_cache = None
+    torch.testing.assert_close(bb.behaviour_logprob(anonymous), unrolled)
+    assert bb._behaviour_cache is None  # nothing to gather by: unrolled, no cache built

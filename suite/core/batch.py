@@ -59,6 +59,8 @@ class EpisodeBatch:
     timeouts  float32 [B, T] or None         1 where the time limit cut the episode (a learner that
                                              follows the references counts it as terminal:
                                              DiscreteAlgorithm.scaled, `bootstrap_timeouts`)
+    episode_ids int64 [B] or None            which episodes of the sampler that drew the batch (for
+                                             per-episode caches such as the frozen behaviour model's)
     """
 
     obs: torch.Tensor
@@ -70,6 +72,7 @@ class EpisodeBatch:
     mask: torch.Tensor
     lengths: torch.Tensor
     timeouts: torch.Tensor | None = None
+    episode_ids: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
