@@ -54,7 +54,7 @@ from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
     QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
-    td_lambda_targets)
+    td_lambda_targets, time_major_inputs)
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 
 
@@ -189,8 +189,7 @@ class StackedRNNAgent(nn.Module):
         -> (outputs [E, B, L, n, A], last hidden state [E, B, n, H])."""
         B, L, n, _ = obs.shape
         E, H = self.n_members, self.hidden
-        eye = torch.eye(n, device=obs.device, dtype=obs.dtype).expand(B, L, n, n)
-        x = torch.cat([obs, last_onehot, eye], -1).transpose(0, 1).reshape(1, L * B * n, -1)  # time-major rows
+        x = time_major_inputs(obs, last_onehot).reshape(1, L * B * n, -1)  # time-major rows
         x = torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w)  # [E, L·B·n, H]
         if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
             x = F.relu_(x)  # in place: no second [E, L·B·n, H] tensor (baddbmm's backward does not read its output)
