@@ -14,6 +14,12 @@
 # Then, through the device tool: carry [".wheels"] and run
 #   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
+# The recommended loan (issues 15 and 18: the SMAX ensembles, and the CN medium-replay ablation stage, which
+# takes ~1.5 core-hours a run on CPU and ~4 minutes on a shared H100: PLCQL ran ~110 ms a round on PP with 8
+# runs sharing the GPU, docs/runner.md), 8 GPU processes in all and 8 CPU cells:
+#   LIMIT=540 PER_GPU=4 CPU_JOBS=8 PREBUILD="smax-2s3z:medium" \
+#   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql-kn,plcql-kn-target,plcql-lcb,plcql-target-actors,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
 # STACK_BENCH="cfcql:mpe-cn plcql:mamujoco-halfcheetah-2x3 ..." first times, per algo:task, STACK separate
@@ -112,13 +118,20 @@ fi
 
 # The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
 export OMP_NUM_THREADS=1
-timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
-  --stack "$STACK" --only "$GPU_ONLY" > "$OUT/gpu.log" 2>&1 &
-gpu_pid=$!
+# GPU_ONLY may hold several selections separated by ';' (e.g. the SMAX ensembles and a stage of MPE ablations):
+# one `all` process each, all sharing the GPU, PER_GPU runs (or stacks) apiece; logs gpu.log, gpu.2.log, ...
+gpu_pids=()
+IFS=';' read -ra gpu_sels <<< "$GPU_ONLY"
+for i in "${!gpu_sels[@]}"; do
+  glog="$OUT/gpu.log"; (( i > 0 )) && glog="$OUT/gpu.$(( i + 1 )).log"
+  timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
+    --stack "$STACK" --only "${gpu_sels[$i]}" > "$glog" 2>&1 &
+  gpu_pids+=($!)
+done
 timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device cpu --jobs "$CPU_JOBS" \
   --only "$CPU_ONLY" > "$OUT/cpu.log" 2>&1 &
 cpu_pid=$!
-wait $gpu_pid; log "gpu part exit $?"
+for i in "${!gpu_pids[@]}"; do wait "${gpu_pids[$i]}"; log "gpu part $(( i + 1 )) (${gpu_sels[$i]}) exit $?"; done
 wait $cpu_pid; log "cpu part exit $?"
 
 # Pack for the trip back (the tool returns at most 8 files of <= 16 MiB): every run's small files in
@@ -134,5 +147,5 @@ wait $cpu_pid; log "cpu part exit $?"
    | split -b 15M - "$OUT/ckpt.tgz.part")
 "${BENCH[@]}" status > "$OUT/status.txt" 2>&1
 log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
-for f in "$OUT/gpu.log" "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
+for f in "$OUT"/gpu*.log "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 rm -rf "$PKG"
