@@ -138,6 +138,17 @@ def all_algorithm_classes() -> list[type]:
     return list(dict.fromkeys(c for reg in IMPLEMENTATIONS.values() for c in reg.values()))
 
 
+def identity_config(config: Any) -> dict[str, Any]:
+    """The config as a run's identity (its run key, config.json, final.json) records it: every field,
+    except the fields a Config declares key-neutral (`key_neutral: ClassVar[dict]`, field -> value) while
+    they hold that value. A field added after results existed is key-neutral at the value that does what
+    the code did before it, so adding an option does not re-key, and so re-run, the finished runs; any
+    other value is recorded and keys the run as usual. A reader of a recorded config takes an absent
+    key-neutral field as its neutral value."""
+    neutral = getattr(type(config), "key_neutral", {})
+    return {k: v for k, v in dataclasses.asdict(config).items() if not (k in neutral and v == neutral[k])}
+
+
 def make_config(cls: type, overrides: dict[str, Any]) -> Any:
     """Build cls.Config with overrides, rejecting unknown fields with a clear message."""
     fields = {f.name for f in dataclasses.fields(cls.Config)}

@@ -488,5 +488,8 @@ register_variant(PLCQL, "plcql-target-actors", "PLCQL with the replaced agents' 
 register_variant(PLCQL, "plcql-kn-target", "Control (not the paper's): k fixed to n with the target actors plus smoothing, "
                  "i.e. CFCQL's own target and update on the 10-member ensemble (is a diverging critic PLCQL's, or the "
                  "ensemble's?).", fixed_k="n", replace_with="target")
+register_variant(PLCQL, "plcql-member-clip", "Control (not the paper's): PLCQL's defaults with the critic's gradient norm "
+                 "clipped per ensemble member instead of once over all 10 (the references clip their twin jointly).",
+                 critic_clip="per-member")
 register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
                  "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

@@ -42,6 +42,7 @@ _COLORS = {
     "plcql-t10": "#6c5ce7",
     "plcql-target-actors": "#a0522d",
     "plcql-kn-target": "#7f8c8d",
+    "plcql-member-clip": "#b8860b",
     "plcql-lcb": "#00897b",
     "spacql": "#1f5fbf",
     "cfcql": "#16a085",

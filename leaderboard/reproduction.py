@@ -22,7 +22,8 @@ from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
 from plcql_bench.suite.core.schema import scan_records
 
 STUDY_ALGOS = ["bc", "cfcql", "spacql", "plcql", "plcql-k1", "plcql-k2", "plcql-kn", "plcql-w1", "plcql-uniform",
-               "plcql-t0.1", "plcql-t10", "plcql-target-actors", "plcql-kn-target", "plcql-lcb"]
+               "plcql-t0.1", "plcql-t10", "plcql-target-actors", "plcql-kn-target", "plcql-member-clip",
+               "plcql-lcb"]
 ORDER = [View(s, n).key for n in NORMS for s in SCORINGS]  # final, last10, best; ours, then OMAR's
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import batch_kind, get_algorithm, make_config
+from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_config, make_config
 from plcql_bench.algorithms.common import kernels
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
@@ -107,7 +107,7 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
         raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
                          f"plcql-bench datasets build {cell.task} {cell.tier} --profile {profile.name})")
     identity = {
-        "algo": cell.algo, "config": dataclasses.asdict(config), "task": cell.task,
+        "algo": cell.algo, "config": identity_config(config), "task": cell.task,
         "dataset": cell.tier, "dataset_sha256": entry["sha256"], "seed": cell.seed,
         "profile": profile.name, "budget": profile.train_budget(cell.task, cell.tier),
         "protocol_version": protocol.PROTOCOL_VERSION,
@@ -462,7 +462,7 @@ def _identity_record(plan: RunPlan) -> dict:
     c = plan.cell
     return {
         "run_key": plan.run_key, "algo": c.algo, "task": c.task, "dataset": c.tier, "seed": c.seed,
-        "profile": plan.profile.name, "config": dataclasses.asdict(plan.config),
+        "profile": plan.profile.name, "config": identity_config(plan.config),
         "dataset_sha256": plan.dataset_sha256, "protocol_version": protocol.PROTOCOL_VERSION,
         "budget": plan.profile.train_budget(c.task, c.tier),
     }

@@ -181,11 +181,16 @@ class SeedStack:
         return [v for k, v in self.params.items() if k.startswith(prefix + ".")]
 
     def critic_step(self, loss: torch.Tensor) -> torch.Tensor:
-        """loss [S]; returns the per-seed gradient norms [S] (clipped jointly over the critic, per seed)."""
+        """loss [S]; returns the per-seed gradient norms [S] (clipped per seed: jointly over the critic, or per
+        member with critic_clip "per-member", as the separate run's `critic_step`)."""
         opt = self.opts["critic_opt"]
         opt.zero_grad(set_to_none=True)
         loss.sum().backward()
-        norms = clip_per_seed_(self._leaves("critic"), self.cfg.grad_clip, self.S)
+        if self.cfg.critic_clip == "per-member":
+            norms = clip_per_seed_(self._leaves("critic"), self.cfg.grad_clip, self.S, per_member=True)
+            norms = norms.pow(2).sum(1).sqrt()
+        else:
+            norms = clip_per_seed_(self._leaves("critic"), self.cfg.grad_clip, self.S)
         opt.step()
         return norms.detach()
 

@@ -1,0 +1,62 @@
+"""critic_clip: the critic ensemble's gradient norm clipped once over all members ("joint", the
+references' clip of their twin critic, the default) or per member ("per-member"); and the field is
+key-neutral at "joint" (finished runs keep their run keys)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, identity_config, make_config
+from plcql_bench.suite.core.schema import run_key_of
+from plcql_bench.suite.tasks import get_task
+
+SPEC = get_task("mpe-cn").spec
+
+
+def _with_grads(clip: str, norms: list[float]):
+    """A 2-member CFCQL critic whose gradient is member j's unit direction times norms[j]."""
+    cls = get_algorithm("cfcql", discrete=False)
+    algo = cls(SPEC, make_config(cls, {"critic_clip": clip, "grad_clip": 0.5}), 0)
+    params = list(algo.critic.parameters())
+    total = sum(p[0].numel() for p in params)
+    for p in params:  # every entry of member j equal, so member j's norm is norms[j]
+        p.grad = torch.stack([torch.full_like(p[j], n / total ** 0.5) for j, n in enumerate(norms)])
+    return algo, params
+
+
+def _member_norms(params) -> list[float]:
+    return [float(torch.stack([p.grad[j].norm() for p in params]).norm()) for j in range(2)]
+
+
+@pytest.mark.parametrize("clip, want", [("per-member", [0.5, 0.1]),  # the big member alone is scaled
+                                        ("joint", [3.0 * 0.5 / 3.0017, 0.1 * 0.5 / 3.0017])])  # both, by one factor
+def test_critic_step_clips_as_configured(clip, want, monkeypatch):
+    algo, params = _with_grads(clip, [3.0, 0.1])
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: None)  # keep the hand-set gradients
+    monkeypatch.setattr(algo.critic_opt, "step", lambda: None)
+    monkeypatch.setattr(algo.critic_opt, "zero_grad", lambda set_to_none=True: None)
+    gn = algo.critic_step(torch.zeros(()))
+    assert float(gn) == pytest.approx((3.0 ** 2 + 0.1 ** 2) ** 0.5, rel=1e-5)  # logged: the whole critic's norm
+    assert _member_norms(params) == pytest.approx(want, rel=1e-3)
+
+
+def test_an_unknown_critic_clip_is_refused():
+    cls = get_algorithm("cfcql", discrete=False)
+    with pytest.raises(ValueError, match="critic_clip must be one of"):
+        cls(SPEC, make_config(cls, {"critic_clip": "per-agent"}), 0)
+
+
+def test_critic_clip_is_key_neutral_at_joint_only():
+    cls = get_algorithm("plcql", discrete=False)
+    joint, member = make_config(cls, {}), make_config(cls, {"critic_clip": "per-member"})
+    before = {k: v for k, v in dataclasses.asdict(joint).items() if k != "critic_clip"}  # the config before the field
+    assert identity_config(joint) == before
+    assert identity_config(member) == {**before, "critic_clip": "per-member"}
+    ident = {"algo": "plcql", "task": "mpe-cn", "seed": 0}
+    assert run_key_of({**ident, "config": identity_config(joint)}) == run_key_of({**ident, "config": before})
+    assert run_key_of({**ident, "config": identity_config(member)}) != run_key_of({**ident, "config": before})
+    variant = get_algorithm("plcql-member-clip", discrete=False)
+    assert identity_config(make_config(variant, {}))["critic_clip"] == "per-member"
