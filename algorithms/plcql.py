@@ -457,7 +457,8 @@ class PLCQL(CentralCriticAlgorithm):
     @torch.no_grad()
     def diagnostics(self, probe: Batch) -> dict[str, float]:
         """Per k = 1..n: mean Q_1, mean_j Q_j, u_Q, w and r_par at (s', a'^(k)) on the probe's rows with a
-        known next action, and pi_par on their s'. Uses its own generator: training randomness is untouched."""
+        known next action, and pi_par on their s'; the lowest and highest member's mean Q at (s', a'_D). Uses
+        its own generator: training randomness is untouched."""
         rows = probe.next_actions_valid > 0.5
         batch = Batch(**{f: (v[rows] if torch.is_tensor(v) else v) for f, v in vars(probe).items()})
         gen = torch.Generator(device=self.device).manual_seed(12345)
@@ -467,7 +468,9 @@ class PLCQL(CentralCriticAlgorithm):
             for kk in range(1, self.n + 1):
                 joint, _ = self.par_next_actions(batch, torch.full((batch.size,), kk, device=self.device), gen)
                 per_k.append(probe_terms(self.online_q(batch, joint), q_data, self.cfg))
-        return par_probe_stats(per_k, self.par.probs(batch.next_state))
+        member_q = q_data.mean(1)  # [E]: each member's mean Q at (s', a'_D): shows one member running away
+        return {**par_probe_stats(per_k, self.par.probs(batch.next_state)),
+                "diag/q_member_min": float(member_q.min()), "diag/q_member_max": float(member_q.max())}
 
     def run_warnings(self, history: list[dict]) -> tuple[list[str], dict]:
         """Warnings for final.json, and extra fields for it (par_collapse, for a learned pi_par only)."""

@@ -173,6 +173,18 @@ def test_diagnostics_per_k_by_hand(monkeypatch):
         assert d[f"diag/dmean_k{k}"] == pytest.approx(2 * k) and d[f"diag/dstd_k{k}"] == pytest.approx(u, rel=1e-5)
 
 
+def test_diagnostics_lowest_and_highest_member(monkeypatch):
+    """Member j of a fake critic values every joint action at (j + 1) x the sum of its actions: with the
+    dataset's next actions all ones (3 agents), the members' mean Qs at (s', a'_D) are 3, 6 and 9."""
+    algo = _algo(n_critics=3)
+    coefs = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)
+    algo.critic = lambda state, actions, members=None: coefs * actions.sum(-1).unsqueeze(0)
+    probe = CountingSampler()(32)
+    probe.next_actions = torch.ones_like(probe.next_actions)
+    d = algo.diagnostics(probe)
+    assert d["diag/q_member_min"] == pytest.approx(3.0) and d["diag/q_member_max"] == pytest.approx(9.0)
+
+
 def _history(p_last: list[float], n_points=10, collapsed_from=8):
     """n_points evaluation points; from `collapsed_from` on, pi_par's marginal is p_last."""
     out = []
