@@ -359,6 +359,7 @@ def test_committed_results_keep_their_run_keys():
     """Validation changes no valid config: every committed result re-plans (profile + algorithm
     config through the schema) to the run key it was filed under."""
     from plcql_bench.suite import protocol
+    from plcql_bench.algorithms.base import identity_config
     from plcql_bench.suite.runner import resolve_config
     from plcql_bench.suite.core.schema import run_key_of
 
@@ -369,7 +370,7 @@ def test_committed_results_keep_their_run_keys():
         rec = json.loads(path.read_text())
         prof = load_profile(rec["profile"])
         config = resolve_config(Cell(rec["algo"], rec["task"], rec["dataset"], rec["seed"]), prof)
-        identity = {"algo": rec["algo"], "config": dataclasses.asdict(config), "task": rec["task"],
+        identity = {"algo": rec["algo"], "config": identity_config(config), "task": rec["task"],
                     "dataset": rec["dataset"], "dataset_sha256": rec["dataset_sha256"], "seed": rec["seed"],
                     "profile": prof.name, "budget": prof.train_budget(rec["task"], rec["dataset"]),
                     "protocol_version": protocol.PROTOCOL_VERSION}
