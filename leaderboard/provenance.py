@@ -153,15 +153,22 @@ def hardware_label(hardware: dict | None) -> str:
             f"{hardware.get('torch_threads', '?')} torch thread(s) per run")
 
 
+def run_seconds(train: dict) -> float:
+    """A run's time: `train_s`, its training time summed over every process that trained it (a resumed
+    run's earlier sessions included), or `wall_clock_s`, the last process's wall clock (which also holds
+    the final evaluation), whichever is longer."""
+    return max(float(train.get("train_s") or 0.0), float(train.get("wall_clock_s") or 0.0))
+
+
 def compute_spent(runs: list) -> list[dict]:
     """The compute behind the board, from the runs' own records: per kind of machine, runs and hours of
-    training wall clock (`train.wall_clock_s`, summed over runs; runs that shared a machine overlap in time,
-    so this is run-hours, not machine-hours)."""
+    training (`run_seconds`, summed over runs; runs that shared a machine overlap in time, so this is
+    run-hours, not machine-hours)."""
     hours: dict[str, float] = defaultdict(float)
     count: Counter = Counter()
     for r in runs:
         kind = hardware_label(r.rec.hardware)
-        hours[kind] += float(r.rec.train.get("wall_clock_s") or 0.0) / 3600.0
+        hours[kind] += run_seconds(r.rec.train) / 3600.0
         count[kind] += 1
     return [{"hardware": k, "runs": count[k], "run_hours": round(hours[k], 2)}
             for k in sorted(count, key=lambda k: (-hours[k], k))]

@@ -434,20 +434,22 @@ def test_best_in_row_and_cells_helpers():
 
 
 def test_footer_states_the_compute_behind_the_board(tmp_path):
-    """Per kind of machine, the runs and the hours of training they recorded, summed; a run without a
+    """Per kind of machine, the runs and the hours of training they recorded (a resumed run whole), summed; a run without a
     hardware record is counted as unrecorded, not dropped."""
     root = tmp_path / "res"
     cpu = {"cpu": "AMD EPYC", "cpu_count": 2, "device": "cpu", "torch_threads": 1}
     gpu = {"cpu": "Xeon", "cpu_count": 16, "device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3", "torch_threads": 1}
     half_hour = {"updates": 110, "wall_clock_s": 1800.0, "train_s": 1700.0, "updates_per_s": 0.06}
-    for seed in range(3):
+    resumed = {"updates": 110, "wall_clock_s": 600.0, "train_s": 3600.0, "updates_per_s": 0.03}  # last session 10 min
+    for seed in range(2):
         write_run(root, "cfcql", "mpe-cn", "expert", seed, 90.0, hardware=cpu, train=half_hour)
+    write_run(root, "cfcql", "mpe-cn", "expert", 2, 90.0, hardware=cpu, train=resumed)
     write_run(root, "cfcql", "mpe-cn", "medium", 0, 50.0, hardware=gpu)
     write_run(root, "bc", "mpe-cn", "medium", 0, 40.0)
     built = build_quick(root, tmp_path / "site")
     footer = " ".join(built.index.read_text().split())
     footer = footer[footer.index('<footer id="provenance">'):]
-    assert "CPU AMD EPYC, 2 cores, 1 torch thread(s) per run: 3 runs, 1.5 run-hours" in footer
+    assert "CPU AMD EPYC, 2 cores, 1 torch thread(s) per run: 3 runs, 2.0 run-hours" in footer  # 0.5 + 0.5 + 1
     assert "GPU NVIDIA H100 80GB HBM3: 1 run," in footer and "unrecorded: 1 run," in footer
     assert footer.index("CPU AMD EPYC") < footer.index("GPU NVIDIA")  # most hours first
 
