@@ -16,8 +16,10 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The recommended loan (issues 15 and 18: the SMAX ensembles, and the CN medium-replay ablation stage, which
 # takes ~1.5 core-hours a run on CPU and ~4 minutes on a shared H100: PLCQL ran ~110 ms a round on PP with 8
-# runs sharing the GPU, docs/runner.md), 8 GPU processes in all and 8 CPU cells:
-#   LIMIT=540 PER_GPU=4 CPU_JOBS=8 PREBUILD="smax-2s3z:medium" \
+# runs sharing the GPU, docs/runner.md), 8 GPU processes in all and 8 CPU cells. No PREBUILD: each `all`
+# builds its own datasets, so the CN runs start at once while the SMAX one builds 2s3z medium (~3 min, one
+# process: SMAX collection workers would change the dataset's bits, and so its sha256 and the run keys):
+#   LIMIT=540 PER_GPU=4 CPU_JOBS=8 \
 #   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql-kn,plcql-kn-target,plcql-lcb,plcql-target-actors,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
 #   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
