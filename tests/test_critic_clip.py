@@ -44,8 +44,14 @@ def test_critic_step_clips_as_configured(clip, want, monkeypatch):
 
 
 def test_an_unknown_critic_clip_is_refused():
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import Cell, resolve_config
+
+    with pytest.raises(BenchError, match="critic_clip: must be one of 'joint', 'per-member', got 'per-agent'"):
+        resolve_config(Cell("cfcql", "mpe-cn", "expert", 0), load_profile("smoke"), {"critic_clip": "per-agent"})
     cls = get_algorithm("cfcql", discrete=False)
-    with pytest.raises(ValueError, match="critic_clip must be one of"):
+    with pytest.raises(ValueError, match="critic_clip must be one of"):  # built directly, past the schema
         cls(SPEC, make_config(cls, {"critic_clip": "per-agent"}), 0)
 
 

@@ -125,6 +125,7 @@ FIELD_RULES: dict[str, Rule] = {
     "par_reward": _one_of("paper", "lcb"),
     "advantage_norm": _one_of("advantage", "reward", "none"),
     "replace_with": _one_of("online", "target"),
+    "critic_clip": _one_of("joint", "per-member"),
     "par_updates": _one_of("every-batch", "first-batch"),
     "uncertainty_from": _one_of("online", "target"),
     "weights_per": _one_of("sample", "batch"),
