@@ -137,7 +137,7 @@ def last_action_onehot(actions: torch.Tensor, n_actions: int) -> torch.Tensor:
 
 
 def time_major_inputs(obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
-    """The agents' inputs obs ⊕ one-hot(last action) ⊕ one-hot(agent id) (`RNNAgent._inputs`), written
+    """The agents' inputs obs ⊕ one-hot(last action) ⊕ one-hot(agent id) (PyMARL's `_build_inputs`), written
     time-major [L, B, n, in] by the concatenation itself (from obs [B, L, n, o], last_onehot [B, L, n, A]).
     For the fused GRU's time-major rows: transposing after the concatenation costs a second copy of the
     widest tensor of the unroll, and a Linear on the transposed view of weights that need no gradient (a
@@ -169,9 +169,8 @@ class RNNAgent(nn.Module):
         return self.fc1.weight.new_zeros(batch, self.n_agents, self.hidden)
 
     def _inputs(self, obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
-        eye = torch.eye(self.n_agents, device=obs.device, dtype=obs.dtype)
-        ids = eye.expand(obs.shape[:-2] + eye.shape)
-        return torch.cat([obs, last_onehot, ids], -1)
+        """[B, L, n, in] (a view of the time-major inputs)."""
+        return time_major_inputs(obs, last_onehot).transpose(0, 1)
 
     def forward(self, obs: torch.Tensor, last_onehot: torch.Tensor,
                 h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
