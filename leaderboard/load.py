@@ -7,6 +7,10 @@ directory its key names). On top of that the leaderboard skips, with the reason:
 * a repeated seed of the same cell (the later ``finished_at``, then path, is kept);
 * runs on an older build of their dataset (per profile, task and tier only the runs on the sha256
   of the most recently finished run count, so a cell never mixes two datasets);
+* runs under an older config of their algorithm (per profile, algorithm, task and tier only the runs
+  with the config of the most recently finished run count, so a cell never mixes two configs, e.g.
+  seeds trained before and after a default changed; an absent key-neutral field reads as its neutral
+  value, as in the run key);
 * a normalised score that does not follow from the mean return and the committed dataset card's
   reference returns (when a card for the run's dataset sha256 exists).
 
@@ -58,6 +62,7 @@ def load(results_dir: Path, cards: dict | None = None) -> Loaded:
     records, skipped = scan_records(results_dir)
     records = _one_per_seed(records, skipped)
     records = _newest_dataset_build(records, skipped)
+    records = _newest_config(records, skipped)
     runs = []
     for path, rec in records:
         rec = with_par_collapse(Path(results_dir), path, rec)
@@ -159,6 +164,46 @@ def _newest_dataset_build(records: list, skipped: list) -> list:
                                          f"{r.dataset_sha256[:12]}; the newest runs use {ref[1].dataset_sha256[:12]})"))
         else:
             kept.append((path, r))
+    return kept
+
+
+def _key_neutral(algo: str) -> dict:
+    """The algorithm's key-neutral fields and their neutral values (algorithms/base.py `identity_config`)."""
+    from plcql_bench.algorithms.base import implementations
+
+    neutral: dict = {}
+    for cls in implementations(algo).values():
+        neutral.update(getattr(cls.Config, "key_neutral", {}))
+    return neutral
+
+
+def _comparable_config(config: dict, neutral: dict) -> dict:
+    """The config with every key-neutral field at its neutral value dropped, so a run recorded before a
+    field existed equals one that records its neutral value."""
+    return {k: v for k, v in config.items() if not (k in neutral and v == neutral[k])}
+
+
+def _newest_config(records: list, skipped: list) -> list:
+    """Per (profile, algorithm, task, tier), the runs whose config is that of the most recently finished
+    run; the others are skipped with the fields that differ."""
+    newest: dict[tuple, tuple[str, RunRecord]] = {}
+    for path, r in records:
+        key = (r.profile, r.algo, r.task, r.dataset)
+        if key not in newest or (r.finished_at, path) > (newest[key][1].finished_at, newest[key][0]):
+            newest[key] = (path, r)
+    kept = []
+    for path, r in records:
+        ref_path, ref = newest[(r.profile, r.algo, r.task, r.dataset)]
+        neutral = _key_neutral(r.algo)
+        mine, theirs = _comparable_config(r.config, neutral), _comparable_config(ref.config, neutral)
+        if mine == theirs:
+            kept.append((path, r))
+            continue
+        full_mine, full_theirs = {**neutral, **mine}, {**neutral, **theirs}
+        diff = ", ".join(f"{k} {full_mine.get(k, '(absent)')!r} -> {full_theirs.get(k, '(absent)')!r}"
+                         for k in sorted(set(full_mine) | set(full_theirs)) if full_mine.get(k) != full_theirs.get(k))
+        skipped.append(Damaged(path, f"trained under an older config of {r.algo} ({diff}; the newest run of "
+                                     f"{r.task}/{r.dataset} is {ref_path})"))
     return kept
 
 

@@ -332,6 +332,25 @@ def test_duplicates_older_builds_and_card_mismatch(tmp_path):
     assert built.n_runs == 2
 
 
+def test_a_cell_never_mixes_two_configs(tmp_path):
+    """Seeds trained before a default changed are skipped once a run under the new config finishes; a
+    key-neutral field at its neutral value equals its absence (runs recorded before the field existed)."""
+    res = tmp_path / "r"
+    old = {"lr": 0.01, "grad_clip": 0.5}
+    write_run(res, "cfcql", "mpe-cn", "expert", 0, 40.0, config=old, finished_at="2026-11-20T00:00:00+00:00")
+    write_run(res, "cfcql", "mpe-cn", "expert", 1, 41.0, config={**old, "critic_clip": "joint"},
+              finished_at="2026-11-21T00:00:00+00:00")  # neutral value: the same config as seed 0's
+    write_run(res, "cfcql", "mpe-cn", "medium", 0, 30.0, config=old, finished_at="2026-11-20T00:00:00+00:00")
+    write_run(res, "cfcql", "mpe-cn", "medium", 1, 31.0, config={**old, "critic_clip": "per-member"},
+              finished_at="2026-11-22T00:00:00+00:00")
+    built = build_quick(res, tmp_path / "s")
+    reasons = [s.reason for s in built.skipped]
+    assert built.n_runs == 3 and len(reasons) == 1, reasons
+    assert "older config of cfcql (critic_clip 'joint' -> 'per-member'" in reasons[0]
+    assert "cfcql/mpe-cn/medium/seed1-" in reasons[0]
+    assert "medium/seed0-" in built.skipped[0].path
+
+
 def _main(monkeypatch, *args) -> int:
     """The real entry point (user errors -> one line on stderr, exit status 2), in process."""
     from plcql_bench.suite.cli import main
