@@ -80,6 +80,11 @@ class Config(BackboneConfig, ParConfig):
     replace_with: str = "online"
     # "every-batch": one V + PPO update per critic batch (Algorithm 1); "first-batch": only the first
     par_updates: str = "every-batch"
+    # The paper is silent on how the gradient clip applies to 10 members. "per-member": each member's
+    # norm on its own, as 10 separate Q-networks (and as the discrete backbone clips its members); the
+    # twin-critic references' one joint clip ("joint", CFCQL's default) let the critic run away on CN
+    # medium-replay (docs/reproduction.md, "the critic diverges"; `plcql-joint-clip`)
+    critic_clip: str = "per-member"
 
 
 def check_par_config(cfg, n: int) -> None:
@@ -491,8 +496,10 @@ register_variant(PLCQL, "plcql-target-actors", "PLCQL with the replaced agents' 
 register_variant(PLCQL, "plcql-kn-target", "Control (not the paper's): k fixed to n with the target actors plus smoothing, "
                  "i.e. CFCQL's own target and update on the 10-member ensemble (is a diverging critic PLCQL's, or the "
                  "ensemble's?).", fixed_k="n", replace_with="target")
-register_variant(PLCQL, "plcql-member-clip", "Control (not the paper's): PLCQL's defaults with the critic's gradient norm "
-                 "clipped per ensemble member instead of once over all 10 (the references clip their twin jointly).",
+register_variant(PLCQL, "plcql-member-clip", "Control (not the paper's) that set PLCQL's critic_clip default: the critic's "
+                 "gradient norm clipped per ensemble member; the same config as plcql since 2026-11-27.",
                  critic_clip="per-member")
+register_variant(PLCQL, "plcql-joint-clip", "PLCQL with the critic's gradient norm clipped once over all 10 members "
+                 "(the twin-critic references' clip; PLCQL's default before 2026-11-27).", critic_clip="joint")
 register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
                  "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

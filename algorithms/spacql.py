@@ -42,6 +42,7 @@ class Config(BackboneConfig):
     detach_weights: bool = True  # False: gradients flow through w_k into the online critic
     weight_eps: float = 1e-6  # 1 / (u_k + eps): guards u_k = 0 (identical members)
     replace_with: str = "online"  # "online": current actors (the summary); "target": target actors + smoothing
+    critic_clip: str = "per-member"  # each of the 10 members clipped on its own, as PLCQL's (plcql.py Config)
 
 
 def par_masks_all_k(B: int, n: int, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -43,6 +43,7 @@ _COLORS = {
     "plcql-target-actors": "#a0522d",
     "plcql-kn-target": "#7f8c8d",
     "plcql-member-clip": "#b8860b",
+    "plcql-joint-clip": "#5d4037",
     "plcql-lcb": "#00897b",
     "spacql": "#1f5fbf",
     "cfcql": "#16a085",

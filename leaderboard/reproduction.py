@@ -23,7 +23,7 @@ from plcql_bench.suite.core.schema import scan_records
 
 STUDY_ALGOS = ["bc", "cfcql", "spacql", "plcql", "plcql-k1", "plcql-k2", "plcql-kn", "plcql-w1", "plcql-uniform",
                "plcql-t0.1", "plcql-t10", "plcql-target-actors", "plcql-kn-target", "plcql-member-clip",
-               "plcql-lcb"]
+               "plcql-joint-clip", "plcql-lcb"]
 ORDER = [View(s, n).key for n in NORMS for s in SCORINGS]  # final, last10, best; ours, then OMAR's
 
 

@@ -1,6 +1,7 @@
 """critic_clip: the critic ensemble's gradient norm clipped once over all members ("joint", the
-references' clip of their twin critic, the default) or per member ("per-member"); and the field is
-key-neutral at "joint" (finished runs keep their run keys)."""
+references' clip of their twin critic, CFCQL's and MACQL's default) or per member ("per-member", the
+default of the 10-member ensembles PLCQL and SPaCQL); and the field is key-neutral at "joint" (runs
+finished before it existed keep their run keys)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_an_unknown_critic_clip_is_refused():
 
 def test_critic_clip_is_key_neutral_at_joint_only():
     cls = get_algorithm("plcql", discrete=False)
-    joint, member = make_config(cls, {}), make_config(cls, {"critic_clip": "per-member"})
+    joint, member = make_config(cls, {"critic_clip": "joint"}), make_config(cls, {})
     before = {k: v for k, v in dataclasses.asdict(joint).items() if k != "critic_clip"}  # the config before the field
     assert identity_config(joint) == before
     assert identity_config(member) == {**before, "critic_clip": "per-member"}
@@ -66,3 +67,12 @@ def test_critic_clip_is_key_neutral_at_joint_only():
     assert run_key_of({**ident, "config": identity_config(member)}) != run_key_of({**ident, "config": before})
     variant = get_algorithm("plcql-member-clip", discrete=False)
     assert identity_config(make_config(variant, {}))["critic_clip"] == "per-member"
+    assert "critic_clip" not in identity_config(make_config(get_algorithm("plcql-joint-clip", discrete=False), {}))
+
+
+@pytest.mark.parametrize("name, clip", [("cfcql", "joint"), ("macql", "joint"), ("spacql", "per-member"),
+                                        ("plcql", "per-member"), ("plcql-lcb", "per-member"), ("plcql-k1", "per-member")])
+def test_default_critic_clip_per_algorithm(name, clip):
+    """Twin critics clip jointly, as the references; the 10-member ensembles clip each member."""
+    cls = get_algorithm(name, discrete=False)
+    assert make_config(cls, {}).critic_clip == clip

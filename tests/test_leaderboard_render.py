@@ -80,7 +80,7 @@ def section(html, name):
 def test_ablation_rows_are_variants_and_suite_variants_are_labelled(site):
     abl = site["board"]["table-ablation-final-ours"]
     rows = list(abl)
-    expected = ["plcql", "plcql-k1", "plcql-kn", "plcql-w1", "plcql-k2", "plcql-uniform", "plcql-t0.1", "plcql-t10", "plcql-target-actors", "plcql-kn-target", "plcql-member-clip", "plcql-lcb", "plcql-foo"]
+    expected = ["plcql", "plcql-k1", "plcql-kn", "plcql-w1", "plcql-k2", "plcql-uniform", "plcql-t0.1", "plcql-t10", "plcql-target-actors", "plcql-kn-target", "plcql-member-clip", "plcql-joint-clip", "plcql-lcb", "plcql-foo"]
     assert rows == [f"ablation-{a}" for a in expected]
     assert list(abl["ablation-plcql"]) == ["mpe-cn-medium-replay", "smax-2s3z-medium", "mpe-cn-random"]
     assert abl["ablation-plcql-k1"]["mpe-cn-medium-replay"]["text"].startswith("42.0 ± 2.0")

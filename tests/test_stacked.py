@@ -59,7 +59,7 @@ def _separate_and_stacked(name: str, rounds: int = 3, **over):
     ("plcql", {}),
     ("plcql", {"replace_with": "target", "par_updates": "first-batch", "value_steps": 2}),
     ("plcql-uniform", {"par_reward": "lcb"}),
-    ("plcql", {"critic_clip": "per-member"}),
+    ("plcql", {"critic_clip": "joint"}),  # the default is per-member
     ("macql", {}),
     ("spacql", {}),
 ])
