@@ -20,7 +20,7 @@
 # builds its own datasets, so the CN runs start at once while the SMAX one builds 2s3z medium (~3 min, one
 # process: SMAX collection workers would change the dataset's bits, and so its sha256 and the run keys):
 #   LIMIT=540 PER_GPU=4 CPU_JOBS=8 \
-#   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql-kn,plcql-kn-target,plcql-lcb,plcql-target-actors,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
+#   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql,plcql-kn,plcql-lcb,plcql-target-actors,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
 #   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
