@@ -85,10 +85,14 @@ def grads(loss, params):
 
 
 def assert_close_grads(got, exp, dtype, names=None):
+    # atol relative to the gradient's largest entry: a weight gradient sums hundreds of rows (the CF-CQL
+    # samples), so float32 summation order moves its small entries by ~1e-5 of its scale (measured: 3.3e-6
+    # on PLCQL's output layer, whose largest entry is 0.38)
     rtol = 1e-4 if dtype == torch.float32 else 1e-9
     for i, (g, e) in enumerate(zip(got, exp)):
-        atol = (1e-6 if dtype == torch.float32 else 1e-12) * max(1.0, float(e.abs().max()))
-        assert torch.allclose(g, e, rtol=rtol, atol=atol), (names[i] if names else i, (g - e).abs().max())
+        scale = float(e.abs().max())
+        atol = 2e-5 * scale + 1e-7 if dtype == torch.float32 else 1e-12 * max(1.0, scale)
+        assert torch.allclose(g, e, rtol=rtol, atol=atol), (names[i] if names else i, (g - e).abs().max(), e.abs().max())
 
 
 # -- the blocked penalty alone ------------------------------------------------------------------------
