@@ -76,3 +76,32 @@ def test_default_critic_clip_per_algorithm(name, clip):
     """Twin critics clip jointly, as the references; the 10-member ensembles clip each member."""
     cls = get_algorithm(name, discrete=False)
     assert make_config(cls, {}).critic_clip == clip
+
+
+def test_archived_joint_clip_runs_are_the_old_default_under_critic_clip_joint():
+    """leaderboard/archive/joint-clip/ holds the PLCQL-family runs from before the per-member default:
+    each re-plans to its run key with `--set critic_clip=joint` (so its README's claim holds), and
+    not without it (so none of them belongs on the board under today's defaults)."""
+    import json
+    from pathlib import Path
+
+    from plcql_bench.suite import protocol
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import Cell, resolve_config
+
+    finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "archive" / "joint-clip").rglob("final.json"))
+    assert len(finals) >= 19
+    for path in finals:
+        rec = json.loads(path.read_text())
+        prof = load_profile(rec["profile"])
+        cell = Cell(rec["algo"], rec["task"], rec["dataset"], rec["seed"])
+
+        def key(over):
+            return run_key_of({"algo": rec["algo"], "config": identity_config(resolve_config(cell, prof, over)),
+                               "task": rec["task"], "dataset": rec["dataset"], "dataset_sha256": rec["dataset_sha256"],
+                               "seed": rec["seed"], "profile": prof.name,
+                               "budget": prof.train_budget(rec["task"], rec["dataset"]),
+                               "protocol_version": protocol.PROTOCOL_VERSION})
+
+        assert key({"critic_clip": "joint"}) == rec["run_key"], path
+        assert key({}) != rec["run_key"], path
