@@ -16,7 +16,7 @@ from pathlib import Path
 from plcql_bench.leaderboard import analysis, summary
 from plcql_bench.leaderboard import stats as st
 from plcql_bench.leaderboard.cells import critic_diverged, format_mean_std, group_cells
-from plcql_bench.leaderboard.load import load
+from plcql_bench.leaderboard.load import archives, load
 from plcql_bench.leaderboard.paper import (algo_label, ablation_variants, load_paper_results, load_variants,
                                            paper_ablation_value, paper_claims_check, paper_value, reference_tables)
 from plcql_bench.leaderboard.provenance import build_provenance, dataset_cards, load_cards, run_rows
@@ -82,6 +82,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "coverage": coverage,
         "paper_claims": paper_claims_check(paper, TARGET, RIVAL), "target_label": label(TARGET), "rival_label": label(RIVAL),
         "n_runs": len(loaded.runs), "n_cells": len(cells), "skipped": loaded.skipped, "unfinished": loaded.unfinished,
+        "archives": archives(results_dir),
         "unfinished_states": dict(Counter(u.state for u in loaded.unfinished)),
         "n_collapsed": sum(bool(r.rec.par_collapse) for r in loaded.runs),
         "n_diverged": sum(critic_diverged(r.rec) for r in loaded.runs),

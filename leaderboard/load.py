@@ -78,6 +78,28 @@ def load(results_dir: Path, cards: dict | None = None) -> Loaded:
     return Loaded(runs, skipped, unfinished)
 
 
+@dataclass(frozen=True)
+class Archive:
+    """A folder of superseded results next to the results folder (``<parent>/archive/<name>/``, with a
+    README.md saying why): the page names it, no number on it comes from it."""
+
+    path: str  # as shown: <parent folder name>/archive/<name>
+    title: str  # the README's first heading
+    n_runs: int  # final.json files in it
+
+
+def archives(results_dir: Path) -> list[Archive]:
+    """The archives beside ``results_dir`` (leaderboard/results -> leaderboard/archive/*), by name."""
+    root = Path(results_dir).resolve().parent / "archive"
+    out = []
+    for readme in sorted(root.glob("*/README.md")) if root.is_dir() else []:
+        heading = next((ln.lstrip("#").strip() for ln in readme.read_text(encoding="utf-8").splitlines()
+                        if ln.startswith("#")), readme.parent.name)
+        out.append(Archive(f"{root.parent.name}/archive/{readme.parent.name}", heading,
+                           sum(1 for _ in readme.parent.rglob("final.json"))))
+    return out
+
+
 def learns_par(rec: RunRecord) -> bool:
     """A PLCQL run (or variant) whose pi_par is learned, i.e. not an ablation with a fixed k."""
     return rec.algo.startswith("plcql") and rec.config.get("fixed_k", "absent") is None

@@ -351,6 +351,24 @@ def test_a_cell_never_mixes_two_configs(tmp_path):
     assert "medium/seed0-" in built.skipped[0].path
 
 
+def test_archives_beside_the_results_are_named_and_never_counted(tmp_path):
+    res = tmp_path / "results"
+    write_run(res, "cfcql", "mpe-cn", "expert", 0, 40.0)
+    old = tmp_path / "archive" / "old-clip"
+    write_run(old, "cfcql", "mpe-cn", "expert", 1, 99.0)
+    write_run(old, "cfcql", "mpe-cn", "expert", 2, 98.0)
+    (old / "README.md").write_text("# Runs under the old clip\n\nWhy they left.\n")
+    (tmp_path / "archive" / "no-readme").mkdir()  # not an archive: nothing says why
+    built = build_quick(res, tmp_path / "s")
+    text = " ".join(built.index.read_text().split())
+    assert built.n_runs == 1
+    assert f'<code>{tmp_path.name}/archive/old-clip/</code> (2 runs: Runs under the old clip)' in text
+    assert "no-readme" not in text
+    assert "99.0" not in text  # no number comes from the archive
+    quiet = build_quick(old, tmp_path / "s2")  # an archive itself has no archive beside it
+    assert "archives-banner" not in quiet.index.read_text()
+
+
 def _main(monkeypatch, *args) -> int:
     """The real entry point (user errors -> one line on stderr, exit status 2), in process."""
     from plcql_bench.suite.cli import main
