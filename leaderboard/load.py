@@ -172,12 +172,18 @@ def _one_per_seed(records: list, skipped: list) -> list:
     return kept
 
 
-def _newest_dataset_build(records: list, skipped: list) -> list:
+def _newest(records: list, group) -> dict[tuple, tuple[str, RunRecord]]:
+    """Per group (``group(record)``), the most recently finished (path, record) (ties: the later path)."""
     newest: dict[tuple, tuple[str, RunRecord]] = {}
     for path, r in records:
-        key = (r.profile, r.task, r.dataset)
-        if r.dataset_sha256 and (key not in newest or (r.finished_at, path) > (newest[key][1].finished_at, newest[key][0])):
+        key = group(r)
+        if key not in newest or (r.finished_at, path) > (newest[key][1].finished_at, newest[key][0]):
             newest[key] = (path, r)
+    return newest
+
+
+def _newest_dataset_build(records: list, skipped: list) -> list:
+    newest = _newest([(p, r) for p, r in records if r.dataset_sha256], lambda r: (r.profile, r.task, r.dataset))
     kept = []
     for path, r in records:
         ref = newest.get((r.profile, r.task, r.dataset))
@@ -208,15 +214,12 @@ def _comparable_config(config: dict, neutral: dict) -> dict:
 def _newest_config(records: list, skipped: list) -> list:
     """Per (profile, algorithm, task, tier), the runs whose config is that of the most recently finished
     run; the others are skipped with the fields that differ."""
-    newest: dict[tuple, tuple[str, RunRecord]] = {}
-    for path, r in records:
-        key = (r.profile, r.algo, r.task, r.dataset)
-        if key not in newest or (r.finished_at, path) > (newest[key][1].finished_at, newest[key][0]):
-            newest[key] = (path, r)
+    newest = _newest(records, lambda r: (r.profile, r.algo, r.task, r.dataset))
+    neutral_of = {algo: _key_neutral(algo) for algo in {r.algo for _, r in records}}
     kept = []
     for path, r in records:
         ref_path, ref = newest[(r.profile, r.algo, r.task, r.dataset)]
-        neutral = _key_neutral(r.algo)
+        neutral = neutral_of[r.algo]
         mine, theirs = _comparable_config(r.config, neutral), _comparable_config(ref.config, neutral)
         if mine == theirs:
             kept.append((path, r))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -33,7 +32,8 @@ from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
 from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.core.schema import RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record
+from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record,
+                                           run_key_of)
 from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.profiles import Profile
@@ -106,16 +106,21 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     if entry is None:
         raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
                          f"plcql-bench datasets build {cell.task} {cell.tier} --profile {profile.name})")
-    identity = {
-        "algo": cell.algo, "config": identity_config(config), "task": cell.task,
-        "dataset": cell.tier, "dataset_sha256": entry["sha256"], "seed": cell.seed,
-        "profile": profile.name, "budget": profile.train_budget(cell.task, cell.tier),
-        "protocol_version": protocol.PROTOCOL_VERSION,
-    }
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    key = run_key_of(run_identity(cell, profile, config, entry["sha256"]))
     run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
                / f"seed{cell.seed}-{key[:10]}")
     return RunPlan(cell, profile, config, data_root / entry["file"], entry["sha256"], key, run_dir)
+
+
+def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str) -> dict:
+    """What identifies a run (its run key is `run_key_of` of this): the algorithm, its identity config,
+    the task, tier and dataset build, the seed, the profile and its budget, the protocol version."""
+    return {
+        "algo": cell.algo, "config": identity_config(config), "task": cell.task,
+        "dataset": cell.tier, "dataset_sha256": dataset_sha256, "seed": cell.seed,
+        "profile": profile.name, "budget": profile.train_budget(cell.task, cell.tier),
+        "protocol_version": protocol.PROTOCOL_VERSION,
+    }
 
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
@@ -459,13 +464,7 @@ def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None) -> dict | None:
 
 
 def _identity_record(plan: RunPlan) -> dict:
-    c = plan.cell
-    return {
-        "run_key": plan.run_key, "algo": c.algo, "task": c.task, "dataset": c.tier, "seed": c.seed,
-        "profile": plan.profile.name, "config": identity_config(plan.config),
-        "dataset_sha256": plan.dataset_sha256, "protocol_version": protocol.PROTOCOL_VERSION,
-        "budget": plan.profile.train_budget(c.task, c.tier),
-    }
+    return {"run_key": plan.run_key, **run_identity(plan.cell, plan.profile, plan.config, plan.dataset_sha256)}
 
 
 def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict:

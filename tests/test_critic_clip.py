@@ -85,9 +85,8 @@ def test_archived_joint_clip_runs_are_the_old_default_under_critic_clip_joint():
     import json
     from pathlib import Path
 
-    from plcql_bench.suite import protocol
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, resolve_config
+    from plcql_bench.suite.runner import Cell, resolve_config, run_identity
 
     finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "archive" / "joint-clip").rglob("final.json"))
     assert len(finals) >= 19
@@ -97,11 +96,7 @@ def test_archived_joint_clip_runs_are_the_old_default_under_critic_clip_joint():
         cell = Cell(rec["algo"], rec["task"], rec["dataset"], rec["seed"])
 
         def key(over):
-            return run_key_of({"algo": rec["algo"], "config": identity_config(resolve_config(cell, prof, over)),
-                               "task": rec["task"], "dataset": rec["dataset"], "dataset_sha256": rec["dataset_sha256"],
-                               "seed": rec["seed"], "profile": prof.name,
-                               "budget": prof.train_budget(rec["task"], rec["dataset"]),
-                               "protocol_version": protocol.PROTOCOL_VERSION})
+            return run_key_of(run_identity(cell, prof, resolve_config(cell, prof, over), rec["dataset_sha256"]))
 
         assert key({"critic_clip": "joint"}) == rec["run_key"], path
         assert key({}) != rec["run_key"], path

@@ -358,9 +358,7 @@ def test_weak_algorithm_config_table_with_a_misspelled_field_is_named(tmp_path, 
 def test_committed_results_keep_their_run_keys():
     """Validation changes no valid config: every committed result re-plans (profile + algorithm
     config through the schema) to the run key it was filed under."""
-    from plcql_bench.suite import protocol
-    from plcql_bench.algorithms.base import identity_config
-    from plcql_bench.suite.runner import resolve_config
+    from plcql_bench.suite.runner import resolve_config, run_identity
     from plcql_bench.suite.core.schema import run_key_of
 
     finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "results").rglob("final.json"))
@@ -369,11 +367,8 @@ def test_committed_results_keep_their_run_keys():
     for path in finals:
         rec = json.loads(path.read_text())
         prof = load_profile(rec["profile"])
-        config = resolve_config(Cell(rec["algo"], rec["task"], rec["dataset"], rec["seed"]), prof)
-        identity = {"algo": rec["algo"], "config": identity_config(config), "task": rec["task"],
-                    "dataset": rec["dataset"], "dataset_sha256": rec["dataset_sha256"], "seed": rec["seed"],
-                    "profile": prof.name, "budget": prof.train_budget(rec["task"], rec["dataset"]),
-                    "protocol_version": protocol.PROTOCOL_VERSION}
+        cell = Cell(rec["algo"], rec["task"], rec["dataset"], rec["seed"])
+        identity = run_identity(cell, prof, resolve_config(cell, prof), rec["dataset_sha256"])
         assert run_key_of(identity) == rec["run_key"], path
 
 
