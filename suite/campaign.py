@@ -9,10 +9,12 @@ A campaign file (YAML):
         only: algo=plcql,plcql-kn,task=mpe-cn,dataset=random,seed=0,1,2
       - ...
 
-`plcql-bench campaign run FILE` runs the stages in order, each as one `plcql-bench all --profile P
---only SPEC` (so finished cells are skipped and interrupted ones resume from their checkpoints), and
-after each stage copies the finished runs' small files (final.json, config.json, metrics.jsonl) into
-`--publish-to` (default leaderboard/results). A stage whose cells fail does not stop the campaign.
+`plcql-bench campaign run FILE` runs the stages as ONE priority queue, `plcql-bench all --profile P
+--queue SPEC1 --queue SPEC2 ...` (finished cells are skipped, interrupted ones resume from their
+checkpoints). A free core takes the next cell in file order, so the cores never wait for a stage's
+last run. While it runs, and once at the end, the campaign copies the finished runs' small files
+(final.json, config.json, metrics.jsonl) into `--publish-to` (default leaderboard/results), checking
+every `--publish-every` seconds. A failed cell does not stop the campaign (exit 1 at the end).
 `plcql-bench campaign status FILE` shows each stage's cells: done / partial / todo / failed.
 """
 
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,21 +103,37 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     return n
 
 
-def _run_stage(cmd: list[str]) -> int:
-    """Run one stage's `all`; a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs
-    stop cleanly (interrupted, last checkpoint kept) instead of running on without the campaign."""
+def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
+    """Run the campaign's `all`, calling on_tick() every every_s seconds while it runs (publishing);
+    a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs stop cleanly
+    (interrupted, last checkpoint kept) instead of running on without the campaign."""
     proc = subprocess.Popen(cmd)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            on_tick()
+
+    ticker = threading.Thread(target=tick, daemon=True) if on_tick is not None else None
+    if ticker is not None:
+        ticker.start()
     try:
         return proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
         proc.wait()
         raise
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join()
 
 
-def _all_command(data_dir: Path, results_dir: Path, profile: str, only: str, jobs: int | None) -> list[str]:
+def _all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None) -> list[str]:
     cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
-           str(results_dir), "all", "--profile", profile, "--only", only]
+           str(results_dir), "all", "--profile", profile]
+    for spec in specs:
+        cmd += ["--queue", spec]
     return cmd + (["--jobs", str(jobs)] if jobs else [])
 
 
@@ -126,14 +145,16 @@ def campaign() -> None:
 @campaign.command("run")
 @click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Passed to each stage's `all` (default: all's default).")
+              help="Runs at once, passed to `all` (default: all's default).")
 @click.option("--stage", "only_stages", multiple=True, help="Only these stages (by name), in file order.")
 @click.option("--publish-to", type=click.Path(path_type=Path), default=Path("leaderboard/results"),
-              show_default=True, help="Where finished runs are copied after each stage.")
+              show_default=True, help="Where finished runs are copied, as they finish and at the end.")
+@click.option("--publish-every", type=click.FloatRange(min=1), default=120, show_default=True,
+              help="Seconds between two looks for newly finished runs to publish.")
 @click.option("--no-publish", is_flag=True, help="Do not copy finished runs anywhere.")
 @click.pass_obj
-def run_campaign(obj, file, jobs, only_stages, publish_to, no_publish) -> None:
-    """Run the stages in order (each resumable); publish finished runs after every stage."""
+def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_publish) -> None:
+    """Run the stages as one priority queue (resumable); publish finished runs as they land."""
     camp = load_campaign(file)
     known = {s.name for s in camp.stages}
     unknown = sorted(set(only_stages) - known)
@@ -143,19 +164,21 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, no_publish) -> None:
     prof = None
     for s in stages:  # validate every selection before running anything
         prof, _ = stage_cells(camp, s)
-    failed = []
-    for s in stages:
-        click.echo(f"== stage {s.name}: {s.only}", err=True)
-        rc = _run_stage(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, s.only, jobs))
-        if rc != 0:
-            failed.append(s.name)
-            click.echo(f"== stage {s.name}: exit {rc} (continuing)", err=True)
-        if not no_publish:
-            n = publish(obj["results_dir"], prof.name, publish_to)  # results live under the profile's name
+    click.echo(f"== campaign {file}: {len(stages)} stage(s) as one queue: {', '.join(s.name for s in stages)}",
+               err=True)
+
+    def publish_new() -> None:
+        n = publish(obj["results_dir"], prof.name, publish_to)  # results live under the profile's name
+        if n:
             click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
-    click.echo(f"campaign {file}: {len(stages)} stage(s), {len(failed)} with failures"
-               + (f" ({', '.join(failed)})" if failed else ""))
-    if failed:
+
+    rc = _run_queue(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, [s.only for s in stages], jobs),
+                    publish_every, None if no_publish else publish_new)
+    if not no_publish:  # the ticker has stopped: one last look
+        n = publish(obj["results_dir"], prof.name, publish_to)
+        click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
+    click.echo(f"campaign {file}: {len(stages)} stage(s)" + (f", exit {rc} (failed cells: see above)" if rc else ""))
+    if rc:
         sys.exit(1)
 
 

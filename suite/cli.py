@@ -146,14 +146,21 @@ def _matrix_options(f):
     f = click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
                      help="Filter the matrix: algo=, task=, dataset=, seed= with comma lists, "
                           "e.g. --only algo=bc,cfcql,seed=0,1.")(f)
+    f = click.option("--queue", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
+                     help="Like --only, but several --queue options add up in the order given (a "
+                          "priority queue: the first selection's cells run first). Not with --only.")(f)
     return click.option("--profile", default="smoke", show_default=True)(f)
 
 
-def _select(obj, profile, only, shard):
-    from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells
+def _select(obj, profile, only, shard, queue=()):
+    from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells, select_queue
     from plcql_bench.suite.profiles import load_profile
 
+    if only and queue:
+        raise click.UsageError("--only and --queue select cells in different ways: use one of them")
     prof = load_profile(profile)
+    if queue:
+        return prof, select_queue(prof, queue, parse_shard(shard))
     return prof, select_cells(prof, parse_only(only), parse_shard(shard))
 
 
@@ -206,8 +213,8 @@ class _Progress:
               help="Train up to this many seeds of a cell in one process as stacked models (continuous "
                    "CFCQL, MACQL, SPaCQL, PLCQL; others alone). Each seed keeps its own run (docs/runner.md).")
 @click.pass_obj
-def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per_gpu, executor, ray_address,
-            rerun_failed, force, stack) -> None:
+def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, device, per_gpu, executor,
+            ray_address, rerun_failed, force, stack) -> None:
     """Run the profile's matrix: build missing datasets, skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
     a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
@@ -217,7 +224,7 @@ def run_all(obj, profile, only, shard, build_missing, jobs, threads, device, per
     from plcql_bench.suite.matrix import cell_state
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
-    prof, cells = _select(obj, profile, only, shard)
+    prof, cells = _select(obj, profile, only, shard, queue)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
     dev, n_gpus = resolve_device(device)
@@ -313,7 +320,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
 @click.option("--strict", is_flag=True,
               help="Exit with status 2 when any run file is damaged (every cell is still shown).")
 @click.pass_obj
-def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
+def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) -> None:
     """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
@@ -323,7 +330,7 @@ def plan(obj, profile, only, shard, jobs, machine, show_cells, strict) -> None:
     from plcql_bench.suite.preflight import check_buildable
     from plcql_bench.suite.core.schema import Damaged
 
-    prof, cells = _select(obj, profile, only, shard)
+    prof, cells = _select(obj, profile, only, shard, queue)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []

@@ -112,6 +112,21 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     return cells
 
 
+def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] | None = None):
+    """The union of several --only selections in the order given (each selection in canonical order,
+    a cell already queued by an earlier one not repeated), then shard i/N as in select_cells. A
+    campaign runs its stages as one queue, so a core freed at the end of one stage starts the next
+    stage's first cell instead of idling until the stage's last run ends."""
+    cells = []
+    for spec in specs:
+        cells += select_cells(profile, parse_only([spec]))
+    cells = list(dict.fromkeys(cells))
+    if shard:
+        i, n = shard
+        cells = cells[i::n]
+    return cells
+
+
 def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:
     """The (task, tier) datasets the profile's matrix trains on, in matrix order."""
     from plcql_bench.suite.tasks import task_tiers

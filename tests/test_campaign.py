@@ -4,6 +4,7 @@ trains, publishes, and trains nothing the second time."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,69 @@ def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):
     assert rows["bc-first"][:2] == ["1", "1"] and rows["total"][:2] == ["2", "2"]
     again = runner.invoke(cli, base + ["campaign", "run", str(f), "--jobs", "1", "--publish-to", str(tmp_path / "board")])
     assert again.exit_code == 0 and "published 0 new run(s)" in again.output + (again.stderr if again.stderr_bytes else "")
+
+
+def test_a_queue_keeps_the_order_of_its_selections(tmp_path):
+    from plcql_bench.suite.matrix import parse_only, select_cells, select_queue
+    from plcql_bench.suite.profiles import load_profile
+
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    prof = load_profile(str(tmp_path / "p.yaml"))
+    canonical = select_cells(prof, parse_only(["algo=cfcql,bc,dataset=random,seed=0"]))
+    assert [c.algo for c in canonical] == ["bc", "cfcql"]  # --only: the profile's order, not the spec's
+    queued = select_queue(prof, ["algo=cfcql,dataset=random,seed=0", "algo=bc,dataset=random",
+                                 "algo=cfcql,dataset=random"])
+    assert [(c.algo, c.seed) for c in queued] == [("cfcql", 0), ("bc", 0), ("bc", 1), ("cfcql", 1)]
+    assert select_queue(prof, ["algo=cfcql,dataset=random,seed=0", "algo=bc,dataset=random"], (1, 2)) == queued[1:3:2]
+
+
+def test_all_refuses_only_with_queue(tmp_path):
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    r = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"), "plan",
+                                 "--profile", str(tmp_path / "p.yaml"), "--only", "algo=bc", "--queue", "algo=cfcql"])
+    assert r.exit_code == 2 and "--only and --queue" in r.output
+
+
+def test_the_campaign_is_one_queue_and_publishes_while_it_runs(tmp_path, monkeypatch):
+    """One `all` gets every stage, in file order, so a free core never waits for a stage's last run;
+    the publisher runs on a timer while `all` runs, and stops with it."""
+    from plcql_bench.suite import campaign as camp
+
+    f = _write(tmp_path, "  - {name: first, only: 'algo=cfcql,dataset=random,seed=0'}\n"
+                         "  - {name: second, only: 'algo=bc,dataset=random'}\n")
+    seen, ticks = [], []
+
+    def fake_queue(cmd, every_s, on_tick):
+        seen.append(cmd)
+        on_tick()
+        ticks.append(every_s)
+        return 0
+
+    monkeypatch.setattr(camp, "_run_queue", fake_queue)
+    published = iter([2, 0])
+    monkeypatch.setattr(camp, "publish", lambda *a, **k: next(published))
+    r = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"),
+                                 "campaign", "run", str(f), "--jobs", "2", "--publish-every", "5"])
+    assert r.exit_code == 0, r.output
+    (cmd,) = seen
+    queues = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--queue"]
+    assert queues == ["algo=cfcql,dataset=random,seed=0", "algo=bc,dataset=random"] and "--only" not in cmd
+    assert cmd[cmd.index("--jobs") + 1] == "2" and ticks == [5.0]
+    assert "published 2 new run(s)" in r.output and "published 0 new run(s)" in r.output
+
+
+def test_run_queue_ticks_until_the_command_ends():
+    import time
+
+    from plcql_bench.suite.campaign import _run_queue
+
+    ticks = []
+    start = time.monotonic()
+    rc = _run_queue([sys.executable, "-c", "import time; time.sleep(1.0); raise SystemExit(3)"], 0.2,
+                    lambda: ticks.append(time.monotonic()))
+    end = time.monotonic()
+    assert rc == 3 and len(ticks) >= 2 and all(t <= end for t in ticks)
+    n = len(ticks)
+    time.sleep(0.5)
+    assert len(ticks) == n  # the ticker stopped with the command
+    assert ticks[0] - start >= 0.2
