@@ -38,8 +38,11 @@ import click
 @click.option("--stack", "stack", type=click.IntRange(min=2), default=None, metavar="S",
               help="Also time S separate runs' rounds against one round of the S seeds as stacked models "
                    "(`all --stack`; the continuous CFCQL family), in alternation, with the paired ratio.")
+@click.option("--episodes-from", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="Episode-batch (SMAX/SMAC) algorithms time on this dataset's episodes, with their real "
+                   "lengths (default: synthetic episodes all of the task's episode limit, the worst case).")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain, stack) -> None:
+                description, seconds, floor, compare_plain, stack, episodes_from) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -49,7 +52,10 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     from plcql_bench.suite.runner import configure_process
 
+    from plcql_bench.algorithms.common.speed import time_on_dataset_episodes
+
     configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
+    time_on_dataset_episodes(None)  # synthetic episodes unless --episodes-from says otherwise (below)
     if machine:
         torch.set_num_threads(threads)
         given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT
@@ -70,6 +76,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     click.echo(f"# torch threads {threads}, device {device}, clock {clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    episodes_note = use_dataset_episodes(episodes_from, tasks)
+    if episodes_note:
+        click.echo(episodes_note)
     rate = None
     if floor:
         rate = matmul_rate(device, clock)
@@ -105,6 +114,35 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                 compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+
+
+def use_dataset_episodes(path: str | None, tasks) -> str:
+    """`--episodes-from`: load the dataset (checked against the task: one task only) and make the timing
+    helpers sample its episodes; returns the header line saying so ('' without a file)."""
+    from plcql_bench.algorithms.common.speed import time_on_dataset_episodes
+    from plcql_bench.suite.core.errors import BenchError
+
+    if path is None:
+        return ""
+    from plcql_bench.datasets.format import DatasetError, load_dataset
+    from plcql_bench.suite.tasks import get_task
+
+    if len(tasks) != 1:
+        raise BenchError(f"--episodes-from {path}: give exactly one --task (the dataset's)")
+    spec = get_task(tasks[0]).spec
+    try:
+        ds = load_dataset(path, spec)
+    except DatasetError as exc:
+        raise BenchError(str(exc)) from None
+    if not spec.discrete:
+        raise BenchError(f"--episodes-from {path}: {tasks[0]} is not an episode-batch (discrete) task")
+    lens = ds.arrays["episode_ids"]
+    import numpy as np
+
+    counts = np.bincount(lens)
+    time_on_dataset_episodes(ds.arrays)
+    return (f"# episodes from {path}: {len(counts)} episodes, length mean {counts.mean():.1f}, max {counts.max()} "
+            f"(synthetic episodes would all be {spec.episode_limit})")
 
 
 def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:

@@ -82,3 +82,27 @@ def test_bench_speed_stack_times_separate_against_stacked_rounds():
     ops = re.search(r"2 separate rounds (\d+), one stacked round (\d+)", out.output)
     assert ops and int(ops.group(2)) < int(ops.group(1)), out.output  # one stacked round dispatches fewer ops
     assert "bc mpe-cn: no stacked round" in out.output
+
+
+def test_bench_speed_times_episode_algorithms_on_a_dataset_s_episodes(tmp_path):
+    """--episodes-from: the header gives the file's episode lengths, the round is timed on its batches;
+    a file of another task, or several tasks, is refused in one line."""
+    from plcql_bench.datasets.format import synthetic_dataset, write_dataset
+    from plcql_bench.suite.tasks import get_task
+
+    spec = get_task("smax-2s3z").spec
+    arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=7)
+    path = tmp_path / "d.h5"
+    write_dataset(path, arrays, attrs, spec)
+    out = CliRunner().invoke(cli, ["bench-speed", "--task", "smax-2s3z", "--algo", "bc", "--rounds", "2", "--warmup",
+                                   "1", "--batch", "4", "--no-floor", "--episodes-from", str(path)])
+    assert out.exit_code == 0, out.output
+    assert f"# episodes from {path}: 6 episodes, length mean 7.0, max 7 (synthetic episodes would all be " \
+           f"{spec.episode_limit})" in out.output
+    assert any(line.startswith("bc ") for line in out.output.splitlines())
+    two = CliRunner().invoke(cli, ["bench-speed", "--task", "smax-2s3z", "--task", "mpe-cn", "--algo", "bc",
+                                   "--episodes-from", str(path)])
+    assert two.exit_code != 0 and "give exactly one --task" in str(two.exception) + two.output
+    other = CliRunner().invoke(cli, ["bench-speed", "--task", "smax-3s_vs_5z", "--algo", "bc",
+                                     "--episodes-from", str(path)])
+    assert other.exit_code != 0 and str(path) in str(other.exception) + other.output

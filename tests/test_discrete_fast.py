@@ -2,7 +2,8 @@
 replace (discrete.py, discrete_ensemble.py: a network's `fused` off, or built under
 kernels.fused_kernels(False), the runner's PLCQL_KERNELS=plain), which are the code as it was before them:
 
-  * fused_gru vs the stacked autograd GRU (StackedRNNAgent) and nn.GRU (RNNAgent): outputs, last
+  * fused_gru vs the stacked autograd GRU (StackedRNNAgent) and nn.GRU (RNNAgent), and the packed unroll
+    (real observations only) vs the padded one: outputs, last
     hidden state, the gradients of every parameter and of h0, with and without h0, one step and many;
   * counterfactual_mix vs the materialised [rows, n, A, embed] mixer (StackedQMixer / QMixer), with
     a tiny block size so that several blocks and a ragged last one run;
@@ -394,3 +395,44 @@ def test_behaviour_cache_gives_the_unrolled_beta_and_follows_beta():
     bb._behaviour_cache = None
     torch.testing.assert_close(bb.behaviour_logprob(anonymous), unrolled)
     assert bb._behaviour_cache is None  # nothing to gather by: unrolled, no cache built
+
+
+def test_packing_rows_of_a_ragged_batch():
+    """Episodes sorted by length (ties in batch order); step t = the episodes with len ≥ t; each row's
+    previous hidden state is the same agent's row one step earlier."""
+    pk = fast.Packing(torch.tensor([1, 3, 1, 2]), L=4, n=2)  # indices 0..len are real
+    assert pk.rows == [8, 8, 4, 2] and pk.offsets == [0, 8, 16, 20] and pk.total == 22
+    L, n = 4, 2
+    rows = [(int(i) // (L * n), int(i) // n % L, int(i) % n) for i in pk.index]  # (episode, step, agent)
+    order = [1, 3, 0, 2]
+    assert rows[:8] == [(b, 0, a) for b in order for a in range(2)]
+    assert rows[16:] == [(1, 2, 0), (1, 2, 1), (3, 2, 0), (3, 2, 1), (1, 3, 0), (1, 3, 1)]
+    for p, q in enumerate(pk.h_prev.tolist(), start=8):  # steps 1..: same episode and agent, one step earlier
+        (b, t, a), (b2, t2, a2) = rows[p], rows[q]
+        assert (b2, t2, a2) == (b, t - 1, a)
+    assert not pk.uniform and fast.Packing(torch.tensor([2, 2]), L=3, n=2).uniform
+
+
+@pytest.mark.parametrize("lens", [(5, 2, 4, 1, 3, 5, 2, 4), (5, 5, 5)], ids=["ragged", "full"])
+@pytest.mark.parametrize("members", [1, 3])
+def test_packed_unroll_matches_the_padded_unroll(lens, members):
+    """The fused unroll computes the real observations only: equal outputs there (float64), zeros on the
+    padding, and the same gradient for every parameter of a loss that ignores the padding (the
+    gradients reach the weights through the packed GRU's hand-written backward)."""
+    arrays = ragged(lens=lens)
+    batch = EpisodeSampler(arrays, 0, "cpu")(len(lens))
+    torch.manual_seed(0)
+    agents = [RNNAgent(SPEC.n_agents, SPEC.obs_dim, SPEC.act_dim, hidden=8).double() for _ in range(members)]
+    net = StackedRNNAgent(agents).double() if members > 1 else agents[0]
+    batch.obs = batch.obs.double()
+    real = (torch.arange(batch.max_t + 1)[None] <= batch.lengths[:, None])[:, :, None, None]  # [B, T+1, 1, 1]
+    params = list(net.parameters())
+
+    def outputs():
+        q = net.unroll(batch)
+        return [q * real, *_grads([q * real], params)]
+
+    got, exp = _run_both(net, outputs)
+    _close(got, exp)
+    q = net.unroll(batch)
+    assert (q * ~real == 0).all() and (q * real != 0).any()

@@ -213,9 +213,12 @@ def test_recurrent_agent_step_matches_unroll():
     full = agent.unroll(b)
     last = last_action_onehot(b.actions, 6)
     h = agent.init_hidden(2)
+    real = torch.arange(b.max_t + 1)[None] <= b.lengths[:, None]  # [B, T+1]: indices 0..len
+    assert not real.all()  # padding present
     for t in range(b.max_t + 1):
         out, h = agent.step(b.obs[:, t], last[:, t], h)
-        assert torch.allclose(out, full[:, t], atol=1e-5)
+        assert torch.allclose(out[real[:, t]], full[real[:, t], t], atol=1e-5)
+        assert agent.fused and (full[~real[:, t], t] == 0).all()  # the fused unroll skips the padding
 
 
 def test_registry_two_implementations():

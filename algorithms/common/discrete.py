@@ -193,8 +193,17 @@ class RNNAgent(nn.Module):
         return out, hT.reshape(B, n, self.hidden)
 
     def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
-        """Outputs at every observation of the episodes, from a zero hidden state: [B, T+1, n, A]."""
-        return self(batch.obs, last_action_onehot(batch.actions, self.n_actions))[0]
+        """Outputs at every observation of the episodes, from a zero hidden state: [B, T+1, n, A]. The
+        fused path computes the real observations only (kernels_discrete.packed_agent_unroll) and
+        returns zeros at the padded indices, which every consumer masks."""
+        last = last_action_onehot(batch.actions, self.n_actions)
+        if self.fused:
+            rnn = self.rnn
+            return fast.packed_agent_unroll(
+                batch.obs, last, batch.lengths, self.fc1.weight.t()[None], self.fc1.bias[None, None],
+                rnn.weight_ih_l0.t()[None], rnn.bias_ih_l0[None, None], rnn.weight_hh_l0.t()[None],
+                rnn.bias_hh_l0[None, None], self.fc2.weight.t()[None], self.fc2.bias[None, None])[0]
+        return self(batch.obs, last)[0]
 
     def step(self, obs: torch.Tensor, last_onehot: torch.Tensor,
              h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -213,8 +213,14 @@ class StackedRNNAgent(nn.Module):
         return out, h.view(E, B, n, H)
 
     def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
-        """[E, B, T+1, n, A] from zero hidden states."""
-        return self(batch.obs, last_action_onehot(batch.actions, self.n_actions))[0]
+        """[E, B, T+1, n, A] from zero hidden states. The fused path computes the real observations only
+        (kernels_discrete.packed_agent_unroll) and returns zeros at the padded indices, which every
+        consumer masks; the plain path computes the padding too."""
+        last = last_action_onehot(batch.actions, self.n_actions)
+        if self.fused:
+            return fast.packed_agent_unroll(batch.obs, last, batch.lengths, self.fc1_w, self.fc1_b, self.w_ih,
+                                            self.b_ih, self.w_hh, self.b_hh, self.fc2_w, self.fc2_b)
+        return self(batch.obs, last)[0]
 
     def step(self, obs: torch.Tensor, last_onehot: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """obs [B, n, o], last_onehot [B, n, A], h [E, B, n, H] -> ([E, B, n, A], h')."""

@@ -15,6 +15,10 @@ in page by page (the allocator setting below).
               backward as single ops, lerp for the state update), gates saved in one buffer, the
               weight gradients as one GEMM over all steps after the loop. The gate, input-projection
               and gradient buffers come from a pool kept across rounds (no page faults).
+  packed_agent_unroll
+              an episode batch's unroll over its real observations only (PackedSequence order, the
+              episodes sorted by length; `Packing`, `packed_gru`): ~63 % of the padded rows on 2s3z
+              medium; zeros on the padding, which every consumer masks
   narrow_linear
               the stacked agents' Q head (A outputs) with its weight gradient as (g^T x)^T, the fast
               layout on CPU for few outputs.
@@ -193,6 +197,176 @@ def fused_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: tor
     _gru_steps(gi, w_hh, b_hh, h0, hs, None)
     POOL.give(gi)
     return hs
+
+
+# --------------------------------------------------------------------------------------------
+# Packed unroll: the agents over an episode batch's real observations only
+
+
+class Packing:
+    """Which rows of an episode batch an unroll needs, in PackedSequence order. Episode b of length
+    len_b has real observations at indices 0..len_b (index len_b is the final next observation);
+    later indices are padding, whose outputs every consumer masks. With the episodes sorted by length
+    (longest first, ties in batch order), the episodes still running at step t are a prefix, so step t
+    is one contiguous block of `rows[t]` = (episodes with len ≥ t) x n agent rows starting at
+    `offsets[t]`, and its previous hidden states are the first rows[t] rows of step t − 1's block.
+
+    index [P]   packed row -> its row in the batch-major flat layout [B·L·n] (b, t, agent)
+    h_prev [P − rows[0]]
+                packed rows of steps 1.. -> the packed row of the same agent one step earlier
+    On smax-2s3z medium a batch of 128 episodes pads to ~109 observations but holds ~69 on average:
+    the packed unroll does ~63 % of the padded one's work."""
+
+    def __init__(self, lengths: torch.Tensor, L: int, n: int) -> None:
+        lens = lengths.to("cpu", torch.int64)
+        order = torch.sort(-lens, stable=True).indices
+        counts = [int((lens >= t).sum()) for t in range(L)]  # episodes alive at step t (non-increasing)
+        self.rows = [c * n for c in counts]
+        self.offsets = [0]
+        for r in self.rows[:-1]:
+            self.offsets.append(self.offsets[-1] + r)
+        self.total = self.offsets[-1] + self.rows[-1]
+        agent = torch.arange(n)
+        idx, prev = [], []
+        for t, c in enumerate(counts):
+            idx.append(((order[:c, None] * L + t) * n + agent).reshape(-1))
+            if t > 0:
+                prev.append(torch.arange(self.offsets[t - 1], self.offsets[t - 1] + self.rows[t]))
+        dev = lengths.device
+        self.index = torch.cat(idx).to(dev)
+        self.h_prev = (torch.cat(prev) if prev else torch.zeros(0, dtype=torch.int64)).to(dev)
+        self.uniform = all(r == self.rows[0] for r in self.rows)
+
+
+def _packed_gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, hs: torch.Tensor,
+                      gates: torch.Tensor | None, pk: Packing) -> None:
+    """`_gru_steps` on packed rows: gi [E, P, 3H] -> hs [E, P, H] (and the gates [E, P, 4H]), step t on
+    rows offsets[t] .. offsets[t] + rows[t], from a zero state."""
+    E, P, H3 = gi.shape
+    H = H3 // 3
+    tmp = None if gates is not None else hs.new_empty(E, pk.rows[0], 4 * H)
+    h = hs.new_zeros(E, pk.rows[0], H)
+    for t, (o, k) in enumerate(zip(pk.offsets, pk.rows)):
+        g = gates[:, o:o + k] if gates is not None else tmp[:, :k]
+        h = h[:, :k]  # the episodes still running: a prefix of the previous step's rows
+        torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])
+        rz = g[..., :2 * H]
+        torch.add(gi[:, o:o + k, :2 * H], rz, out=rz).sigmoid_()
+        n = g[..., 3 * H:]
+        _tanh_(torch.addcmul(gi[:, o:o + k, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n))
+        torch.lerp(n, h, rz[..., H:], out=hs[:, o:o + k])
+        h = hs[:, o:o + k]
+
+
+class _PackedGRU(torch.autograd.Function):
+    """`_GRU` on packed rows (see `Packing`), from a zero hidden state."""
+
+    @staticmethod
+    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, pk):
+        E, P, _ = x.shape
+        H = w_hh.shape[1]
+        gi = POOL.take((E, P, 3 * H), x)
+        torch.baddbmm(b_ih, x, w_ih, out=gi)
+        gates = POOL.take((E, P, 4 * H), x)
+        hs = x.new_empty(E, P, H)
+        _packed_gru_steps(gi, w_hh, b_hh, hs, gates, pk)
+        ctx.save_for_backward(x, w_ih, w_hh, hs)
+        ctx.bufs, ctx.pk = [gi, gates], pk
+        return hs
+
+    @staticmethod
+    def backward(ctx, dhs):
+        if ctx.bufs is None:
+            raise RuntimeError("fused_gru frees its buffers in backward: no retain_graph")
+        x, w_ih, w_hh, hs = ctx.saved_tensors
+        (dgi, gates), pk = ctx.bufs, ctx.pk
+        ctx.bufs = None
+        E, P, H = hs.shape
+        dhs = dhs.contiguous()
+        dghn = POOL.take((E, P, H), hs)
+        wt_rz = w_hh[..., :2 * H].transpose(1, 2).contiguous()
+        wt_n = w_hh[..., 2 * H:].transpose(1, 2).contiguous()
+        N = pk.rows[0]
+        dh, dn = hs.new_empty(E, N, H), hs.new_empty(E, N, H)
+        drz = hs.new_empty(E, N, 2 * H)
+        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1 (zero for ended episodes)
+        zeros = hs.new_zeros(E, N, H)
+        live = 0  # rows of dh_rec written by step t+1
+        for t in range(len(pk.rows) - 1, -1, -1):
+            o, k = pk.offsets[t], pk.rows[t]
+            dh_rec[:, live:k].zero_()  # episodes whose last step is t: nothing comes back from t+1
+            g = gates[:, o:o + k]
+            r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
+            h_prev = hs[:, pk.offsets[t - 1]:pk.offsets[t - 1] + k] if t > 0 else zeros[:, :k]
+            dh_k, dn_k, drz_k, rec = dh[:, :k], dn[:, :k], drz[:, :k], dh_rec[:, :k]
+            torch.add(dhs[:, o:o + k], rec, out=dh_k)
+            torch.sub(h_prev, n, out=drz_k[..., H:]).mul_(dh_k)
+            torch.mul(dh_k, z, out=rec)
+            torch.sub(dh_k, rec, out=dn_k)
+            dn_pre = dgi[:, o:o + k, 2 * H:]
+            torch.ops.aten.tanh_backward.grad_input(dn_k, n, grad_input=dn_pre)
+            torch.mul(dn_pre, ghn, out=drz_k[..., :H])
+            drz_pre = dgi[:, o:o + k, :2 * H]
+            torch.ops.aten.sigmoid_backward.grad_input(drz_k, g[..., :2 * H], grad_input=drz_pre)
+            torch.mul(dn_pre, r, out=dghn[:, o:o + k])
+            rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, o:o + k], wt_n)
+            live = k
+        dx = dw_ih = db_ih = dw_hh = db_hh = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.bmm(dgi, w_ih.transpose(1, 2))
+        if ctx.needs_input_grad[1]:
+            dw_ih = torch.bmm(x.transpose(1, 2), dgi)
+        if ctx.needs_input_grad[2]:
+            db_ih = dgi.sum(1, keepdim=True)
+        if ctx.needs_input_grad[3]:  # steps 1..: previous hidden states gathered into packed order
+            h_prev = hs.index_select(1, pk.h_prev).transpose(1, 2)
+            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, N:, :2 * H]), torch.bmm(h_prev, dghn[:, N:])], -1)
+        if ctx.needs_input_grad[4]:
+            db_hh = torch.cat([dgi[..., :2 * H].sum(1, keepdim=True), dghn.sum(1, keepdim=True)], -1)
+        POOL.give(dgi, gates, dghn)
+        return dx, dw_ih, db_ih, dw_hh, db_hh, None
+
+
+def packed_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
+               pk: Packing) -> torch.Tensor:
+    """E GRUs over packed rows x [E, P, In] (see `Packing`) from zero states -> hidden states [E, P, H]."""
+    E, P, _ = x.shape
+    H = w_hh.shape[1]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh)):
+        return _PackedGRU.apply(x, w_ih, b_ih, w_hh, b_hh, pk)
+    gi = POOL.take((E, P, 3 * H), x)
+    torch.baddbmm(b_ih, x, w_ih, out=gi)
+    hs = x.new_empty(E, P, H)
+    _packed_gru_steps(gi, w_hh, b_hh, hs, None, pk)
+    POOL.give(gi)
+    return hs
+
+
+def packed_inputs(obs: torch.Tensor, last_onehot: torch.Tensor, pk: Packing) -> torch.Tensor:
+    """The agents' inputs obs ⊕ one-hot(last action) ⊕ one-hot(agent id) at the packed rows: [P, in]
+    (from obs [B, L, n, o], last_onehot [B, L, n, A])."""
+    n = obs.shape[2]
+    eye = torch.eye(n, device=obs.device, dtype=obs.dtype).repeat(pk.total // n, 1)
+    return torch.cat([obs.reshape(-1, obs.shape[-1]).index_select(0, pk.index),
+                      last_onehot.reshape(-1, last_onehot.shape[-1]).index_select(0, pk.index), eye], -1)
+
+
+def packed_agent_unroll(obs: torch.Tensor, last_onehot: torch.Tensor, lengths: torch.Tensor,
+                        fc1_w: torch.Tensor, fc1_b: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor,
+                        w_hh: torch.Tensor, b_hh: torch.Tensor, fc2_w: torch.Tensor,
+                        fc2_b: torch.Tensor) -> torch.Tensor:
+    """E GRU agents (fc1 -> ReLU -> GRU -> fc2, weights stacked [E, ...] as in StackedRNNAgent) over an
+    episode batch from zero states, computed on the real observations only (`Packing`): outputs
+    [E, B, L, n, A], zeros at the padded indices (index > the episode's length)."""
+    B, L, n, _ = obs.shape
+    E, A = fc1_w.shape[0], fc2_w.shape[-1]
+    pk = Packing(lengths, L, n)
+    x = packed_inputs(obs, last_onehot, pk)  # [P, in]
+    x = F.relu_(torch.baddbmm(fc1_b, x.expand(E, -1, -1), fc1_w))
+    y = packed_gru(x, w_ih, b_ih, w_hh, b_hh, pk)  # [E, P, H]
+    out = narrow_linear(y, fc2_w, fc2_b)  # [E, P, A]
+    full = out.new_zeros(E, B * L * n, A).index_copy(1, pk.index, out)
+    return full.view(E, B, L, n, A)
 
 
 class _NarrowLinear(torch.autograd.Function):

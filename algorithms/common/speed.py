@@ -56,9 +56,26 @@ def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, dev
     return EpisodeSampler(arrays, seed, device)
 
 
+# Episodes that episode-batch algorithms time on instead of synthetic full-length ones
+# (`bench-speed --episodes-from FILE`): a dataset's arrays, so batches have its episodes' real lengths.
+_EPISODE_ARRAYS: dict[str, Any] | None = None
+
+
+def time_on_dataset_episodes(arrays: dict[str, Any] | None) -> None:
+    """Episode-batch algorithms time on these dataset arrays (None: synthetic episodes, every one of the
+    task's full episode limit, the worst case)."""
+    global _EPISODE_ARRAYS
+    _EPISODE_ARRAYS = arrays
+
+
 def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
-    """SyntheticBuffer (transitions) or synthetic episodes, as the algorithm's batch_kind asks."""
+    """SyntheticBuffer (transitions) or episodes (synthetic, or a dataset's: `time_on_dataset_episodes`),
+    as the algorithm's batch_kind asks."""
     if batch_kind(cls) == "episodes":
+        if _EPISODE_ARRAYS is not None:
+            from plcql_bench.datasets.episodes import EpisodeSampler
+
+            return EpisodeSampler(_EPISODE_ARRAYS, seed, device)
         return synthetic_episodes(spec, max(8, min(128, size // max(spec.episode_limit, 1))), seed, device)
     return SyntheticBuffer(spec, size, device, seed)
 
