@@ -596,8 +596,15 @@ class CFCQLBackbone:
         if self.mixers.fused:  # mixer, λ and logsumexp in one cache-blocked pass (kernels_discrete.cf_negative)
             E, B, T, n, A = q.shape
             parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w, pre)
-            neg, lam = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch),
-                                        self.cfg.softmax_temp, E)
+            # on the real steps only (the padding is masked out of the penalty): rows e·M + m -> e·M' + m'
+            real = batch.mask.reshape(-1).nonzero()[:, 0]  # [M']
+            parts = [x.view(E, B * T, *x.shape[1:]).index_select(1, real).flatten(0, 1) for x in parts]
+            logbeta = self.behaviour_logprob(batch)
+            neg_r, lam_r = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A).index_select(0, real),
+                                            None if logbeta is None else logbeta.index_select(0, real),
+                                            self.cfg.softmax_temp, E)
+            neg = neg_r.new_zeros(E, B * T).index_copy(1, real, neg_r.view(E, -1))
+            lam = lam_r.new_zeros(E, B * T, n).index_copy(1, real, lam_r.view(E, -1, n))
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
         cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t], w)  # [E, B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)
