@@ -170,7 +170,10 @@ ENSEMBLE = {"n_critics": 3}
 
 
 @pytest.mark.parametrize("name,temp", [("cfcql", 1.0), ("cfcql", 100.0), ("macql", 1.0), ("spacql", 1.0),
-                                       ("plcql", 1.0), ("plcql", 0.0), ("plcql-lcb", 1.0)])
+                                       ("plcql", 1.0), ("plcql", 0.0), ("plcql-lcb", 1.0),
+                                       # the GRU-agent baselines: fused = the packed unroll (zeros on padding)
+                                       ("bc", 1.0), ("iql", 1.0), ("awac", 1.0), ("maicq", 1.0), ("omar", 1.0),
+                                       ("madtkd", 1.0)])
 def test_update_rounds_match_the_plain_kernels(name, temp, monkeypatch):
     """Three update rounds from the same seed: fused and plain give the same parameters (Adam, clipping,
     target copies and the random draws all included) and the same metrics, within float32 tolerance."""
