@@ -413,7 +413,7 @@ def test_packing_rows_of_a_ragged_batch():
     for p, q in enumerate(pk.h_prev.tolist(), start=8):  # steps 1..: same episode and agent, one step earlier
         (b, t, a), (b2, t2, a2) = rows[p], rows[q]
         assert (b2, t2, a2) == (b, t - 1, a)
-    assert not pk.uniform and fast.Packing(torch.tensor([2, 2]), L=3, n=2).uniform
+    assert fast.has_padding(torch.tensor([1, 3, 1, 2]), 4) and not fast.has_padding(torch.tensor([2, 2]), 3)
 
 
 @pytest.mark.parametrize("lens", [(5, 2, 4, 1, 3, 5, 2, 4), (5, 5, 5)], ids=["ragged", "full"])

@@ -195,9 +195,10 @@ class RNNAgent(nn.Module):
     def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
         """Outputs at every observation of the episodes, from a zero hidden state: [B, T+1, n, A]. The
         fused path computes the real observations only (kernels_discrete.packed_agent_unroll) and
-        returns zeros at the padded indices, which every consumer masks."""
+        returns zeros at the padded indices, which every consumer masks; a batch without padding (every
+        episode as long as the longest) takes the unpacked fused path, which is then the same work."""
         last = last_action_onehot(batch.actions, self.n_actions)
-        if self.fused:
+        if self.fused and fast.has_padding(batch.lengths, batch.obs.shape[1]):
             rnn = self.rnn
             return fast.packed_agent_unroll(
                 batch.obs, last, batch.lengths, self.fc1.weight.t()[None], self.fc1.bias[None, None],

@@ -215,9 +215,10 @@ class StackedRNNAgent(nn.Module):
     def unroll(self, batch: EpisodeBatch) -> torch.Tensor:
         """[E, B, T+1, n, A] from zero hidden states. The fused path computes the real observations only
         (kernels_discrete.packed_agent_unroll) and returns zeros at the padded indices, which every
-        consumer masks; the plain path computes the padding too."""
+        consumer masks (a batch without padding takes the unpacked fused path); the plain path computes
+        the padding too."""
         last = last_action_onehot(batch.actions, self.n_actions)
-        if self.fused:
+        if self.fused and fast.has_padding(batch.lengths, batch.obs.shape[1]):
             return fast.packed_agent_unroll(batch.obs, last, batch.lengths, self.fc1_w, self.fc1_b, self.w_ih,
                                             self.b_ih, self.w_hh, self.b_hh, self.fc2_w, self.fc2_b)
         return self(batch.obs, last)[0]
@@ -598,9 +599,12 @@ class CFCQLBackbone:
             parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w, pre)
             # on the real steps only (the padding is masked out of the penalty): rows e·M + m -> e·M' + m'
             real = batch.mask.reshape(-1).nonzero()[:, 0]  # [M']
+            avail, logbeta = batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch)
+            if len(real) == B * T:  # no padding: nothing to select
+                neg, lam = fast.cf_negative(*parts, avail, logbeta, self.cfg.softmax_temp, E)
+                return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
             parts = [x.view(E, B * T, *x.shape[1:]).index_select(1, real).flatten(0, 1) for x in parts]
-            logbeta = self.behaviour_logprob(batch)
-            neg_r, lam_r = fast.cf_negative(*parts, batch.avail[:, :T].reshape(B * T, n, A).index_select(0, real),
+            neg_r, lam_r = fast.cf_negative(*parts, avail.index_select(0, real),
                                             None if logbeta is None else logbeta.index_select(0, real),
                                             self.cfg.softmax_temp, E)
             neg = neg_r.new_zeros(E, B * T).index_copy(1, real, neg_r.view(E, -1))

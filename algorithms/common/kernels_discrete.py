@@ -235,7 +235,6 @@ class Packing:
         dev = lengths.device
         self.index = torch.cat(idx).to(dev)
         self.h_prev = (torch.cat(prev) if prev else torch.zeros(0, dtype=torch.int64)).to(dev)
-        self.uniform = all(r == self.rows[0] for r in self.rows)
 
 
 def _packed_gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, hs: torch.Tensor,
@@ -349,6 +348,13 @@ def packed_inputs(obs: torch.Tensor, last_onehot: torch.Tensor, pk: Packing) -> 
     eye = torch.eye(n, device=obs.device, dtype=obs.dtype).repeat(pk.total // n, 1)
     return torch.cat([obs.reshape(-1, obs.shape[-1]).index_select(0, pk.index),
                       last_onehot.reshape(-1, last_onehot.shape[-1]).index_select(0, pk.index), eye], -1)
+
+
+def has_padding(lengths: torch.Tensor, L: int) -> bool:
+    """Whether a batch of episodes of these lengths, padded to L observations, has padded indices
+    (an episode of length len has real observations 0..len). Without padding the packed unroll does
+    the same work as the unpacked one plus its gathers, so the unroll takes the unpacked path."""
+    return bool((lengths < L - 1).any())
 
 
 def packed_agent_unroll(obs: torch.Tensor, last_onehot: torch.Tensor, lengths: torch.Tensor,
