@@ -17,8 +17,9 @@ in page by page (the allocator setting below).
               and gradient buffers come from a pool kept across rounds (no page faults).
   packed_agent_unroll
               an episode batch's unroll over its real observations only (PackedSequence order, the
-              episodes sorted by length; `Packing`, `packed_gru`): ~63 % of the padded rows on 2s3z
-              medium; zeros on the padding, which every consumer masks
+              episodes sorted by length; `Packing`, `packed_gru`: the same GRU kernel, whose padded
+              case is fused_gru): ~63 % of the padded rows on 2s3z medium; zeros on the padding,
+              which every consumer masks
   narrow_linear
               the stacked agents' Q head (A outputs) with its weight gradient as (g^T x)^T, the fast
               layout on CPU for few outputs.
@@ -93,39 +94,41 @@ def _tanh_(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor | None,
-               hs: torch.Tensor, gates: torch.Tensor | None) -> None:
-    """The recurrence (nn.GRU's equations, gate order r, z, n) over gi [E, L, N, 3H] (input
-    projections with b_ih), writing hs [E, L, N, H]; with `gates` [E, L, N, 4H] it keeps, per step,
-    r, z, the hidden projection's n part W_hn h + b_hn and n (in that order) for the backward pass.
-    The hidden projection is written straight into the step's gate row (no copy): its r and z parts
-    are then overwritten by the gates."""
-    E, L, N, H3 = gi.shape
+               hs: torch.Tensor, gates: torch.Tensor | None, pk: "Packing") -> None:
+    """The recurrence (nn.GRU's equations, gate order r, z, n) over the rows of `pk` (step t = rows
+    offsets[t] .. offsets[t] + rows[t]): gi [E, P, 3H] (input projections with b_ih) -> hs [E, P, H];
+    with `gates` [E, P, 4H] it keeps, per row, r, z, the hidden projection's n part W_hn h + b_hn and
+    n (in that order) for the backward pass. The hidden projection is written straight into the step's
+    gate rows (no copy): its r and z parts are then overwritten by the gates. h0 [E, rows[0], H] or None
+    (zeros)."""
+    E, P, H3 = gi.shape
     H = H3 // 3
-    tmp = None if gates is not None else hs.new_empty(E, N, 4 * H)
-    h = h0 if h0 is not None else hs.new_zeros(E, N, H)
-    for t in range(L):
-        g = gates[:, t] if gates is not None else tmp
+    tmp = None if gates is not None else hs.new_empty(E, pk.rows[0], 4 * H)
+    h = h0 if h0 is not None else hs.new_zeros(E, pk.rows[0], H)
+    for o, k in zip(pk.offsets, pk.rows):
+        g = gates[:, o:o + k] if gates is not None else tmp[:, :k]
+        h = h[:, :k]  # the rows still running: a prefix of the previous step's rows
         torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])  # W_hh h + b_hh: [gh_r, gh_z, gh_n]
         rz = g[..., :2 * H]
-        torch.add(gi[:, t, :, :2 * H], rz, out=rz).sigmoid_()
+        torch.add(gi[:, o:o + k, :2 * H], rz, out=rz).sigmoid_()
         n = g[..., 3 * H:]
-        _tanh_(torch.addcmul(gi[:, t, :, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n))
-        torch.lerp(n, h, rz[..., H:], out=hs[:, t])  # (1 - z)·n + z·h
-        h = hs[:, t]
+        _tanh_(torch.addcmul(gi[:, o:o + k, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n))
+        torch.lerp(n, h, rz[..., H:], out=hs[:, o:o + k])  # (1 - z)·n + z·h
+        h = hs[:, o:o + k]
 
 
 class _GRU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, h0, L):
-        E, LN, _ = x.shape
-        H, N = w_hh.shape[1], LN // L
-        gi = POOL.take((E, L, N, 3 * H), x)
-        torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
-        gates = POOL.take((E, L, N, 4 * H), x)
-        hs = x.new_empty(E, L, N, H)
-        _gru_steps(gi, w_hh, b_hh, h0, hs, gates)
+    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, h0, pk):
+        E, P, _ = x.shape
+        H = w_hh.shape[1]
+        gi = POOL.take((E, P, 3 * H), x)
+        torch.baddbmm(b_ih, x, w_ih, out=gi)
+        gates = POOL.take((E, P, 4 * H), x)
+        hs = x.new_empty(E, P, H)
+        _gru_steps(gi, w_hh, b_hh, h0, hs, gates, pk)
         ctx.save_for_backward(x, w_ih, w_hh, hs, h0)
-        ctx.bufs = [gi, gates]  # gi's buffer holds d gi in backward
+        ctx.bufs, ctx.pk = [gi, gates], pk  # gi's buffer holds d gi in backward
         return hs
 
     @staticmethod
@@ -133,70 +136,87 @@ class _GRU(torch.autograd.Function):
         if ctx.bufs is None:
             raise RuntimeError("fused_gru frees its buffers in backward: no retain_graph")
         x, w_ih, w_hh, hs, h0 = ctx.saved_tensors
-        dgi, gates = ctx.bufs
+        (dgi, gates), pk = ctx.bufs, ctx.pk
         ctx.bufs = None
-        E, L, N, H = hs.shape
-        dghn = POOL.take((E, L, N, H), hs)  # d(W_hn h + b_hn) = d n_pre · r
+        E, P, H = hs.shape
+        N = pk.rows[0]
+        dhs = dhs.contiguous()
+        dghn = POOL.take((E, P, H), hs)  # d(W_hn h + b_hn) = d n_pre · r
         wt_rz = w_hh[..., :2 * H].transpose(1, 2).contiguous()  # [E, 2H, H]
         wt_n = w_hh[..., 2 * H:].transpose(1, 2).contiguous()  # [E, H, H]
         dh, dn = hs.new_empty(E, N, H), hs.new_empty(E, N, H)
         drz = hs.new_empty(E, N, 2 * H)
-        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1
-        zeros = hs.new_zeros(E, N, H) if h0 is None else None
-        for t in range(L - 1, -1, -1):
-            g = gates[:, t]
+        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1 (zero for rows that ended)
+        start = h0 if h0 is not None else hs.new_zeros(E, N, H)
+        for t in range(len(pk.rows) - 1, -1, -1):
+            o, k = pk.offsets[t], pk.rows[t]
+            g = gates[:, o:o + k]
             r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
-            h_prev = hs[:, t - 1] if t > 0 else (h0 if h0 is not None else zeros)
-            torch.add(dhs[:, t], dh_rec, out=dh)
-            torch.sub(h_prev, n, out=drz[..., H:]).mul_(dh)  # dz = dh·(h_prev − n)
-            torch.mul(dh, z, out=dh_rec)  # the direct path z·h_prev
-            torch.sub(dh, dh_rec, out=dn)  # dn = dh·(1 − z)
-            dn_pre = dgi[:, t, :, 2 * H:]
-            torch.ops.aten.tanh_backward.grad_input(dn, n, grad_input=dn_pre)
-            torch.mul(dn_pre, ghn, out=drz[..., :H])  # dr
-            drz_pre = dgi[:, t, :, :2 * H]
-            torch.ops.aten.sigmoid_backward.grad_input(drz, g[..., :2 * H], grad_input=drz_pre)
-            torch.mul(dn_pre, r, out=dghn[:, t])
-            dh_rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, t], wt_n)
-        dgi_f, dghn_f = dgi.view(E, L * N, 3 * H), dghn.view(E, L * N, H)
+            h_prev = hs[:, pk.offsets[t - 1]:pk.offsets[t - 1] + k] if t > 0 else start[:, :k]
+            dh_k, dn_k, drz_k, rec = dh[:, :k], dn[:, :k], drz[:, :k], dh_rec[:, :k]
+            torch.add(dhs[:, o:o + k], rec, out=dh_k)
+            torch.sub(h_prev, n, out=drz_k[..., H:]).mul_(dh_k)  # dz = dh·(h_prev − n)
+            torch.mul(dh_k, z, out=rec)  # the direct path z·h_prev
+            torch.sub(dh_k, rec, out=dn_k)  # dn = dh·(1 − z)
+            dn_pre = dgi[:, o:o + k, 2 * H:]
+            torch.ops.aten.tanh_backward.grad_input(dn_k, n, grad_input=dn_pre)
+            torch.mul(dn_pre, ghn, out=drz_k[..., :H])  # dr
+            drz_pre = dgi[:, o:o + k, :2 * H]
+            torch.ops.aten.sigmoid_backward.grad_input(drz_k, g[..., :2 * H], grad_input=drz_pre)
+            torch.mul(dn_pre, r, out=dghn[:, o:o + k])
+            rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, o:o + k], wt_n)
         dx = dw_ih = db_ih = dw_hh = db_hh = dh0 = None
         if ctx.needs_input_grad[0]:
-            dx = torch.bmm(dgi_f, w_ih.transpose(1, 2))
+            dx = torch.bmm(dgi, w_ih.transpose(1, 2))
         if ctx.needs_input_grad[1]:
-            dw_ih = torch.bmm(x.transpose(1, 2), dgi_f)
+            dw_ih = torch.bmm(x.transpose(1, 2), dgi)
         if ctx.needs_input_grad[2]:
-            db_ih = dgi_f.sum(1, keepdim=True)
-        if ctx.needs_input_grad[3]:
-            h_prev = hs[:, :L - 1].reshape(E, (L - 1) * N, H).transpose(1, 2)  # h_0 .. h_{L-2}: steps 1..L-1
-            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, 1:].reshape(E, (L - 1) * N, 3 * H)[..., :2 * H]),
-                               torch.bmm(h_prev, dghn[:, 1:].reshape(E, (L - 1) * N, H))], -1)
+            db_ih = dgi.sum(1, keepdim=True)
+        if ctx.needs_input_grad[3]:  # steps 1..: their previous hidden states, in step order
+            h_prev = (hs[:, :P - N] if pk.h_prev is None else hs.index_select(1, pk.h_prev)).transpose(1, 2)
+            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, N:, :2 * H]), torch.bmm(h_prev, dghn[:, N:])], -1)
             if h0 is not None:  # step 0 starts from h0
-                dw_hh += torch.cat([torch.bmm(h0.transpose(1, 2), dgi[:, 0, :, :2 * H]),
-                                    torch.bmm(h0.transpose(1, 2), dghn[:, 0])], -1)
+                dw_hh += torch.cat([torch.bmm(h0.transpose(1, 2), dgi[:, :N, :2 * H]),
+                                    torch.bmm(h0.transpose(1, 2), dghn[:, :N])], -1)
         if ctx.needs_input_grad[4]:
-            db_hh = torch.cat([dgi_f[..., :2 * H].sum(1, keepdim=True), dghn_f.sum(1, keepdim=True)], -1)
+            db_hh = torch.cat([dgi[..., :2 * H].sum(1, keepdim=True), dghn.sum(1, keepdim=True)], -1)
         if ctx.needs_input_grad[5]:
             dh0 = dh_rec
         POOL.give(dgi, gates, dghn)
         return dx, dw_ih, db_ih, dw_hh, db_hh, dh0, None
 
 
+def _gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
+         h0: torch.Tensor | None, pk: "Packing") -> torch.Tensor:
+    """E GRUs (weights stacked on a leading member axis) over the rows of `pk`: x [E, P, In] ->
+    hidden states [E, P, H] (w_ih [E, In, 3H], b_ih [E, 1, 3H], w_hh [E, H, 3H], b_hh [E, 1, 3H],
+    h0 [E, rows[0], H] or None: zeros)."""
+    E, P, _ = x.shape
+    H = w_hh.shape[1]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh, h0)):
+        return _GRU.apply(x, w_ih, b_ih, w_hh, b_hh, h0, pk)
+    gi = POOL.take((E, P, 3 * H), x)
+    torch.baddbmm(b_ih, x, w_ih, out=gi)
+    hs = x.new_empty(E, P, H)
+    _gru_steps(gi, w_hh, b_hh, h0, hs, None, pk)
+    POOL.give(gi)
+    return hs
+
+
 def fused_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
               h0: torch.Tensor | None, steps: int) -> torch.Tensor:
-    """E GRUs (weights stacked on a leading member axis) over `steps` time steps.
+    """E GRUs over `steps` time steps of N rows each (the padded layout).
 
     x [E, L·N, In] time-major rows (step t = rows t·N .. t·N+N−1), w_ih [E, In, 3H], b_ih [E, 1, 3H],
     w_hh [E, H, 3H], b_hh [E, 1, 3H], h0 [E, N, H] or None (zeros) -> hidden states [E, L, N, H]."""
     E, LN, _ = x.shape
-    H = w_hh.shape[1]
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh, h0)):
-        return _GRU.apply(x, w_ih, b_ih, w_hh, b_hh, h0, steps)
-    gi = POOL.take((E, steps, LN // steps, 3 * H), x)
-    torch.baddbmm(b_ih, x, w_ih, out=gi.view(E, LN, 3 * H))
-    hs = x.new_empty(E, steps, LN // steps, H)
-    _gru_steps(gi, w_hh, b_hh, h0, hs, None)
-    POOL.give(gi)
-    return hs
+    return _gru(x, w_ih, b_ih, w_hh, b_hh, h0, Packing.full(steps, LN // steps)).view(E, steps, LN // steps, -1)
+
+
+def packed_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
+               pk: "Packing") -> torch.Tensor:
+    """E GRUs over packed rows x [E, P, In] (see `Packing`) from zero states -> hidden states [E, P, H]."""
+    return _gru(x, w_ih, b_ih, w_hh, b_hh, None, pk)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +234,7 @@ class Packing:
     index [P]   packed row -> its row in the batch-major flat layout [B·L·n] (b, t, agent)
     h_prev [P − rows[0]]
                 packed rows of steps 1.. -> the packed row of the same agent one step earlier
+                (None for `Packing.full`, the padded layout, where that is row p − N)
     On smax-2s3z medium a batch of 128 episodes pads to ~109 observations but holds ~69 on average:
     the packed unroll does ~63 % of the padded one's work."""
 
@@ -236,109 +257,13 @@ class Packing:
         self.index = torch.cat(idx).to(dev)
         self.h_prev = (torch.cat(prev) if prev else torch.zeros(0, dtype=torch.int64)).to(dev)
 
-
-def _packed_gru_steps(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, hs: torch.Tensor,
-                      gates: torch.Tensor | None, pk: Packing) -> None:
-    """`_gru_steps` on packed rows: gi [E, P, 3H] -> hs [E, P, H] (and the gates [E, P, 4H]), step t on
-    rows offsets[t] .. offsets[t] + rows[t], from a zero state."""
-    E, P, H3 = gi.shape
-    H = H3 // 3
-    tmp = None if gates is not None else hs.new_empty(E, pk.rows[0], 4 * H)
-    h = hs.new_zeros(E, pk.rows[0], H)
-    for t, (o, k) in enumerate(zip(pk.offsets, pk.rows)):
-        g = gates[:, o:o + k] if gates is not None else tmp[:, :k]
-        h = h[:, :k]  # the episodes still running: a prefix of the previous step's rows
-        torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])
-        rz = g[..., :2 * H]
-        torch.add(gi[:, o:o + k, :2 * H], rz, out=rz).sigmoid_()
-        n = g[..., 3 * H:]
-        _tanh_(torch.addcmul(gi[:, o:o + k, 2 * H:], rz[..., :H], g[..., 2 * H:3 * H], out=n))
-        torch.lerp(n, h, rz[..., H:], out=hs[:, o:o + k])
-        h = hs[:, o:o + k]
-
-
-class _PackedGRU(torch.autograd.Function):
-    """`_GRU` on packed rows (see `Packing`), from a zero hidden state."""
-
-    @staticmethod
-    def forward(ctx, x, w_ih, b_ih, w_hh, b_hh, pk):
-        E, P, _ = x.shape
-        H = w_hh.shape[1]
-        gi = POOL.take((E, P, 3 * H), x)
-        torch.baddbmm(b_ih, x, w_ih, out=gi)
-        gates = POOL.take((E, P, 4 * H), x)
-        hs = x.new_empty(E, P, H)
-        _packed_gru_steps(gi, w_hh, b_hh, hs, gates, pk)
-        ctx.save_for_backward(x, w_ih, w_hh, hs)
-        ctx.bufs, ctx.pk = [gi, gates], pk
-        return hs
-
-    @staticmethod
-    def backward(ctx, dhs):
-        if ctx.bufs is None:
-            raise RuntimeError("fused_gru frees its buffers in backward: no retain_graph")
-        x, w_ih, w_hh, hs = ctx.saved_tensors
-        (dgi, gates), pk = ctx.bufs, ctx.pk
-        ctx.bufs = None
-        E, P, H = hs.shape
-        dhs = dhs.contiguous()
-        dghn = POOL.take((E, P, H), hs)
-        wt_rz = w_hh[..., :2 * H].transpose(1, 2).contiguous()
-        wt_n = w_hh[..., 2 * H:].transpose(1, 2).contiguous()
-        N = pk.rows[0]
-        dh, dn = hs.new_empty(E, N, H), hs.new_empty(E, N, H)
-        drz = hs.new_empty(E, N, 2 * H)
-        dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1 (zero for ended episodes)
-        zeros = hs.new_zeros(E, N, H)
-        live = 0  # rows of dh_rec written by step t+1
-        for t in range(len(pk.rows) - 1, -1, -1):
-            o, k = pk.offsets[t], pk.rows[t]
-            dh_rec[:, live:k].zero_()  # episodes whose last step is t: nothing comes back from t+1
-            g = gates[:, o:o + k]
-            r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
-            h_prev = hs[:, pk.offsets[t - 1]:pk.offsets[t - 1] + k] if t > 0 else zeros[:, :k]
-            dh_k, dn_k, drz_k, rec = dh[:, :k], dn[:, :k], drz[:, :k], dh_rec[:, :k]
-            torch.add(dhs[:, o:o + k], rec, out=dh_k)
-            torch.sub(h_prev, n, out=drz_k[..., H:]).mul_(dh_k)
-            torch.mul(dh_k, z, out=rec)
-            torch.sub(dh_k, rec, out=dn_k)
-            dn_pre = dgi[:, o:o + k, 2 * H:]
-            torch.ops.aten.tanh_backward.grad_input(dn_k, n, grad_input=dn_pre)
-            torch.mul(dn_pre, ghn, out=drz_k[..., :H])
-            drz_pre = dgi[:, o:o + k, :2 * H]
-            torch.ops.aten.sigmoid_backward.grad_input(drz_k, g[..., :2 * H], grad_input=drz_pre)
-            torch.mul(dn_pre, r, out=dghn[:, o:o + k])
-            rec.baddbmm_(drz_pre, wt_rz).baddbmm_(dghn[:, o:o + k], wt_n)
-            live = k
-        dx = dw_ih = db_ih = dw_hh = db_hh = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.bmm(dgi, w_ih.transpose(1, 2))
-        if ctx.needs_input_grad[1]:
-            dw_ih = torch.bmm(x.transpose(1, 2), dgi)
-        if ctx.needs_input_grad[2]:
-            db_ih = dgi.sum(1, keepdim=True)
-        if ctx.needs_input_grad[3]:  # steps 1..: previous hidden states gathered into packed order
-            h_prev = hs.index_select(1, pk.h_prev).transpose(1, 2)
-            dw_hh = torch.cat([torch.bmm(h_prev, dgi[:, N:, :2 * H]), torch.bmm(h_prev, dghn[:, N:])], -1)
-        if ctx.needs_input_grad[4]:
-            db_hh = torch.cat([dgi[..., :2 * H].sum(1, keepdim=True), dghn.sum(1, keepdim=True)], -1)
-        POOL.give(dgi, gates, dghn)
-        return dx, dw_ih, db_ih, dw_hh, db_hh, None
-
-
-def packed_gru(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor,
-               pk: Packing) -> torch.Tensor:
-    """E GRUs over packed rows x [E, P, In] (see `Packing`) from zero states -> hidden states [E, P, H]."""
-    E, P, _ = x.shape
-    H = w_hh.shape[1]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_ih, b_ih, w_hh, b_hh)):
-        return _PackedGRU.apply(x, w_ih, b_ih, w_hh, b_hh, pk)
-    gi = POOL.take((E, P, 3 * H), x)
-    torch.baddbmm(b_ih, x, w_ih, out=gi)
-    hs = x.new_empty(E, P, H)
-    _packed_gru_steps(gi, w_hh, b_hh, hs, None, pk)
-    POOL.give(gi)
-    return hs
+    @classmethod
+    def full(cls, L: int, N: int) -> "Packing":
+        """The padded layout: L steps of the same N rows (time-major rows t·N .. t·N + N − 1)."""
+        pk = cls.__new__(cls)
+        pk.rows, pk.offsets, pk.total = [N] * L, [t * N for t in range(L)], L * N
+        pk.index = pk.h_prev = None
+        return pk
 
 
 def packed_inputs(obs: torch.Tensor, last_onehot: torch.Tensor, pk: Packing) -> torch.Tensor:
