@@ -241,21 +241,18 @@ class Packing:
     def __init__(self, lengths: torch.Tensor, L: int, n: int) -> None:
         lens = lengths.to("cpu", torch.int64)
         order = torch.sort(-lens, stable=True).indices
-        counts = [int((lens >= t).sum()) for t in range(L)]  # episodes alive at step t (non-increasing)
-        self.rows = [c * n for c in counts]
-        self.offsets = [0]
-        for r in self.rows[:-1]:
-            self.offsets.append(self.offsets[-1] + r)
-        self.total = self.offsets[-1] + self.rows[-1]
+        alive = lens[order][None, :] >= torch.arange(L)[:, None]  # [L, B]: sorted episode j still running at t
+        counts = alive.sum(1)  # non-increasing
+        starts = torch.cumsum(counts, 0) - counts  # first (t, j) pair of each step
+        self.rows = (counts * n).tolist()
+        self.offsets = (starts * n).tolist()
+        self.total = int(counts.sum()) * n
+        t, j = alive.nonzero(as_tuple=True)  # the (step, sorted episode) pairs in packed order
         agent = torch.arange(n)
-        idx, prev = [], []
-        for t, c in enumerate(counts):
-            idx.append(((order[:c, None] * L + t) * n + agent).reshape(-1))
-            if t > 0:
-                prev.append(torch.arange(self.offsets[t - 1], self.offsets[t - 1] + self.rows[t]))
-        dev = lengths.device
-        self.index = torch.cat(idx).to(dev)
-        self.h_prev = (torch.cat(prev) if prev else torch.zeros(0, dtype=torch.int64)).to(dev)
+        self.index = ((order[j, None] * L + t[:, None]) * n + agent).reshape(-1).to(lengths.device)
+        later = t > 0  # the same agent's row one step earlier: step t − 1's block, same j
+        prev = (starts[t[later] - 1, None] + j[later, None]) * n + agent
+        self.h_prev = prev.reshape(-1).to(lengths.device)
 
     @classmethod
     def full(cls, L: int, N: int) -> "Packing":
