@@ -28,7 +28,10 @@
 # rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log, e.g.
 #   STACK=8 STACK_ROUNDS=10 STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 \
 #     plcql:mamujoco-halfcheetah-2x3" LIMIT=60 GPU_ONLY=... bash ci/gpu_loan.sh   (~4 device-minutes)
-# Check it here on CPU with a tiny budget: DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out bash ci/gpu_loan.sh
+# Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
+#   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
+#   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
+#   bash ci/gpu_loan.sh          (checked 2026-11-27: 3 runs trained and packed in 18 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
