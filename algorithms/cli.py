@@ -79,6 +79,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     episodes_note = use_dataset_episodes(episodes_from, tasks)
     if episodes_note:
         click.echo(episodes_note)
+    elif any(get_task(t).spec.discrete for t in tasks):
+        click.echo("# episode batches: synthetic episodes, every one as long as the task's episode limit (the "
+                   "worst case; --episodes-from FILE times a dataset's own episode lengths)")
     rate = None
     if floor:
         rate = matmul_rate(device, clock)
