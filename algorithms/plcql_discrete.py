@@ -95,7 +95,8 @@ class PLCQLDiscrete(DiscreteAlgorithm):
         """y [B, T]: TD(λ) over min_j Qbar_tot,j(s_t', a'^(k)_t'); info carries k and a'^(k)."""
         info = self.par_joint_actions(batch, q_all)
         tq = self.backbone.unroll(batch, target=True)
-        v = self.backbone.member_q_tot(tq, info["joint"].unsqueeze(2), batch.state, target=True)[..., 0].min(0).values
+        v = self.backbone.member_q_tot(tq, info["joint"].unsqueeze(2), batch.state, target=True,
+                                       lengths=batch.lengths)[..., 0].min(0).values
         y = td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, self.cfg.gamma, self.cfg.td_lambda)
         info["stats"] = {"par/k_replaced": masked_mean(info["mask"].float().sum(-1), info["boot"])}
         return y, info

@@ -89,7 +89,7 @@ class SPaCQLDiscrete(DiscreteAlgorithm):
         joint, masks, boot = self.par_joint_actions(batch, q_all)
         with torch.no_grad():
             tq = self.backbone.unroll(batch, target=True)  # [E, B, T+1, n, A]
-            qk = self.backbone.member_q_tot(tq, joint, batch.state, target=True)  # [E, B, T+1, n_k]
+            qk = self.backbone.member_q_tot(tq, joint, batch.state, target=True, lengths=batch.lengths)  # [E, B, T+1, n_k]
             q_min = qk.min(0).values
         if c.uncertainty_from == "target":
             u = qk.std(0, correction=0)

@@ -518,16 +518,24 @@ class CFCQLBackbone:
         return masked_argmax(q_all.detach().mean(0), batch.avail)
 
     def member_q_tot(self, agent_q: torch.Tensor, joint: torch.Tensor, state: torch.Tensor,
-                     target: bool = False) -> torch.Tensor:
+                     target: bool = False, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Q_tot of every (target) member at joint actions: agent_q [E, B, L, n, A], joint [B, L, K, n] (K
         joint actions per index), state [B, L, S] -> [E, B, L, K]. Carries gradient when enabled. Without
         gradient, the online mixers at a batch's states s_0..s_T (PLCQL's r_par, SPaCQL's u) reuse the
-        weights `predict` computed at s_0..s_T-1 and evaluate the hypernetworks at s_T only."""
+        weights `predict` computed at s_0..s_T-1 and evaluate the hypernetworks at s_T only. With the
+        episodes' `lengths` (targets only, fused path), the target mixers run on the real indices 0..len
+        only and the padded ones are 0 (every consumer masks them, as the packed unroll's)."""
         E = agent_q.shape[0]
         idx = joint.transpose(2, 3).unsqueeze(0).expand(E, -1, -1, -1, -1)  # [E, B, L, n, K]
         q = agent_q.gather(-1, idx).transpose(-1, -2)  # [E, B, L, K, n]
         if target:
-            return self.target_mixers.mix_many(q, state)
+            B, L, K = q.shape[1:4]
+            if lengths is None or not self.target_mixers.fused or not fast.has_padding(lengths, L):
+                return self.target_mixers.mix_many(q, state)
+            real = (torch.arange(L, device=lengths.device)[None] <= lengths[:, None]).reshape(-1).nonzero()[:, 0]
+            out = self.target_mixers.mix_many(q.flatten(1, 2).index_select(1, real),
+                                              state.reshape(B * L, -1).index_select(0, real))  # [E, M', K]
+            return out.new_zeros(E, B * L, K).index_copy(1, real, out).view(E, B, L, K)
         w = self._predicted_weights(state)
         if w is None:
             return self.mixers.mix_many(q, state)
@@ -561,7 +569,8 @@ class CFCQLBackbone:
             q_all = self.unroll(batch)
         choose_from = q_all.detach() if c.double_q else tq
         a_star = masked_argmax(choose_from.mean(0), batch.avail)  # [B, T+1, n]
-        v = self.member_q_tot(tq, a_star.unsqueeze(2), batch.state, target=True)[..., 0].min(0).values  # [B, T+1]
+        v = self.member_q_tot(tq, a_star.unsqueeze(2), batch.state, target=True,
+                              lengths=batch.lengths)[..., 0].min(0).values  # [B, T+1]
         return td_lambda_targets(batch.rewards, batch.terminals, batch.mask, v, c.gamma, c.td_lambda)
 
     # -- the counterfactual CQL penalty ----------------------------------------------------------
