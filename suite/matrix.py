@@ -105,11 +105,15 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
         cells += [Cell(a, t, q, int(s)) for t in b["tasks"] for q in b["tiers"] for a in b["algos"] for s in b["seeds"]
                   if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]
                   and q in task_tiers(t)]
-    cells = list(dict.fromkeys(cells))
-    if shard:
-        i, n = shard
-        cells = cells[i::n]
-    return cells
+    return _shard(list(dict.fromkeys(cells)), shard)
+
+
+def _shard(cells: list, shard: tuple[int, int] | None) -> list:
+    """Every N-th cell from i for shard i/N (disjoint shards that cover the list); all cells without one."""
+    if not shard:
+        return cells
+    i, n = shard
+    return cells[i::n]
 
 
 def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] | None = None):
@@ -120,11 +124,7 @@ def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] 
     cells = []
     for spec in specs:
         cells += select_cells(profile, parse_only([spec]))
-    cells = list(dict.fromkeys(cells))
-    if shard:
-        i, n = shard
-        cells = cells[i::n]
-    return cells
+    return _shard(list(dict.fromkeys(cells)), shard)
 
 
 def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:

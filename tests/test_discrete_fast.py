@@ -416,6 +416,27 @@ def test_packing_rows_of_a_ragged_batch():
     assert fast.has_padding(torch.tensor([1, 3, 1, 2]), 4) and not fast.has_padding(torch.tensor([2, 2]), 3)
 
 
+def test_packing_is_built_once_per_batch():
+    """The online and the target unroll of one batch share its Packing; another batch (even with equal
+    lengths) or another shape gets its own."""
+    lens = torch.tensor([1, 3, 1, 2])
+    pk = fast.Packing.of(lens, 4, 2)
+    assert fast.Packing.of(lens, 4, 2) is pk
+    assert fast.Packing.of(lens, 5, 2) is not pk and fast.Packing.of(lens.clone(), 4, 2) is not pk
+    fresh = fast.Packing.of(torch.tensor([2, 1]), 3, 2)
+    assert fresh.rows == fast.Packing(torch.tensor([2, 1]), 3, 2).rows
+
+
+def test_real_rows_are_the_indices_up_to_each_length():
+    """Observations 0..len (last = 0) or transitions 0..len − 1 (last = −1), flat b·L + t in batch order,
+    and scatter_rows puts values back there with zeros elsewhere."""
+    lens = torch.tensor([2, 0, 1])
+    assert fast.real_rows(lens, 3).tolist() == [0, 1, 2, 3, 6, 7]
+    assert fast.real_rows(lens, 2, last=-1).tolist() == [0, 1, 4]
+    out = fast.scatter_rows(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([0, 1, 4]), 6)
+    assert out.tolist() == [[1.0, 2.0, 0.0, 0.0, 3.0, 0.0]]
+
+
 @pytest.mark.parametrize("lens", [(5, 2, 4, 1, 3, 5, 2, 4), (5, 5, 5)], ids=["ragged", "full"])
 @pytest.mark.parametrize("members", [1, 3])
 def test_packed_unroll_matches_the_padded_unroll(lens, members):

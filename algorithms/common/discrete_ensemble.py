@@ -532,10 +532,10 @@ class CFCQLBackbone:
             B, L, K = q.shape[1:4]
             if lengths is None or not self.target_mixers.fused or not fast.has_padding(lengths, L):
                 return self.target_mixers.mix_many(q, state)
-            real = (torch.arange(L, device=lengths.device)[None] <= lengths[:, None]).reshape(-1).nonzero()[:, 0]
+            real = fast.real_rows(lengths, L)
             out = self.target_mixers.mix_many(q.flatten(1, 2).index_select(1, real),
                                               state.reshape(B * L, -1).index_select(0, real))  # [E, M', K]
-            return out.new_zeros(E, B * L, K).index_copy(1, real, out).view(E, B, L, K)
+            return fast.scatter_rows(out, real, B * L).view(E, B, L, K)
         w = self._predicted_weights(state)
         if w is None:
             return self.mixers.mix_many(q, state)
@@ -607,7 +607,7 @@ class CFCQLBackbone:
             E, B, T, n, A = q.shape
             parts = self.mixers.counterfactual_parts(q, batch.actions, batch.state[:, :T], w, pre)
             # on the real steps only (the padding is masked out of the penalty): rows e·M + m -> e·M' + m'
-            real = batch.mask.reshape(-1).nonzero()[:, 0]  # [M']
+            real = fast.real_rows(batch.lengths, T, last=-1)  # [M']: the transitions 0..len − 1
             avail, logbeta = batch.avail[:, :T].reshape(B * T, n, A), self.behaviour_logprob(batch)
             if len(real) == B * T:  # no padding: nothing to select
                 neg, lam = fast.cf_negative(*parts, avail, logbeta, self.cfg.softmax_temp, E)
@@ -616,8 +616,8 @@ class CFCQLBackbone:
             neg_r, lam_r = fast.cf_negative(*parts, avail.index_select(0, real),
                                             None if logbeta is None else logbeta.index_select(0, real),
                                             self.cfg.softmax_temp, E)
-            neg = neg_r.new_zeros(E, B * T).index_copy(1, real, neg_r.view(E, -1))
-            lam = lam_r.new_zeros(E, B * T, n).index_copy(1, real, lam_r.view(E, -1, n))
+            neg = fast.scatter_rows(neg_r.view(E, -1), real, B * T)
+            lam = fast.scatter_rows(lam_r.view(E, -1, n), real, B * T)
             return cql_from_negative(neg.view(E, B, T), lam.view(E, B, T, n), batch, q_tot)
         cf = self.counterfactual_blocked(q, batch.actions, batch.state[:, :batch.max_t], w)  # [E, B, T, n, A]
         return counterfactual_cql(cf, self.cf_weights(cf.detach(), batch), batch, q_tot)

@@ -19,7 +19,10 @@ in page by page (the allocator setting below).
               an episode batch's unroll over its real observations only (PackedSequence order, the
               episodes sorted by length; `Packing`, `packed_gru`: the same GRU kernel, whose padded
               case is fused_gru): ~63 % of the padded rows on 2s3z medium; zeros on the padding,
-              which every consumer masks
+              which every consumer masks. `Packing.of` builds it once per batch.
+  real_rows, scatter_rows
+              the same idea for the mixers (CF-CQL's negative term, the target mixers): a batch's
+              real indices in batch order, and zeros scattered back on the padding
   narrow_linear
               the stacked agents' Q head (A outputs) with its weight gradient as (g^T x)^T, the fast
               layout on CPU for few outputs.
@@ -42,6 +45,8 @@ its plain torch path (discrete.py, discrete_ensemble.py) when it is off. Not par
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -255,12 +260,27 @@ class Packing:
         self.h_prev = prev.reshape(-1).to(lengths.device)
 
     @classmethod
+    def of(cls, lengths: torch.Tensor, L: int, n: int) -> "Packing":
+        """`Packing(lengths, L, n)`, built once per batch: a round unrolls the same batch with the online
+        and the target agents, and building it reads `lengths` on the host (a device sync on a GPU). The
+        last one is kept while its `lengths` tensor is alive (a weak reference: a new batch misses)."""
+        ref, key, pk = _LAST_PACKING
+        if ref is not None and ref() is lengths and key == (L, n):
+            return pk
+        pk = cls(lengths, L, n)
+        _LAST_PACKING[:] = [weakref.ref(lengths), (L, n), pk]
+        return pk
+
+    @classmethod
     def full(cls, L: int, N: int) -> "Packing":
         """The padded layout: L steps of the same N rows (time-major rows t·N .. t·N + N − 1)."""
         pk = cls.__new__(cls)
         pk.rows, pk.offsets, pk.total = [N] * L, [t * N for t in range(L)], L * N
         pk.index = pk.h_prev = None
         return pk
+
+
+_LAST_PACKING: list = [None, None, None]  # [weakref to lengths, (L, n), Packing]: see Packing.of
 
 
 def packed_inputs(obs: torch.Tensor, last_onehot: torch.Tensor, pk: Packing) -> torch.Tensor:
@@ -270,6 +290,19 @@ def packed_inputs(obs: torch.Tensor, last_onehot: torch.Tensor, pk: Packing) -> 
     eye = torch.eye(n, device=obs.device, dtype=obs.dtype).repeat(pk.total // n, 1)
     return torch.cat([obs.reshape(-1, obs.shape[-1]).index_select(0, pk.index),
                       last_onehot.reshape(-1, last_onehot.shape[-1]).index_select(0, pk.index), eye], -1)
+
+
+def real_rows(lengths: torch.Tensor, L: int, last: int = 0) -> torch.Tensor:
+    """Flat indices b·L + t of an episode batch's real indices, in batch order: t ≤ len_b + last, i.e.
+    observations 0..len (last = 0, L = T + 1) or transitions 0..len − 1 (last = −1, L = T). The
+    mixers' fused paths compute these rows only and scatter zeros on the rest (`scatter_rows`)."""
+    t = torch.arange(L, device=lengths.device)
+    return (t[None] <= lengths[:, None] + last).reshape(-1).nonzero()[:, 0]
+
+
+def scatter_rows(values: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
+    """values [E, len(rows), ...] at `rows` of a zero tensor [E, total, ...] (`real_rows`' inverse)."""
+    return values.new_zeros(values.shape[0], total, *values.shape[2:]).index_copy(1, rows, values)
 
 
 def has_padding(lengths: torch.Tensor, L: int) -> bool:
@@ -288,7 +321,7 @@ def packed_agent_unroll(obs: torch.Tensor, last_onehot: torch.Tensor, lengths: t
     [E, B, L, n, A], zeros at the padded indices (index > the episode's length)."""
     B, L, n, _ = obs.shape
     E, A = fc1_w.shape[0], fc2_w.shape[-1]
-    pk = Packing(lengths, L, n)
+    pk = Packing.of(lengths, L, n)
     x = packed_inputs(obs, last_onehot, pk)  # [P, in]
     x = F.relu_(torch.baddbmm(fc1_b, x.expand(E, -1, -1), fc1_w))
     y = packed_gru(x, w_ih, b_ih, w_hh, b_hh, pk)  # [E, P, H]
