@@ -14,14 +14,16 @@
 # Then, through the device tool: carry [".wheels"] and run
 #   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
-# The recommended loan (issues 15 and 18: the SMAX ensembles, and the CN medium-replay ablation stage, which
-# takes ~1.5 core-hours a run on CPU and ~4 minutes on a shared H100: PLCQL ran ~110 ms a round on PP with 8
-# runs sharing the GPU, docs/runner.md), 8 GPU processes in all and 8 CPU cells. No PREBUILD: each `all`
-# builds its own datasets, so the CN runs start at once while the SMAX one builds 2s3z medium (~3 min, one
-# process: SMAX collection workers would change the dataset's bits, and so its sha256 and the run keys):
+# The recommended loan (issues 15 and 18; 2026-11-27): on the GPU the SMAX 2s3z medium ensembles (PLCQL,
+# SPaCQL, the ablation column) and the CN random PLCQL study (6,001 rounds a run: ~1.6 core-hours on CPU,
+# ~11 minutes at PLCQL's ~110 ms a round with 8 runs sharing an H100, docs/runner.md); on the cores the CN
+# medium-replay ablations still to run. Drop the cells `plan --profile paper` shows done (the loan machine
+# sees only what it is carried). No PREBUILD: each `all` builds its own datasets, so the CN runs start at
+# once while the SMAX one builds 2s3z medium (~3 min, one process: SMAX collection workers would change
+# the dataset's bits, and so its sha256 and the run keys). Unfinished runs come back as checkpoints:
 #   LIMIT=540 PER_GPU=4 CPU_JOBS=8 \
-#   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql,plcql-kn,plcql-lcb,plcql-target-actors,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,seed=0,1,2' bash ci/gpu_loan.sh
+#   GPU_ONLY='algo=plcql,spacql,plcql-kn,plcql-uniform,plcql-k1,plcql-lcb,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,plcql-target-actors,task=mpe-cn,dataset=medium-replay,seed=0,1,2' bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
 # STACK_BENCH="cfcql:mpe-cn plcql:mamujoco-halfcheetah-2x3 ..." first times, per algo:task, STACK separate
