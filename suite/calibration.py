@@ -119,11 +119,12 @@ def cell_cost(cell, profile, calib: dict, rounds_done: int = 0) -> CellCost:
     return CellCost(cell, rounds_s + ev, rounds_s, ev, stand_in or bool(entry.get("proxy")))
 
 
-def makespan(durations: list[float], jobs: int) -> float:
-    """Wall-clock of running `durations` on `jobs` parallel slots, longest first (LPT)."""
+def makespan(durations: list[float], jobs: int, in_order: bool = False) -> float:
+    """Wall-clock of running `durations` on `jobs` parallel slots, each run going to the first slot
+    free: longest first (LPT), or in the order given (`in_order`: a priority queue, as a campaign)."""
     if jobs <= 1 or not durations:
         return float(sum(durations))
     slots = [0.0] * min(jobs, len(durations))
-    for d in sorted(durations, reverse=True):
+    for d in (durations if in_order else sorted(durations, reverse=True)):
         heapq.heappush(slots, heapq.heappop(slots) + d)
     return max(slots)

@@ -15,7 +15,8 @@ checkpoints). A free core takes the next cell in file order, so the cores never 
 last run. While it runs, and once at the end, the campaign copies the finished runs' small files
 (final.json, config.json, metrics.jsonl) into `--publish-to` (default leaderboard/results), checking
 every `--publish-every` seconds. A failed cell does not stop the campaign (exit 1 at the end).
-`plcql-bench campaign status FILE` shows each stage's cells: done / partial / todo / failed.
+`plcql-bench campaign status FILE` shows each stage's cells (done / partial / running / failed / todo)
+and the time they still need, as `plan` estimates it.
 """
 
 from __future__ import annotations
@@ -184,25 +185,52 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_pub
 
 @campaign.command("status")
 @click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel runs for the estimate (default: the calibrated machine's).")
+@click.option("--machine", default=None, metavar="NAME|FILE",
+              help="Calibration to estimate from, as `plan --machine` (default: plan's).")
 @click.pass_obj
-def campaign_status(obj, file) -> None:
-    """Per stage: how many of its cells are done, partial, running, failed or still to do."""
-    from plcql_bench.suite.matrix import cell_state, resolve
+def campaign_status(obj, file, jobs, machine) -> None:
+    """Per stage: how many of its cells are done, partial, running, failed or still to do, and the
+    time its cells still need (serial, as `plan` estimates it); then the whole queue's wall clock with
+    --jobs runs taking the cells in queue order."""
+    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration, makespan
+    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve
 
     camp = load_campaign(file)
+    if machine is None and DEFAULT_MACHINE not in known_machines():
+        calib = None
+    else:
+        calib = load_calibration(machine or DEFAULT_MACHINE)
     total: dict[str, int] = {}
-    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5}")
+    queue: dict = {}  # cell -> estimated seconds (None: not estimated), each cell at its first stage
+    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
+               f"{'left':>8}")
     for s in camp.stages:
         prof, cells = stage_cells(camp, s)
+        items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
         counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
-        for item in resolve(cells, prof, obj["data_dir"], obj["results_dir"]):
+        for item in items:
             counts[cell_state(item.plan)] += 1
         for k, v in counts.items():
             total[k] = total.get(k, 0) + v
+        left = {e.cell: e.seconds for e in estimate_cells(items, obj["results_dir"], prof, calib)}
+        for cell, secs in left.items():
+            queue.setdefault(cell, secs)
+        known = [v for v in left.values() if v is not None]
+        shown = "?" if left and not known else format_seconds(sum(known)) + ("+?" if len(known) < len(left) else "")
         click.echo(f"{s.name:<32} {len(cells):>5}  {counts['done']:>5} {counts['partial']:>7} "
-                   f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5}")
+                   f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5} {shown:>8}")
     click.echo(f"{'total':<32} {sum(total.values()):>5}  " + " ".join(
         f"{total.get(k, 0):>{w}}" for k, w in (("done", 5), ("partial", 7), ("running", 7), ("failed", 6), ("todo", 5))))
+    secs = [v for v in queue.values() if v is not None]
+    if jobs is None:
+        jobs = int((calib or {}).get("default_jobs", 1))
+    machine_name = calib["machine"] if calib else "(no calibration: recorded runtimes only)"
+    unknown = len(queue) - len(secs)
+    click.echo(f"left: ~{format_seconds(makespan(secs, jobs, in_order=True))} with {jobs} job(s) in queue order "
+               f"({format_seconds(sum(secs))} serial, {len(queue)} cell(s); estimated on {machine_name}"
+               + (f"; {unknown} cell(s) without an estimate" if unknown else "") + ")")
 
 
 @campaign.command("publish")

@@ -306,7 +306,7 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
             continue
         updates = profile.updates_for(c.task, c.tier)
         reached = 0
-        if state == "partial" and item.plan is not None:
+        if state in ("partial", "running") and item.plan is not None:  # the update of its last checkpoint
             reached = min(int(run_record(item.plan.run_dir).get("update") or 0), updates)
         cost = cell_cost(c, profile, calib, reached) if calib else None
         if cost is not None and cost.seconds is not None:

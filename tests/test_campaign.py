@@ -79,6 +79,7 @@ def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):
     assert status.exit_code == 0
     rows = {line.split()[0]: line.split()[1:] for line in status.output.splitlines()[1:]}
     assert rows["bc-first"][:2] == ["1", "1"] and rows["total"][:2] == ["2", "2"]
+    assert rows["bc-first"][-1] == "0s" and "0s serial, 0 cell(s)" in status.output  # nothing left to run
     again = runner.invoke(cli, base + ["campaign", "run", str(f), "--jobs", "1", "--publish-to", str(tmp_path / "board")])
     assert again.exit_code == 0 and "published 0 new run(s)" in again.output + (again.stderr if again.stderr_bytes else "")
 
@@ -147,3 +148,20 @@ def test_run_queue_ticks_until_the_command_ends():
     time.sleep(0.5)
     assert len(ticks) == n  # the ticker stopped with the command
     assert ticks[0] - start >= 0.2
+
+
+def test_campaign_status_estimates_what_is_left_in_queue_order(tmp_path):
+    """Each stage's cells still to run are priced as `plan` prices them (the committed calibration), a cell
+    that two stages select counts once, and the queue's wall clock takes them in queue order on --jobs slots."""
+    from plcql_bench.suite.calibration import makespan
+
+    assert makespan([1.0, 1.0, 5.0], 2, in_order=True) == 6.0 and makespan([1.0, 1.0, 5.0], 2) == 5.0
+    f = _write(tmp_path, "  - {name: bc-first, only: 'algo=bc,dataset=random,seed=0'}\n"
+                         "  - {name: bc-again, only: 'algo=bc,dataset=random'}\n")
+    base = ["--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "results")]
+    r = CliRunner().invoke(cli, base + ["campaign", "status", str(f), "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line.split()[1:] for line in r.output.splitlines()[1:]}
+    assert rows["bc-first"][-1] != "?" and rows["bc-again"][-1] != "?"  # priced (a few seconds: 2 updates)
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("left: ~") and "with 1 job(s) in queue order" in last and "2 cell(s)" in last
