@@ -289,6 +289,18 @@ def test_reproduction_table_from_result_files(tmp_path):
     assert "| plcql | 2 | 50.0 ± 14.1 |" in text and "| 1 of 2 |" in text and "| cfcql | 1 | 50.0 |" in text
 
 
+def test_study_table_gives_late_expected_k_and_probe_q():
+    """E[k] = Σ k·p_k and the probe's Q_θ1 at k = 1, averaged over the last 20 % of the points that carry
+    them (early points and points without PAR diagnostics do not count); none for a baseline."""
+    from plcql_bench.leaderboard.reproduction import late_par
+
+    early = [{"diag/p_k1": 1.0, "diag/p_k2": 0.0, "diag/p_k3": 0.0, "diag/q1_k1": 0.0}] * 8
+    late = [{"diag/p_k1": 0.0, "diag/p_k2": 0.5, "diag/p_k3": 0.5, "diag/q1_k1": q} for q in (10.0, 20.0)]
+    got = late_par(early + [{"eval/score": 1.0}] + late)
+    assert got["E_k"] == pytest.approx(2.5) and got["q_probe"] == pytest.approx(15.0)
+    assert late_par([{"eval/score": 1.0}]) == {"E_k": None, "q_probe": None}
+
+
 def test_leaderboard_recomputes_a_collapse_missing_from_older_files(tmp_path):
     """Runs finished under the old all-points rule have no par_collapse in final.json although their
     metrics.jsonl shows one: the leaderboard (and the study table) recompute it, and say so."""
