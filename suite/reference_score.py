@@ -1,0 +1,138 @@
+"""The official OMAR code trained on this suite's CN dataset and scored with this suite's protocol.
+
+    python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--seed 0] [--rounds N]
+
+It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is
+a checkout of ling-pan/OMAR at 0e52ad6 (imported from PATH with the CPU shims of `reference_speed`;
+nothing of it is copied into this project). The official `MATD3` is built by its own
+`init_from_env` for simple_spread and the tier, so cql_alpha and omar_coe come from its
+`env_config_map` and every other setting is main.py's default (listed in OFFICIAL_DEFAULTS), not from
+this suite's configs. It trains as main.py's loop does: per round, each agent updates on its own
+minibatch of 1,024 transitions drawn from the tier's dataset (`ReplayBuffer.sample`), then all
+targets, for the profile's number of rounds (the same count as the suite's runs). Its deterministic
+actors are evaluated on the suite's evaluation seeds and normalised by the dataset's reference
+returns, as a run's final.json is. CN only: the official predator-prey tasks need their pretrained
+prey, which this suite's tasks do not use. The team reward is every agent's reward (simple_spread's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from plcql_bench.suite.reference_speed import load_official_omar
+
+# main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as main.py does
+OFFICIAL_DEFAULTS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
+                         num_sampled_actions=10, omar=1, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
+                         omar_num_samples=10, omar_num_elites=10)
+
+
+def official_agent(path: Path, tier: int | str, n: int, obs_dim: int, act_dim: int):
+    """The official MATD3 for simple_spread with `n` agents, built by its own `init_from_env`."""
+    MATD3, ReplayBuffer = load_official_omar(path)
+    box = types.SimpleNamespace
+    env = box(action_space=[box(shape=(act_dim,), high=np.ones(act_dim))] * n,
+              observation_space=[box(shape=(obs_dim,))] * n, agent_types=["agent"] * n)
+    return MATD3.init_from_env(env, "simple_spread", tier, **OFFICIAL_DEFAULTS), ReplayBuffer
+
+
+def fill_buffer(ReplayBuffer, arrays: dict, n: int, obs_dim: int, act_dim: int):
+    """The official per-agent ReplayBuffer holding a dataset's transitions (team reward for every agent)."""
+    size = len(arrays["rewards"])
+    rb = ReplayBuffer(size, n, [obs_dim] * n, [act_dim] * n)
+    for i in range(n):
+        rb.obs_buffs[i][:] = arrays["obs"][:, i]
+        rb.next_obs_buffs[i][:] = arrays["next_obs"][:, i]
+        rb.ac_buffs[i][:] = arrays["actions"][:, i]
+        rb.rew_buffs[i][:] = arrays["rewards"]
+        rb.done_buffs[i][:] = arrays["terminals"]
+    rb.filled_i = size
+    return rb
+
+
+class OfficialPolicy:
+    """`act()` over the official deterministic actors (`MATD3.step(..., explore=False)`)."""
+
+    def __init__(self, agent, n: int, obs_dim: int, act_dim: int) -> None:
+        self.agent, self.n, self.obs_dim, self.act_dim = agent, n, obs_dim, act_dim
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        lead = x.shape[:-2]
+        x = x.reshape(-1, self.n, self.obs_dim)
+        acts = self.agent.step([x[:, i] for i in range(self.n)], explore=False)
+        out = torch.stack([a.reshape(-1, self.act_dim) for a in acts], 1)
+        return out.reshape(*lead, self.n, self.act_dim).clamp(-1.0, 1.0).numpy()
+
+
+def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
+    """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds."""
+    from plcql_bench.datasets.format import normalised_score
+    from plcql_bench.suite import protocol
+
+    returns = protocol.rollout_returns(task, lambda s: policy.act(s.obs, s.avail), protocol.eval_seeds(episodes))["returns"]
+    return float(normalised_score(float(returns.mean()), dataset.attrs)), float(returns.mean())
+
+
+def main(argv: list[str] | None = None) -> None:
+    from plcql_bench.datasets.format import load_dataset
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import configure_process, data_profile_dir
+    from plcql_bench.suite.tasks import get_task
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--omar", type=Path, required=True, help="checkout of ling-pan/OMAR (0e52ad6)")
+    p.add_argument("--tier", required=True, choices=["random", "medium-replay", "medium", "expert"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="paper", help="whose dataset and round count (default: paper)")
+    p.add_argument("--data-dir", type=Path, default=Path("data"))
+    p.add_argument("--rounds", type=int, default=None, help="default: the profile's updates for the cell")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--final-episodes", type=int, default=None, help="default: the profile's")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    configure_process("cpu")
+    prof = load_profile(args.profile)
+    task = get_task("mpe-cn")
+    n, o, a = task.spec.n_agents, task.spec.obs_dim, task.spec.act_dim
+    path = data_profile_dir(args.data_dir, prof) / "mpe-cn" / f"{args.tier}.h5"
+    if not path.exists():
+        raise SystemExit(f"{path}: dataset not built (plcql-bench datasets build mpe-cn {args.tier} --profile {prof.name})")
+    dataset = load_dataset(path)
+    rounds = args.rounds if args.rounds is not None else prof.updates_for("mpe-cn", args.tier)
+    final_episodes = args.final_episodes or prof.train_budget("mpe-cn", args.tier)["final_eval_episodes"]
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)  # the official buffer samples with np.random (main.py seeds it the same way)
+    agent, ReplayBuffer = official_agent(args.omar.resolve(), args.tier, n, o, a)
+    rb = fill_buffer(ReplayBuffer, dataset.arrays, n, o, a)
+    policy = OfficialPolicy(agent, n, o, a)
+    print(f"# official OMAR (ling-pan/OMAR@0e52ad6) on this suite's mpe-cn {args.tier} ({path}), seed {args.seed}, "
+          f"{rounds} rounds; its env_config_map: cql_alpha {agent.cql_alpha}, omar_coe {agent.omar_coe}", flush=True)
+    t0 = time.time()
+    for r in range(rounds + 1):
+        if r == rounds or r % args.eval_every == 0:
+            agent.prep_rollouts(device="cpu")
+            rng = np.random.get_state()  # evaluating must not move the buffer's sampling (np.random)
+            s, ret = score(task, policy, dataset, final_episodes if r == rounds else args.eval_episodes)
+            np.random.set_state(rng)
+            print(f"round {r}: normalised score {s:.1f} (return {ret:.1f}, {time.time() - t0:.0f} s)", flush=True)
+        if r == rounds:
+            break
+        agent.prep_training(device="cpu")
+        for i in range(n):
+            agent.update(rb.sample(OFFICIAL_DEFAULTS["batch_size"]), i)
+        agent.update_all_targets()
+    print(f"final (round {rounds}, {final_episodes} episodes): normalised score {s:.1f}")
+
+
+if __name__ == "__main__":
+    main()
