@@ -1,23 +1,30 @@
-"""The official OMAR code trained on this suite's CN dataset and scored with this suite's protocol.
+"""The official OMAR or CFCQL code trained on this suite's CN dataset and scored with this suite's protocol.
 
     python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--seed 0] [--rounds N]
 
-It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is
-a checkout of ling-pan/OMAR at 0e52ad6 (imported from PATH with the CPU shims of `reference_speed`;
-nothing of it is copied into this project). The official `MATD3` is built by its own
-`init_from_env` for simple_spread and the tier, so cql_alpha and omar_coe come from its
-`env_config_map` and every other setting is main.py's default (listed in OFFICIAL_DEFAULTS), not from
-this suite's configs. It trains as main.py's loop does: per round, each agent updates on its own
-minibatch of 1,024 transitions drawn from the tier's dataset (`ReplayBuffer.sample`), then all
-targets, for the profile's number of rounds (the same count as the suite's runs). Its deterministic
-actors are evaluated on the suite's evaluation seeds and normalised by the dataset's reference
-returns, as a run's final.json is. CN only: the official predator-prey tasks need their pretrained
-prey, which this suite's tasks do not use. The team reward is every agent's reward (simple_spread's).
+It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
+checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
+with the CPU shims of `reference_speed` (nothing of it is copied into this project). The official agent
+is built by its own `init_from_env` for simple_spread and the tier, so cql_alpha (and OMAR's omar_coe)
+come from its `env_config_map` and every other setting is its main.py's default or README command
+(OMAR_SETTINGS, CFCQL_SETTINGS below), not this suite's configs. It trains as its main.py loop does,
+on minibatches of 1,024 transitions drawn from the tier's dataset by its own `ReplayBuffer.sample`:
+
+  OMAR   per round, each agent updates on its own minibatch, then all targets;
+  CFCQL  per round, one critic + actor update and `ca_ratio - 1` = 4 critic-only updates, each on its
+         own minibatch, then the targets (README: `--cql --cf_cql --central_critic`);
+
+for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
+evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
+final.json is. CN only: the official predator-prey tasks need their pretrained prey, which this suite's
+tasks do not use. The team reward is every agent's reward (simple_spread's).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import types
 from pathlib import Path
@@ -25,25 +32,74 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plcql_bench.suite.reference_speed import load_official_omar
+from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
 
-# main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as main.py does
-OFFICIAL_DEFAULTS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
-                         num_sampled_actions=10, omar=1, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
-                         omar_num_samples=10, omar_num_elites=10)
+# main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
+OMAR_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
+                     num_sampled_actions=10, omar=1, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
+                     omar_num_samples=10, omar_num_elites=10)
+# thu-rllab/CFCQL continuous/main.py: its argparse defaults with the README's `--cql --cf_cql --central_critic`
+# (lr 0.01: main.py's simple_spread override), passed to MATD3CC.init_from_env as its main.py does
+CFCQL_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=True, lse_temp=1.0, batch_size=1024,
+                      num_sampled_actions=10, omar=False, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
+                      omar_num_samples=10, omar_num_elites=10, env_info=None, logging_interval=100, no_log=True,
+                      cf_cql=True, soft_q=True, action_noise_scale=0.05, cf_omar=True, cf_tau=1.0,
+                      no_action_reg=False, bc_tau=0.0, sample_action_class="1-1-1", beta_action_noise=1e-5,
+                      cf_pol=True, cf_target=False)
+CFCQL_CA_RATIO = 5  # --ca_ratio 5
+BATCH = 1024
 
 
-def official_agent(path: Path, tier: int | str, n: int, obs_dim: int, act_dim: int):
-    """The official MATD3 for simple_spread with `n` agents, built by its own `init_from_env`."""
-    MATD3, ReplayBuffer = load_official_omar(path)
+def load_official_cfcql(path: Path):
+    """MATD3CC and ReplayBuffer from a thu-rllab/CFCQL checkout (`continuous/`), with the CPU shims. Its
+    logging module imports tensorboard_logger, which its training with no_log never calls: a stand-in."""
+    cpu_shims()
+    code = path / "continuous"
+    source = code / "algorithms" / "maddpg_cc.py"
+    if not source.exists():
+        raise SystemExit(f"{path}: not a thu-rllab/CFCQL checkout (no continuous/algorithms/maddpg_cc.py)")
+    if "tensorboard_logger" not in sys.modules:
+        stub = types.ModuleType("tensorboard_logger")
+        stub.configure = stub.log_value = lambda *a, **k: None
+        sys.modules["tensorboard_logger"] = stub
+    sys.path.insert(0, str(code))
+    from utils.buffer import ReplayBuffer  # noqa: E402  (from the checkout)
+
+    module = types.ModuleType("cfcql_official_maddpg_cc")
+    module.__file__ = str(source)
+    exec(compile(source.read_text(), module.__file__, "exec"), module.__dict__)
+    return module.MATD3CC, ReplayBuffer
+
+
+def official_agent(kind: str, path: Path, tier: str, n: int, obs_dim: int, act_dim: int):
+    """The official agent for simple_spread with `n` agents, built by its own `init_from_env`."""
     box = types.SimpleNamespace
     env = box(action_space=[box(shape=(act_dim,), high=np.ones(act_dim))] * n,
               observation_space=[box(shape=(obs_dim,))] * n, agent_types=["agent"] * n)
-    return MATD3.init_from_env(env, "simple_spread", tier, **OFFICIAL_DEFAULTS), ReplayBuffer
+    if kind == "omar":
+        cls, buffer = load_official_omar(path)
+        return cls.init_from_env(env, "simple_spread", tier, **OMAR_SETTINGS), buffer
+    cls, buffer = load_official_cfcql(path)
+    return cls.init_from_env(env, "simple_spread", tier, **CFCQL_SETTINGS), buffer
+
+
+def train_round(kind: str, agent, rb, n: int, r: int) -> None:
+    """One round of the official main.py loop (module docstring); `t` = its env-step counter."""
+    agent.prep_training(device="cpu")
+    if kind == "omar":
+        for i in range(n):
+            agent.update(rb.sample(BATCH), i)
+    else:
+        t = 100 * r  # steps_per_update = 100
+        agent.update(rb.sample(BATCH), t)
+        for j in range(CFCQL_CA_RATIO - 1):
+            agent.update(rb.sample(BATCH), t + j + 1, only_critic=True)
+    agent.update_all_targets()
 
 
 def fill_buffer(ReplayBuffer, arrays: dict, n: int, obs_dim: int, act_dim: int):
-    """The official per-agent ReplayBuffer holding a dataset's transitions (team reward for every agent)."""
+    """The official per-agent ReplayBuffer holding a dataset's transitions in their stored (episode) order,
+    the team reward for every agent (CFCQL's buffer takes a row's next actions from the row after it)."""
     size = len(arrays["rewards"])
     rb = ReplayBuffer(size, n, [obs_dim] * n, [act_dim] * n)
     for i in range(n):
@@ -57,7 +113,7 @@ def fill_buffer(ReplayBuffer, arrays: dict, n: int, obs_dim: int, act_dim: int):
 
 
 class OfficialPolicy:
-    """`act()` over the official deterministic actors (`MATD3.step(..., explore=False)`)."""
+    """`act()` over the official deterministic actors (`step(..., explore=False)`)."""
 
     def __init__(self, agent, n: int, obs_dim: int, act_dim: int) -> None:
         self.agent, self.n, self.obs_dim, self.act_dim = agent, n, obs_dim, act_dim
@@ -88,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     from plcql_bench.suite.tasks import get_task
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--omar", type=Path, required=True, help="checkout of ling-pan/OMAR (0e52ad6)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--omar", type=Path, help="checkout of ling-pan/OMAR (0e52ad6)")
+    which.add_argument("--cfcql", type=Path, help="checkout of thu-rllab/CFCQL")
     p.add_argument("--tier", required=True, choices=["random", "medium-replay", "medium", "expert"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="paper", help="whose dataset and round count (default: paper)")
@@ -99,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--final-episodes", type=int, default=None, help="default: the profile's")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    kind, checkout = ("omar", args.omar) if args.omar else ("cfcql", args.cfcql)
     torch.set_num_threads(args.threads)
     configure_process("cpu")
     prof = load_profile(args.profile)
@@ -111,12 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds if args.rounds is not None else prof.updates_for("mpe-cn", args.tier)
     final_episodes = args.final_episodes or prof.train_budget("mpe-cn", args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)
-    np.random.seed(args.seed)  # the official buffer samples with np.random (main.py seeds it the same way)
-    agent, ReplayBuffer = official_agent(args.omar.resolve(), args.tier, n, o, a)
+    np.random.seed(args.seed)  # the official buffers sample with np.random (their main.py seeds it the same way)
+    agent, ReplayBuffer = official_agent(kind, checkout.resolve(), args.tier, n, o, a)
     rb = fill_buffer(ReplayBuffer, dataset.arrays, n, o, a)
     policy = OfficialPolicy(agent, n, o, a)
-    print(f"# official OMAR (ling-pan/OMAR@0e52ad6) on this suite's mpe-cn {args.tier} ({path}), seed {args.seed}, "
-          f"{rounds} rounds; its env_config_map: cql_alpha {agent.cql_alpha}, omar_coe {agent.omar_coe}", flush=True)
+    print(f"# official {kind.upper()} ({checkout}) on this suite's mpe-cn {args.tier} ({path}), seed {args.seed}, "
+          f"{rounds} rounds; its env_config_map: cql_alpha {agent.cql_alpha}", flush=True)
     t0 = time.time()
     for r in range(rounds + 1):
         if r == rounds or r % args.eval_every == 0:
@@ -127,10 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r}: normalised score {s:.1f} (return {ret:.1f}, {time.time() - t0:.0f} s)", flush=True)
         if r == rounds:
             break
-        agent.prep_training(device="cpu")
-        for i in range(n):
-            agent.update(rb.sample(OFFICIAL_DEFAULTS["batch_size"]), i)
-        agent.update_all_targets()
+        train_round(kind, agent, rb, n, r)
     print(f"final (round {rounds}, {final_episodes} episodes): normalised score {s:.1f}")
 
 

@@ -33,12 +33,20 @@ import numpy as np
 import torch
 
 
-def load_official_omar(path: Path):
-    """MATD3 and ReplayBuffer from a ling-pan/OMAR checkout, with the CPU shims (module docstring)."""
+def cpu_shims() -> None:
+    """Let CUDA-only reference code (OMAR, and CFCQL's continuous code built on it) run on the CPU
+    without changing its arithmetic: `torch.cuda.FloatTensor(...)` -> `torch.FloatTensor(...)`,
+    `Tensor.cuda()` -> the tensor itself, distribution argument validation off (that torch's default).
+    Process-wide."""
     torch.cuda.FloatTensor = lambda *shape: torch.FloatTensor(*shape)  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.distributions.Distribution.set_default_validate_args(False)
-    warnings.filterwarnings("ignore", category=FutureWarning)  # its clip_grad_norm (deprecated alias)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # their clip_grad_norm (deprecated alias)
+
+
+def load_official_omar(path: Path):
+    """MATD3 and ReplayBuffer from a ling-pan/OMAR checkout, with the CPU shims (module docstring)."""
+    cpu_shims()
     sys.path.insert(0, str(path))
     from utils.buffer import ReplayBuffer  # noqa: E402  (from the checkout)
 

@@ -1,9 +1,11 @@
-"""`suite/reference_score.py`: the official OMAR trained on this suite's CN data and scored by this suite.
+"""`suite/reference_score.py`: the official OMAR / CFCQL code trained on this suite's CN data and scored by
+this suite.
 
-The official checkout is not available here, so a stand-in with its interface (MATD3.init_from_env /
-update / update_all_targets / step, utils.buffer.ReplayBuffer) checks the plumbing: the tier reaches
-init_from_env, every update gets a minibatch of the dataset's own transitions, each agent updates once
-per round, and the final line is the suite's normalised score of the stand-in's deterministic actors."""
+The official checkouts are not available here, so stand-ins with their interfaces (init_from_env /
+update / update_all_targets / step, utils.buffer.ReplayBuffer) check the plumbing: the tier reaches
+init_from_env, every update gets a minibatch of the dataset's own transitions, a round is the official
+main.py's (OMAR: one update per agent; CFCQL: one full and four critic-only updates), and the final line
+is the suite's normalised score of the stand-in's deterministic actors."""
 
 from __future__ import annotations
 
@@ -16,17 +18,17 @@ import torch
 from plcql_bench.datasets.format import synthetic_dataset, write_dataset
 from plcql_bench.suite.tasks import get_task
 
-FAKE_MADDPG = '''
+FAKE_AGENT = '''
 import torch
 # the marker reference_speed checks for: cem_sampled_acs.view(-1, cem_sampled_acs.shape[-1])
 SEEN = {"updates": [], "targets": 0, "init": None}
 
-class MATD3:
+class {name}:
     @classmethod
     def init_from_env(cls, env, env_id, data_type, **kw):
         self = cls()
         SEEN["init"] = (env_id, data_type, kw, len(env.action_space))
-        self.cql_alpha, self.omar_coe = {"expert": 5.0}.get(data_type, 1.0), 1.0
+        self.cql_alpha = {"expert": 5.0}.get(data_type, 1.0)
         self.act_dim = env.action_space[0].shape[0]
         return self
 
@@ -36,8 +38,8 @@ class MATD3:
     def prep_rollouts(self, device="cpu"):
         pass
 
-    def update(self, sample, agent_i):
-        SEEN["updates"].append((agent_i, sample[0][agent_i].clone()))
+    def update(self, sample, i, only_critic=False):
+        SEEN["updates"].append((i, only_critic, sample[0][1].clone()))
 
     def update_all_targets(self):
         SEEN["targets"] += 1
@@ -68,53 +70,61 @@ class ReplayBuffer:
 '''
 
 
-@pytest.fixture
-def fake_official(tmp_path, monkeypatch):
-    """A checkout-shaped folder; the torch globals the loader shims are restored afterwards."""
-    root = tmp_path / "OMAR"
-    (root / "algorithms").mkdir(parents=True)
-    (root / "utils").mkdir()
-    (root / "algorithms" / "maddpg.py").write_text(textwrap.dedent(FAKE_MADDPG))
-    (root / "utils" / "__init__.py").write_text("")
-    (root / "utils" / "buffer.py").write_text(textwrap.dedent(FAKE_BUFFER))
+@pytest.fixture(params=["omar", "cfcql"])
+def fake_official(request, tmp_path, monkeypatch):
+    """(kind, a checkout-shaped folder); the torch globals the loaders shim are restored afterwards."""
+    kind = request.param
+    root = tmp_path / kind.upper()
+    code = root if kind == "omar" else root / "continuous"
+    (code / "algorithms").mkdir(parents=True)
+    (code / "utils").mkdir()
+    name, file = ("MATD3", "maddpg.py") if kind == "omar" else ("MATD3CC", "maddpg_cc.py")
+    (code / "algorithms" / file).write_text(textwrap.dedent(FAKE_AGENT.replace("{name}", name)))
+    (code / "utils" / "__init__.py").write_text("")
+    (code / "utils" / "buffer.py").write_text(textwrap.dedent(FAKE_BUFFER))
     monkeypatch.setattr(torch.Tensor, "cuda", torch.Tensor.cuda)
     monkeypatch.setattr(torch.cuda, "FloatTensor", torch.cuda.FloatTensor)
     monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", torch.distributions.Distribution._validate_args)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("utils", "utils.buffer"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    yield root
-    for name in ("utils", "utils.buffer"):
-        sys.modules.pop(name, None)
+    for mod in ("utils", "utils.buffer", "tensorboard_logger"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    yield kind, root
+    for mod in ("utils", "utils.buffer", "tensorboard_logger"):
+        sys.modules.pop(mod, None)
 
 
-def test_official_omar_trains_on_the_suites_data_and_is_scored_by_the_suite(tmp_path, fake_official, capsys,
-                                                                             monkeypatch):
+def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(tmp_path, fake_official, capsys,
+                                                                                monkeypatch):
     from plcql_bench.suite import reference_score
 
+    kind, checkout = fake_official
     spec = get_task("mpe-cn").spec
     arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=2)
     write_dataset(tmp_path / "data" / "smoke" / "mpe-cn" / "expert.h5", arrays, attrs)
     seen = {}
-    real_loader = reference_score.load_official_omar
+    real = reference_score.official_agent
 
-    def loader(path):
-        MATD3, buffer = real_loader(path)
-        seen["ref"] = MATD3.update.__globals__["SEEN"]  # the stand-in module's record
-        return MATD3, buffer
+    def recording(*args):
+        agent, buffer = real(*args)
+        seen["live"] = type(agent).update.__globals__["SEEN"]  # the stand-in module's record
+        return agent, buffer
 
-    monkeypatch.setattr(reference_score, "load_official_omar", loader)
-    reference_score.main(["--omar", str(fake_official), "--tier", "expert", "--profile", "smoke", "--data-dir",
+    monkeypatch.setattr(reference_score, "official_agent", recording)
+    reference_score.main([f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke", "--data-dir",
                           str(tmp_path / "data"), "--rounds", "3", "--eval-every", "2", "--final-episodes", "2"])
     out = capsys.readouterr().out
-    record = seen["ref"]
+    record = seen["live"]
     env_id, tier, kw, n = record["init"]
     assert (env_id, tier, n) == ("simple_spread", "expert", spec.n_agents)
-    assert kw["lr"] == 0.01 and kw["omar"] == 1 and kw["batch_size"] == 1024  # main.py's defaults, not our configs
-    assert [i for i, _ in record["updates"]] == list(range(spec.n_agents)) * 3 and record["targets"] == 3
+    assert kw["lr"] == 0.01 and kw["batch_size"] == 1024  # the official main.py's settings, not our configs
+    calls = [(i, critic_only) for i, critic_only, _ in record["updates"]]
+    if kind == "omar":  # one update per agent a round
+        assert kw["omar"] == 1 and calls == [(i, False) for i in range(spec.n_agents)] * 3
+    else:  # one full and four critic-only updates a round, at main.py's step counter
+        assert kw["cf_cql"] is True and calls == [(100 * r + j, j > 0) for r in range(3) for j in range(5)]
+    assert record["targets"] == 3
     rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
-    agent1 = record["updates"][1][1].numpy().round(5)
-    assert all(tuple(r) in rows for r in agent1)  # agent 1's minibatch: the dataset's own observations of agent 1
+    assert all(tuple(r) in rows for r in record["updates"][1][2].numpy().round(5))  # agent 1's: the dataset's own
     assert "cql_alpha 5.0" in out and "round 0:" in out and "round 2:" in out
     final = out.strip().splitlines()[-1]
     assert final.startswith("final (round 3, 2 episodes): normalised score ")
@@ -124,6 +134,7 @@ def test_official_omar_trains_on_the_suites_data_and_is_scored_by_the_suite(tmp_
 def test_reference_score_names_a_missing_dataset(tmp_path, fake_official):
     from plcql_bench.suite import reference_score
 
+    kind, checkout = fake_official
     with pytest.raises(SystemExit, match=r"expert\.h5: dataset not built \(plcql-bench datasets build mpe-cn expert"):
-        reference_score.main(["--omar", str(fake_official), "--tier", "expert", "--profile", "smoke", "--data-dir",
+        reference_score.main([f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke", "--data-dir",
                               str(tmp_path / "nothing")])
