@@ -203,21 +203,25 @@ def campaign_status(obj, file, jobs, machine) -> None:
     else:
         calib = load_calibration(machine or DEFAULT_MACHINE)
     total: dict[str, int] = {}
-    queue: dict = {}  # cell -> estimated seconds (None: not estimated), each cell at its first stage
-    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
-               f"{'left':>8}")
+    stages = []  # (stage, its cells, their states)
+    first: dict = {}  # cell -> its resolved item, at the first stage that selects it (the queue's order)
+    prof = None
     for s in camp.stages:
         prof, cells = stage_cells(camp, s)
         items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
-        counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
+        stages.append((s, cells, [cell_state(item.plan) for item in items]))
         for item in items:
-            counts[cell_state(item.plan)] += 1
+            first.setdefault(item.cell, item)
+    # priced once for the whole queue (recorded runtimes are read once, not per stage)
+    queue = {e.cell: e.seconds for e in estimate_cells(list(first.values()), obj["results_dir"], prof, calib)} if prof else {}
+    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
+               f"{'left':>8}")
+    for s, cells, states in stages:
+        counts = {k: states.count(k) for k in ("done", "partial", "running", "failed", "todo")}
         for k, v in counts.items():
             total[k] = total.get(k, 0) + v
-        left = {e.cell: e.seconds for e in estimate_cells(items, obj["results_dir"], prof, calib)}
-        for cell, secs in left.items():
-            queue.setdefault(cell, secs)
-        known = [v for v in left.values() if v is not None]
+        left = [queue[c] for c in cells if c in queue]
+        known = [v for v in left if v is not None]
         shown = "?" if left and not known else format_seconds(sum(known)) + ("+?" if len(known) < len(left) else "")
         click.echo(f"{s.name:<32} {len(cells):>5}  {counts['done']:>5} {counts['partial']:>7} "
                    f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5} {shown:>8}")
