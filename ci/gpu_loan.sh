@@ -24,6 +24,15 @@
 #   LIMIT=540 PER_GPU=4 CPU_JOBS=8 \
 #   GPU_ONLY='algo=plcql,spacql,plcql-kn,plcql-uniform,plcql-k1,plcql-lcb,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
 #   CPU_ONLY='algo=plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,plcql-target-actors,task=mpe-cn,dataset=medium-replay,seed=0,1,2' bash ci/gpu_loan.sh
+# The CPU cells start at once (the cores train while the GPU is benched); the GPU cells start after the
+# benches, with what is left of LIMIT. SPEED_BENCH="plcql+spacql:smax-6h_vs_8z" times other algorithms on
+# the device (issue 19's P2 at n = 6). The 2026-11-27 loan (benches first, then the CN random study stacked):
+#   LIMIT=520 PER_GPU=6 CPU_JOBS=8 STACK=3 BENCH_STACK=8 STACK_ROUNDS=8 \
+#   STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 plcql:mamujoco-halfcheetah-2x3" \
+#   SPEED_BENCH="plcql+spacql:smax-6h_vs_8z" \
+#   GPU_ONLY='algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql-k2,task=mpe-cn,dataset=medium-replay,seed=2;algo=plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
+#   bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
 # STACK_BENCH="cfcql:mpe-cn plcql:mamujoco-halfcheetah-2x3 ..." first times, per algo:task, STACK separate
@@ -65,7 +74,9 @@ CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
 PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
 STACK=${STACK:-1}                # seeds of a GPU_ONLY cell trained in one process as stacked models
 STACK_BENCH=${STACK_BENCH:-}     # "algo:task ..." timed with bench-speed --stack $STACK before training
-STACK_ROUNDS=${STACK_ROUNDS:-10} # timed pairs per STACK_BENCH entry
+BENCH_STACK=${BENCH_STACK:-$(( STACK > 1 ? STACK : 3 ))}  # seeds per stacked round in STACK_BENCH
+STACK_ROUNDS=${STACK_ROUNDS:-10} # timed pairs per STACK_BENCH entry (rounds per SPEED_BENCH entry)
+SPEED_BENCH=${SPEED_BENCH:-}     # "algo[+algo]:task ..." timed with bench-speed on the device before training
 CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
 OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
@@ -113,17 +124,39 @@ PY
   log "datasets built"
 fi
 
+# The stop: SIGINT at LIMIT seconds after the start (runs record 'interrupted' and keep their last
+# checkpoint), SIGKILL 30 s later. The CPU cells start at once: the cores train while the GPU is benched.
+# CPU_ONLY may hold several selections separated by ';' (one queue, `all --queue`, in the order given).
+remaining() { echo $(( LIMIT - ($(date +%s) - t0) > 30 ? LIMIT - ($(date +%s) - t0) : 30 )); }
+IFS=';' read -ra cpu_sels <<< "$CPU_ONLY"
+cpu_queue=(); for sel in "${cpu_sels[@]}"; do cpu_queue+=(--queue "$sel"); done
+OMP_NUM_THREADS=1 timeout -s INT -k 30 "$(remaining)" "${BENCH[@]}" all --profile "$PROFILE" --device cpu \
+  --jobs "$CPU_JOBS" "${cpu_queue[@]}" > "$OUT/cpu.log" 2>&1 &
+cpu_pid=$!
+
 # Stacked seeds against separate rounds on this device (the issue-19 target: >= 3x runs per hour on a GPU).
 if [[ -n "$STACK_BENCH" ]]; then
   for at in $STACK_BENCH; do
-    OMP_NUM_THREADS=1 timeout -k 10 300 "${BENCH[@]}" bench-speed --algo "${at%%:*}" --task "${at#*:}" \
-      --device "$DEVICE" --stack "$(( STACK > 1 ? STACK : 3 ))" --rounds "$STACK_ROUNDS" --warmup 2 --no-floor \
-      >> "$OUT/stack_bench.log" 2>&1 || echo "bench-speed $at: exit $?" >> "$OUT/stack_bench.log"
+    OMP_NUM_THREADS=1 timeout -k 10 150 "${BENCH[@]}" bench-speed --algo "${at%%:*}" --task "${at#*:}" \
+      --device "$DEVICE" --stack "$BENCH_STACK" --rounds "$STACK_ROUNDS" --warmup 2 --no-floor \
+      >> "$OUT/stack_bench.log" 2>&1 || { echo "bench-speed $at: exit $?" >> "$OUT/stack_bench.log"; stack_failed=1; }
   done
   grep -h "^#\|^[a-z]" "$OUT/stack_bench.log" | grep -v "^# torch" ; log "stack bench done"
+  # An untried path must not cost the loan's training: a stack that failed its bench trains unstacked.
+  if [[ -n "${stack_failed:-}" && "$STACK" -gt 1 ]]; then log "a stack bench failed: training with STACK=1"; STACK=1; fi
 fi
 
-# The stop: SIGINT at LIMIT (runs record 'interrupted' and keep their last checkpoint), SIGKILL 30 s later.
+# Other timings on this device: SPEED_BENCH="plcql+spacql:smax-6h_vs_8z ..." runs bench-speed for those
+# algorithms on that task (PLCQL with SPaCQL: their paired per-round ratio) into $OUT/speed_bench.log.
+for at in $SPEED_BENCH; do
+  algo_args=(); IFS='+' read -ra bench_algos <<< "${at%%:*}"
+  for a in "${bench_algos[@]}"; do algo_args+=(--algo "$a"); done
+  OMP_NUM_THREADS=1 timeout -k 10 240 "${BENCH[@]}" bench-speed "${algo_args[@]}" --task "${at#*:}" \
+    --device "$DEVICE" --rounds "$STACK_ROUNDS" --warmup 2 --no-floor \
+    >> "$OUT/speed_bench.log" 2>&1 || echo "bench-speed $at: exit $?" >> "$OUT/speed_bench.log"
+done
+[[ -n "$SPEED_BENCH" ]] && { grep -h "^#\|^[a-z]" "$OUT/speed_bench.log"; log "speed bench done"; }
+
 export OMP_NUM_THREADS=1
 # GPU_ONLY may hold several selections separated by ';' (e.g. the SMAX ensembles and a stage of MPE ablations):
 # one `all` process each, all sharing the GPU, PER_GPU runs (or stacks) apiece; logs gpu.log, gpu.2.log, ...
@@ -131,17 +164,14 @@ gpu_pids=()
 IFS=';' read -ra gpu_sels <<< "$GPU_ONLY"
 for i in "${!gpu_sels[@]}"; do
   glog="$OUT/gpu.log"; (( i > 0 )) && glog="$OUT/gpu.$(( i + 1 )).log"
-  timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
+  timeout -s INT -k 30 "$(remaining)" "${BENCH[@]}" all --profile "$PROFILE" --device "$DEVICE" --per-gpu "$PER_GPU" \
     --stack "$STACK" --only "${gpu_sels[$i]}" > "$glog" 2>&1 &
   gpu_pids+=($!)
 done
-timeout -s INT -k 30 "$LIMIT" "${BENCH[@]}" all --profile "$PROFILE" --device cpu --jobs "$CPU_JOBS" \
-  --only "$CPU_ONLY" > "$OUT/cpu.log" 2>&1 &
-cpu_pid=$!
 for i in "${!gpu_pids[@]}"; do wait "${gpu_pids[$i]}"; log "gpu part $(( i + 1 )) (${gpu_sels[$i]}) exit $?"; done
 wait $cpu_pid; log "cpu part exit $?"
 
-# Pack for the trip back (the tool returns at most 8 files of <= 16 MiB): every run's small files in
+# Pack for the trip back (the tool returns at most 8 files of <= 16 MiB, 64 MiB in all): every run's small files in
 # runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
 # in <= 15 MiB parts ckpt.tgz.part* (cat them | tar -xzf - over results/).
 (cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u > "$OUT/runs.txt"
@@ -155,4 +185,7 @@ wait $cpu_pid; log "cpu part exit $?"
 "${BENCH[@]}" status > "$OUT/status.txt" 2>&1
 log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
 for f in "$OUT"/gpu*.log "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
+# The logs travel as one file (logs.tgz), so the tool's 8 files are runs.tgz, logs.tgz and <= 6 checkpoint parts.
+(cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs)
+[[ $(ls "$OUT" | wc -l) -le 8 ]] || log "WARNING: $(ls "$OUT" | wc -l) files under OUT; the tool returns 8"
 rm -rf "$PKG"
