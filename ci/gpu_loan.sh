@@ -52,7 +52,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
   # The versions this checkout's environment runs (datasets and scores must not depend on the machine).
   pins=$(python3 - <<'PY'
 from importlib.metadata import version
-names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle pygame-ce jaxmarl gymnax".split()  # (the leaderboard is built here)
+names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle jaxmarl gymnax".split()  # (the leaderboard is built here; pygame: ci/loan_stubs)
 print(" ".join(f"{n}=={version(n)}" for n in names))
 PY
 ) || { echo "run --prepare with the project's python (make setup first)"; exit 2; }
@@ -96,6 +96,8 @@ if [[ -d .wheels ]]; then
     2>&1 | tail -2
   export PYTHONPATH="$PYTHONPATH:$PKG/deps"
 fi
+# MPE imports pygame only to draw; without it (its wheel would put the trip over 64 MiB) a render-only stub.
+python3 -c "import pygame" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$ROOT/ci/loan_stubs"
 BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
