@@ -81,9 +81,18 @@ def _hardware(rec) -> str:
     h = rec.hardware or {}
     if h:
         where = h.get("gpu") or h.get("cpu") or "?"
-        return f"{h.get('device', '?')}: {where}" + (f", {h['torch_threads']} torch thread(s)" if h.get("torch_threads") else "")
+        label = f"{h.get('device', '?')}: {where}" + (f", {h['torch_threads']} torch thread(s)" if h.get("torch_threads") else "")
+        return label + _device_changes(rec.train.get("devices") or [])
     torch = rec.versions.get("torch", "")
     return f"not recorded (torch {torch})" if torch else "not recorded"
+
+
+def _device_changes(devices: list[dict]) -> str:
+    """A run that resumed on another kind of device (runner.fresh_state): where its earlier rounds ran."""
+    if len(devices) < 2:
+        return ""
+    spans = [f"{d['device']} from update {d['from_update']}" for d in devices]
+    return f" (resumed across devices: {'; '.join(spans)})"
 
 
 def run_rows(cells: list[Cell], cards: list[dict], label) -> list[dict]:

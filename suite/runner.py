@@ -336,7 +336,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     algo = cls(task.spec, plan.config, cell.seed, device)
     sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
     probe = _probe_batch(sampler) if hasattr(algo, "diagnostics") else None
-    state = _resume(plan, algo, sampler, log) or {"update": 0, "curve": [], "history": [], "train_s": 0.0}
+    state = _resume(plan, algo, sampler, log, device) or fresh_state(device)
     progress.update(update=state["update"], reached=state["update"], runtime_s=state["train_s"])
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
@@ -439,7 +439,14 @@ def _checkpoint(plan: RunPlan, algo, sampler, state: dict) -> None:
     atomic_write_bytes(plan.run_dir / "ckpt.pt", buf.getvalue())
 
 
-def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None) -> dict | None:
+def fresh_state(device: str) -> dict:
+    """A run's training state at update 0. `devices` lists where it trains: {"from_update", "device"}, one
+    entry more each time it resumes on another kind of device (a GPU loan's run finished on a CPU)."""
+    return {"update": 0, "curve": [], "history": [], "train_s": 0.0,
+            "devices": [{"from_update": 0, "device": device}]}
+
+
+def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None, device: str = "cpu") -> dict | None:
     path = plan.run_dir / "ckpt.pt"
     if not path.exists():
         return None
@@ -460,7 +467,24 @@ def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None) -> dict | None:
     torch.set_rng_state(payload["torch_rng"])
     np.random.set_state(payload["numpy_rng"])
     sampler.generator.set_state(payload["sampler_rng"])
-    return payload["state"]
+    return _note_device(payload["state"], getattr(algo, "reseeded_generators", []), device, log)
+
+
+def _note_device(state: dict, reseeded: list[str], device: str, log) -> dict:
+    """Extend a resumed state's `devices` when this process trains on another kind of device than the one
+    that wrote the checkpoint, and say in the run log what that changes (floating point, and the streams of
+    `reseeded`: algorithms/common/protocol.py, restore_generator)."""
+    kind = torch.device(device).type
+    if "devices" not in state:  # checkpoints written before `devices`: a stream that did not fit came from the other kind
+        other = "cpu" if kind != "cpu" else "cuda"
+        state["devices"] = [{"from_update": 0, "device": f"{other} (inferred)" if reseeded else device}]
+    previous = state["devices"][-1]["device"]
+    if torch.device(previous.split(" ")[0]).type != kind:
+        state["devices"].append({"from_update": state["update"], "device": device})
+        log(f"resuming on {device} a checkpoint written on {previous}: the rest of the run trains with this "
+            f"device's arithmetic" + (f"; random streams {', '.join(reseeded)} continue from seeds derived from "
+                                      f"their saved states" if reseeded else "") + " (recorded in train.devices)")
+    return state
 
 
 def _identity_record(plan: RunPlan) -> dict:
@@ -474,7 +498,8 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
         score_name=task.spec.score, score=_score(task, final), final_eval=final,
         curve=state["curve"],
         train={"updates": budget["updates"], "wall_clock_s": 0.0, "train_s": state["train_s"],
-               "updates_per_s": budget["updates"] / max(state["train_s"], 1e-9)},
+               "updates_per_s": budget["updates"] / max(state["train_s"], 1e-9),
+               **({"devices": state["devices"]} if len(state.get("devices", [])) > 1 else {})},
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),
     )

@@ -164,8 +164,7 @@ def _start(plan, log, dataset, device: str, seeds: list[int]) -> _Run:
     run.algo = cls(task.spec, plan.config, cell.seed, device)
     run.sampler = R.make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
     run.probe = R._probe_batch(run.sampler) if hasattr(run.algo, "diagnostics") else None
-    run.state = R._resume(plan, run.algo, run.sampler, log) or {"update": 0, "curve": [], "history": [],
-                                                                 "train_s": 0.0}
+    run.state = R._resume(plan, run.algo, run.sampler, log, device) or R.fresh_state(device)
     run.rng = (torch.get_rng_state(), np.random.get_state())
     u = run.state["update"]
     run.progress = {"update": u, "reached": u, "runtime_s": run.state["train_s"]}

@@ -13,6 +13,7 @@ actors, `critic_opt` for a critic and its mixer). A class that renamed a key lis
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,9 +48,26 @@ class Checkpointable:
             m.load_state_dict(state[k])
         for k, o in self.optimisers().items():
             o.load_state_dict(state[k])
-        for k, g in self.generators().items():
-            g.set_state(state[k])
+        # The generators whose saved stream could not continue here (saved on another device kind).
+        self.reseeded_generators = [k for k, g in self.generators().items() if not restore_generator(g, state[k])]
         self.rounds = int(state["rounds"])
+
+
+def restore_generator(g: torch.Generator, saved: torch.Tensor) -> bool:
+    """Put `g` in a saved state; True when the stream continues bitwise. A state saved on another device
+    kind cannot (a CUDA generator's Philox state is 16 bytes, a CPU generator's Mersenne Twister 5,056): a
+    run trained on a GPU and resumed on a CPU, or back. Then `g` is seeded from a hash of the saved state,
+    so the resumed run is still deterministic given its checkpoint, but not the run its own device would
+    have finished; the runner records the change of device with the result."""
+    try:
+        g.set_state(saved)
+        return True
+    except RuntimeError:
+        if saved.numel() == g.get_state().numel():
+            raise  # same kind of state, so not a device change: a damaged checkpoint
+    digest = hashlib.sha256(saved.cpu().numpy().tobytes()).digest()
+    g.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return False
 
 
 def renamed_keys(state: dict[str, Any], legacy: dict[str, str]) -> dict[str, Any]:
