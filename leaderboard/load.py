@@ -105,17 +105,17 @@ def learns_par(rec: RunRecord) -> bool:
     return rec.algo.startswith("plcql") and rec.config.get("fixed_k", "absent") is None
 
 
-def with_par_collapse(results_dir: Path, path: str, rec: RunRecord) -> RunRecord:
+def with_par_collapse(results_dir: Path, path: str, rec: RunRecord, history: list[dict] | None = None) -> RunRecord:
     """The record, with `par_collapse` recomputed from the run's metrics.jsonl under the current rule
     (algorithms/plcql.py `par_collapse`) when its final.json has none: runs finished before that rule
     was fixed (2026-11-26: one evaluation point above the entropy threshold used to hide a collapse).
-    A recomputed entry says so ("source")."""
+    A recomputed entry says so ("source"). `history`: the run's metrics.jsonl rows when the caller has
+    read them already."""
     if rec.par_collapse or not learns_par(rec):
         return rec
     from plcql_bench.algorithms.plcql import par_collapse
-    from plcql_bench.leaderboard.analysis import read_metrics
 
-    info = par_collapse(read_metrics(results_dir / Path(path).parent / "metrics.jsonl"), learned=True)
+    info = par_collapse(_history(results_dir, path, history), learned=True)
     if info is None:
         return rec
     return dataclasses.replace(rec, par_collapse={**info, "source": "metrics.jsonl (recomputed by the leaderboard)"})
@@ -144,19 +144,27 @@ def critic_divergence(history: list[dict]) -> dict | None:
     return {"early": early, "late": late, "ratio": late / early}
 
 
-def with_critic_check(results_dir: Path, path: str, rec: RunRecord) -> RunRecord:
+def with_critic_check(results_dir: Path, path: str, rec: RunRecord, history: list[dict] | None = None) -> RunRecord:
     """The record with a "critic diverged" warning added when its metrics.jsonl shows one
-    (`critic_divergence`); the leaderboard computes it, the result file is left as written."""
+    (`critic_divergence`); the leaderboard computes it, the result file is left as written. `history` as
+    in `with_par_collapse`."""
     if critic_diverged(rec):
         return rec
-    from plcql_bench.leaderboard.analysis import read_metrics
-
-    info = critic_divergence(read_metrics(results_dir / Path(path).parent / "metrics.jsonl"))
+    info = critic_divergence(_history(results_dir, path, history))
     if info is None:
         return rec
     note = (f"{DIVERGED}: TD loss {info['late']:.3g} over the last {DIVERGENCE_SHARE:.0%} of training, "
             f"{info['ratio']:.0f}x its early {info['early']:.3g} (metrics.jsonl, checked by the leaderboard)")
     return dataclasses.replace(rec, warnings=(*rec.warnings, note))
+
+
+def _history(results_dir: Path, path: str, history: list[dict] | None) -> list[dict]:
+    """A run's metrics.jsonl rows: `history` when given, else read from beside its final.json."""
+    if history is not None:
+        return history
+    from plcql_bench.leaderboard.analysis import read_metrics
+
+    return read_metrics(results_dir / Path(path).parent / "metrics.jsonl")
 
 
 def _one_per_seed(records: list, skipped: list) -> list:

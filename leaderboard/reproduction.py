@@ -57,10 +57,11 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
         if cell not in cells or rec.algo not in algos:
             continue
         vals = run_values(rec)
-        rec = with_par_collapse(results, path, rec)
+        history = read_metrics(results / Path(path).parent / "metrics.jsonl")  # read once for the three checks
+        rec = with_par_collapse(results, path, rec, history)
         vals["collapsed"] = bool(rec.par_collapse) if learns_par(rec) else None
-        vals["diverged"] = critic_diverged(with_critic_check(results, path, rec))
-        vals.update(late_par(read_metrics(results / Path(path).parent / "metrics.jsonl")))
+        vals["diverged"] = critic_diverged(with_critic_check(results, path, rec, history))
+        vals.update(late_par(history))
         out.setdefault(cell, {}).setdefault(rec.algo, []).append(vals)
     return {c: {a: out[c][a] for a in algos if a in out.get(c, {})} for c in cells if c in out}
 

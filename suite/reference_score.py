@@ -129,12 +129,12 @@ class OfficialPolicy:
 
 
 def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
-    """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds."""
-    from plcql_bench.datasets.format import normalised_score
-    from plcql_bench.suite import protocol
+    """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds, as a
+    run of this suite is evaluated (runner.evaluate_policy)."""
+    from plcql_bench.suite.runner import evaluate_policy
 
-    returns = protocol.rollout_returns(task, lambda s: policy.act(s.obs, s.avail), protocol.eval_seeds(episodes))["returns"]
-    return float(normalised_score(float(returns.mean()), dataset.attrs)), float(returns.mean())
+    ev = evaluate_policy(task, policy, dataset, episodes)
+    return float(ev["normalised_score"]), float(ev["return_mean"])
 
 
 def main(argv: list[str] | None = None) -> None:

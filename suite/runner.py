@@ -362,7 +362,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
             progress.update(update=done, runtime_s=state["train_s"])
             _write_status(plan, "running", update=done, runtime_s=state["train_s"])
     state["train_s"] += time.time() - clock
-    final = _evaluate(task, algo, dataset, budget["final_eval_episodes"])
+    final = evaluate_policy(task, algo, dataset, budget["final_eval_episodes"])
     result = _result(plan, task, final, state, budget)
     if hasattr(algo, "run_warnings"):  # e.g. PLCQL: "PAR collapsed to k = n"
         warnings, extra = algo.run_warnings(state["history"])
@@ -388,7 +388,10 @@ def _probe_batch(sampler):
     return batch
 
 
-def _evaluate(task, algo, dataset, episodes: int) -> dict:
+def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
+    """The suite's evaluation of a policy (anything with `act(obs, avail)`, and `begin_episodes` if it is
+    recurrent) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
+    runs and the reference-code scorer (suite/reference_score.py) all evaluate through it."""
     out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
                                    begin=getattr(algo, "begin_episodes", None))
     returns = out["returns"]
@@ -413,7 +416,7 @@ def _normalised(ret: float, attrs: dict) -> float | None:
 
 
 def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe=None) -> None:
-    ev = _evaluate(task, algo, dataset, episodes)
+    ev = evaluate_policy(task, algo, dataset, episodes)
     point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
     diag = algo.diagnostics(probe) if probe is not None else {}

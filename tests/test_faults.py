@@ -116,13 +116,13 @@ def test_bad1_batch_size_zero_is_refused_before_anything_is_written(ws, monkeypa
 def test_bad1_non_finite_score_marks_the_run_failed(ws, monkeypatch, capsys):
     """A run whose final evaluation is NaN is failed (no final.json), `run` says so in one line
     (exit 1), and `all` does not count it as done."""
-    real = runner._evaluate
+    real = runner.evaluate_policy
 
     def nan_eval(*args, **kw):
         out = real(*args, **kw)
         return {**out, "return_mean": float("nan"), "normalised_score": float("nan")}
 
-    monkeypatch.setattr(runner, "_evaluate", nan_eval)
+    monkeypatch.setattr(runner, "evaluate_policy", nan_eval)
     code, _, err = bench(monkeypatch, capsys, ws, "run", *RUN, "--seed", "5", "--profile", str(ws / "p.yaml"))
     assert code == 1
     one_error_line(err, "seed 5 failed", "not a finite number", "status.json")
