@@ -154,10 +154,13 @@ def learning_curves(tables: list[Table], label: Callable[[str], str], view_key: 
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl (unreadable lines and files give nothing)."""
+    """The records of a metrics.jsonl, or of its published metrics.jsonl.gz (unreadable lines and files give
+    nothing)."""
+    from plcql_bench.suite.core.store import read_metrics_text
+
     out = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = (read_metrics_text(path) or "").splitlines()
     except (OSError, UnicodeDecodeError):
         return []
     for line in lines:

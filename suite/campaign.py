@@ -13,7 +13,7 @@ A campaign file (YAML):
 --queue SPEC1 --queue SPEC2 ...` (finished cells are skipped, interrupted ones resume from their
 checkpoints). A free core takes the next cell in file order, so the cores never wait for a stage's
 last run. While it runs, and once at the end, the campaign copies the finished runs' small files
-(final.json, config.json, metrics.jsonl) into `--publish-to` (default leaderboard/results), checking
+(final.json, config.json, metrics.jsonl as metrics.jsonl.gz) into `--publish-to` (default leaderboard/results), checking
 every `--publish-every` seconds. A failed cell does not stop the campaign (exit 1 at the end).
 `plcql-bench campaign status FILE` shows each stage's cells (done / partial / running / failed / todo)
 and the time they still need, as `plan` estimates it.
@@ -34,7 +34,7 @@ import yaml
 
 from plcql_bench.suite.core.errors import BenchError
 
-PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
+PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")  # metrics.jsonl is published gzipped (.gz)
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     paths); returns how many runs were newly published. Files already there are left alone; a
     final.json that is not a valid result of its run directory is not published (one warning line)."""
     from plcql_bench.suite.core.schema import RecordError, check_location, read_record
+    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, gzip_file
 
     src_root = Path(results_dir) / profile
     n = 0
@@ -97,7 +98,11 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
             continue
         target.mkdir(parents=True, exist_ok=True)
         for name in PUBLISHED_FILES:  # final.json last: its presence marks a complete copy
-            if (final.parent / name).exists() and name != "final.json":
+            if not (final.parent / name).exists() or name == "final.json":
+                continue
+            if name == METRICS:  # ~4x smaller: the committed results stay within what a GPU loan can carry
+                gzip_file(final.parent / name, target / METRICS_GZ)
+            else:
                 shutil.copyfile(final.parent / name, target / name)
         shutil.copyfile(final, target / "final.json")
         n += 1

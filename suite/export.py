@@ -34,7 +34,7 @@ from typing import Iterator
 
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
-from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json
+from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_bytes, atomic_write_json, read_metrics_text
 
 COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "step", "metric", "value")
 
@@ -56,13 +56,14 @@ class _BadHistory(ValueError):
 
 
 def _history(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
+    """A run's evaluation points from metrics.jsonl (or, in a published folder, metrics.jsonl.gz)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = read_metrics_text(run_dir / METRICS)
     except (OSError, UnicodeDecodeError) as exc:
         raise _BadHistory(f"unreadable: {type(exc).__name__}: {exc}") from None
+    if text is None:
+        return []
+    lines = text.splitlines()
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -89,7 +90,8 @@ def tidy_rows(results_dir: Path, profile: str | None = None, damaged: list[Damag
         try:
             history = _history(run_dir)
         except _BadHistory as exc:
-            damaged.append(Damaged((run_dir / "metrics.jsonl").relative_to(results_dir).as_posix(), str(exc)))
+            name = METRICS if (run_dir / METRICS).exists() else METRICS_GZ
+            damaged.append(Damaged((run_dir / name).relative_to(results_dir).as_posix(), str(exc)))
             continue
         history = history or [{"update": p["update"], "return_mean": p["return_mean"],
                                          "score": p["score"]} for p in rec.curve]

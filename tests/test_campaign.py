@@ -57,10 +57,33 @@ def test_publish_copies_finished_runs_once(tmp_path):
     dest, warnings = tmp_path / "board", []
     assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 1
     out = dest / "paper" / "bc" / "mpe-cn" / "random"
-    assert sorted(p.name for p in (out / done.name).iterdir()) == ["config.json", "final.json", "metrics.jsonl"]
+    assert sorted(p.name for p in (out / done.name).iterdir()) == ["config.json", "final.json", "metrics.jsonl.gz"]
     assert not (out / "seed1-bbb").exists()  # unfinished: nothing published
     assert not (out / copied.name).exists() and len(warnings) == 1 and copied.name in warnings[0]  # not its result
     assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 0  # already there
+
+
+def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
+    """metrics.jsonl is published as metrics.jsonl.gz (the committed results stay small enough for a GPU
+    loan's 64 MiB trip); the same run published twice gives the same bytes, and every reader of a run's
+    metrics (leaderboard, export) reads the published file as it reads the runner's."""
+    from plcql_bench.leaderboard.analysis import read_metrics
+    from plcql_bench.suite.export import _history
+
+    done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
+    lines = "".join(f'{{"update": {u}, "score": {u / 10}, "train/actor/loss": 0.5}}\n' for u in range(0, 200, 10))
+    (done / "metrics.jsonl").write_text(lines)
+    first, second = tmp_path / "a", tmp_path / "b"
+    publish(tmp_path / "results", "paper", first)
+    publish(tmp_path / "results", "paper", second)
+    rel = done.relative_to(tmp_path / "results")
+    packed = first / rel / "metrics.jsonl.gz"
+    assert packed.read_bytes() == (second / rel / "metrics.jsonl.gz").read_bytes()
+    assert len(packed.read_bytes()) < len(lines) / 3
+    assert read_metrics(first / rel / "metrics.jsonl") == read_metrics(done / "metrics.jsonl")
+    assert _history(first / rel) == _history(done) and len(_history(done)) == 20
+    packed.write_bytes(packed.read_bytes()[:20])  # a damaged published file reads as nothing, not a crash
+    assert read_metrics(first / rel / "metrics.jsonl") == []
 
 
 def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):

@@ -39,3 +39,32 @@ def _default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+METRICS = "metrics.jsonl"            # a run's learning curve and diagnostics, as the runner writes it
+METRICS_GZ = "metrics.jsonl.gz"      # the same bytes gzipped, as runs are published into leaderboard/results
+
+
+def read_metrics_text(path: Path) -> str | None:
+    """The text of a run's metrics.jsonl at `path`, or of its published, gzipped sibling (`METRICS_GZ`)
+    when only that exists; None when neither does. Raises OSError/UnicodeDecodeError on a damaged file."""
+    import gzip
+
+    path = Path(path)
+    if path.exists():
+        return path.read_text(encoding="utf-8")
+    packed = path.with_name(path.name + ".gz")
+    if packed.exists():
+        try:
+            return gzip.decompress(packed.read_bytes()).decode("utf-8")
+        except (EOFError, gzip.BadGzipFile) as exc:
+            raise OSError(f"{packed}: {exc}") from None
+    return None
+
+
+def gzip_file(src: Path, dest: Path) -> None:
+    """`dest` = gzip of `src`, written atomically and byte-for-byte reproducible (no name or time in the
+    header), so publishing the same run twice gives the same committed bytes."""
+    import gzip
+
+    atomic_write_bytes(Path(dest), gzip.compress(Path(src).read_bytes(), compresslevel=9, mtime=0))
