@@ -14,16 +14,20 @@
 # Then, through the device tool: carry [".wheels"] and run
 #   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
-# The recommended loan (issues 15 and 18; 2026-11-27): on the GPU the SMAX 2s3z medium ensembles (PLCQL,
-# SPaCQL, the ablation column) and the CN random PLCQL study (6,001 rounds a run: ~1.6 core-hours on CPU,
-# ~11 minutes at PLCQL's ~110 ms a round with 8 runs sharing an H100, docs/runner.md); on the cores the CN
-# medium-replay ablations still to run. Drop the cells `plan --profile paper` shows done (the loan machine
-# sees only what it is carried). No PREBUILD: each `all` builds its own datasets, so the CN runs start at
-# once while the SMAX one builds 2s3z medium (~3 min, one process: SMAX collection workers would change
-# the dataset's bits, and so its sha256 and the run keys). Unfinished runs come back as checkpoints:
-#   LIMIT=540 PER_GPU=4 CPU_JOBS=8 \
-#   GPU_ONLY='algo=plcql,spacql,plcql-kn,plcql-uniform,plcql-k1,plcql-lcb,task=smax-2s3z,dataset=medium,seed=0,1,2;algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql-k2,plcql-w1,plcql-t0.1,plcql-t10,plcql-target-actors,task=mpe-cn,dataset=medium-replay,seed=0,1,2' bash ci/gpu_loan.sh
+# The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
+# a selection may name finished cells.
+# The recommended loan (issues 18 and 15; written 2026-11-27 after that day's loan): on the GPU the
+# PP/World PLCQL and SPaCQL cells as stacks of 3 seeds (2,001 rounds; a stack of 3 PLCQL seeds did ~4.3
+# rounds a second with 6 stacks sharing an H200: ~470 s for 2,001 rounds, so the first PER_GPU stacks may
+# finish inside one call, not measured on PP/World; the rest come back as checkpoints); on the cores the MPE
+# baselines and the CN medium-replay ablations still to run (finished cells are skipped, see above).
+# Pause the home campaign before unpacking (a cell both trained keeps whichever final.json lands last).
+#   LIMIT=540 PER_GPU=8 CPU_JOBS=8 STACK=3 \
+#   GPU_ONLY='algo=plcql,spacql,task=mpe-pp,mpe-world,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql-target-actors,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2;algo=bc,cfcql,macql,omar,iql,matd3bc,task=mpe-cn,mpe-pp,mpe-world,seed=0,1,2' \
+#   bash ci/gpu_loan.sh
+# The SMAX 2s3z ensembles need their 2 GB tier built on the machine (~3 min) and ~16 GPU-minutes a run
+# (PLCQL ~0.56 s a round on an H200 with the cores busy): a loan of their own.
 # The CPU cells start at once (the cores train while the GPU is benched); the GPU cells start after the
 # benches, with what is left of LIMIT. SPEED_BENCH="plcql+spacql:smax-6h_vs_8z" times other algorithms on
 # the device (issue 19's P2 at n = 6). The 2026-11-27 loan (benches first, then the CN random study stacked):
@@ -62,6 +66,11 @@ PY
     --platform any -d .wheels $pins
   grep -qx '/.wheels/' .git/info/exclude 2>/dev/null || echo '/.wheels/' >> .git/info/exclude
   du -sh .wheels
+  # What a call carries: the tracked files, the untracked ones git does not ignore, and .wheels (<= 64 MiB).
+  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}')
+  total=$(( tree + $(du -sb .wheels | cut -f1) ))
+  echo "a call carries ~$(( total / 1048576 )) MiB of the device tool's 64 MiB"
+  (( total < 64 * 1048576 )) || { echo "over 64 MiB: the device tool would refuse the call"; exit 2; }
   exit 0
 fi
 
@@ -104,6 +113,19 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || tr
 # Fail fast (a lent minute is precious): the CLI and the MPE env must import.
 python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
 log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none listed = cannot build images here)"
+
+# The runs already published count as done here too (this machine sees only the working tree): each one's
+# final.json and config.json go into RESULTS, so `all` skips its cell; they are not packed for the trip back.
+SEEDED="$OUT/.seeded"
+: > "$SEEDED"
+if [[ -d "leaderboard/results/$PROFILE" ]]; then
+  while read -r d; do
+    [[ -e "$RESULTS/$d" ]] && continue
+    mkdir -p "$RESULTS/$d" && cp "leaderboard/results/$d/final.json" "leaderboard/results/$d/config.json" "$RESULTS/$d/" \
+      && echo "./$d" >> "$SEEDED"
+  done < <(cd leaderboard/results && find "$PROFILE" -name final.json -printf '%h\n')
+fi
+log "$(wc -l < "$SEEDED") published run(s) count as done"
 
 # Datasets first, one process per tier, then each one's sha256 against its committed card: a run on a
 # dataset that differs from the card's would not be the committed cell (its run key would differ).
@@ -176,7 +198,7 @@ wait $cpu_pid; log "cpu part exit $?"
 # Pack for the trip back (the tool returns at most 8 files of <= 16 MiB, 64 MiB in all): every run's small files in
 # runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
 # in <= 15 MiB parts ckpt.tgz.part* (cat them | tar -xzf - over results/).
-(cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u > "$OUT/runs.txt"
+(cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u | grep -vxFf "$SEEDED" > "$OUT/runs.txt"
  tar -czf "$OUT/runs.tgz" --files-from=<(while read -r d; do
    for f in final.json config.json metrics.jsonl status.json run.log; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
  done < "$OUT/runs.txt")
@@ -188,6 +210,6 @@ wait $cpu_pid; log "cpu part exit $?"
 log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
 for f in "$OUT"/gpu*.log "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 # The logs travel as one file (logs.tgz), so the tool's 8 files are runs.tgz, logs.tgz and <= 6 checkpoint parts.
-(cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs)
+(cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs .seeded)
 [[ $(ls "$OUT" | wc -l) -le 8 ]] || log "WARNING: $(ls "$OUT" | wc -l) files under OUT; the tool returns 8"
 rm -rf "$PKG"
