@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from crash import interrupt_on_call
 import torch
 
 from plcql_bench.algorithms.common.protocol import restore_generator
@@ -70,15 +71,7 @@ def interrupted(tmp_path: Path, monkeypatch):
     build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
     plan = plan_run(Cell("cfcql", "mpe-cn", "random", 0), profile, tmp_path / "data", tmp_path / "results", {})
     cls = runner.get_algorithm("cfcql")
-    real_update, calls = cls.update, {"n": 0}
-
-    def crash_at_round_5(self, sample):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated stop")
-        return real_update(self, sample)
-
-    monkeypatch.setattr(cls, "update", crash_at_round_5)
+    real_update = interrupt_on_call(monkeypatch, cls, "update", 5, "simulated stop")
     with pytest.raises(KeyboardInterrupt):
         execute(plan, log=lambda *_: None)
     monkeypatch.setattr(cls, "update", real_update)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from crash import interrupt_on_call
 import torch
 
 from plcql_bench.suite import runner
@@ -52,16 +53,7 @@ def test_discrete_resume_equals_uninterrupted_run(setup, monkeypatch, algo):
     assert plan.run_key == whole_plan.run_key
     cls = runner.get_algorithm(algo, discrete=True)
     assert cls.discrete is True and cls.batch_kind == "episodes"
-    real_update = cls.update
-    calls = {"n": 0}
-
-    def crash_at_round_5(self, sample):  # after the checkpoint at update 4
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated crash")
-        return real_update(self, sample)
-
-    monkeypatch.setattr(cls, "update", crash_at_round_5)
+    real_update = interrupt_on_call(monkeypatch, cls, "update", 5)  # after the checkpoint at update 4
     with pytest.raises(KeyboardInterrupt):
         execute(plan, log=lambda *_: None)
     assert not plan.final_path.exists() and (plan.run_dir / "ckpt.pt").exists()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from crash import interrupt_on_call
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
@@ -61,16 +62,7 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(setup, monkeypatch):
     whole = execute(_plan(tmp, profile, results="a"), log=lambda *_: None)
 
     plan = _plan(tmp, profile, results="b")
-    real_update = runner.get_algorithm("cfcql").update
-    calls = {"n": 0}
-
-    def crash_at_round_5(self, sample):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated crash")
-        return real_update(self, sample)
-
-    monkeypatch.setattr(runner.get_algorithm("cfcql"), "update", crash_at_round_5)
+    real_update = interrupt_on_call(monkeypatch, runner.get_algorithm("cfcql"), "update", 5)
     with pytest.raises(KeyboardInterrupt):
         execute(plan, log=lambda *_: None)
     assert not plan.final_path.exists()

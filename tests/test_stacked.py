@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from crash import interrupt_on_call
 import torch
 
 from plcql_bench.algorithms.base import load_all, make_config
@@ -195,15 +196,7 @@ def test_interrupted_stack_resumes_to_the_uninterrupted_result(setup, monkeypatc
     tmp, profile = setup
     whole = [o["result"] for o in execute_stack(_plans(tmp, profile, "a"), logs=_quiet(3))]
     plans = _plans(tmp, profile, "b")
-    real, calls = SeedStack.update, {"n": 0}
-
-    def crash_at_round_5(self, samplers):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated crash")
-        return real(self, samplers)
-
-    monkeypatch.setattr(SeedStack, "update", crash_at_round_5)
+    real = interrupt_on_call(monkeypatch, SeedStack, "update", 5)
     with pytest.raises(KeyboardInterrupt):
         execute_stack(plans, logs=_quiet(3))
     for plan in plans:
@@ -232,15 +225,7 @@ def test_finished_seeds_skipped_and_seeds_at_different_rounds(setup, monkeypatch
         plans = _plans(tmp, profile, "b")
         execute(plans[0], log=lambda *_: None)
         cls = load_all()["cfcql"]
-        real, calls = cls.update, {"n": 0}
-
-        def crash_at_round_3(self, sample):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise KeyboardInterrupt("simulated crash")
-            return real(self, sample)
-
-        monkeypatch.setattr(cls, "update", crash_at_round_3)
+        real = interrupt_on_call(monkeypatch, cls, "update", 3)
         with pytest.raises(KeyboardInterrupt):
             execute(plans[1], log=lambda *_: None)
         monkeypatch.setattr(cls, "update", real)
