@@ -68,7 +68,7 @@ def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
     loan's 64 MiB trip); the same run published twice gives the same bytes, and every reader of a run's
     metrics (leaderboard, export) reads the published file as it reads the runner's."""
     from plcql_bench.leaderboard.analysis import read_metrics
-    from plcql_bench.suite.export import _history
+    from plcql_bench.suite.export import _BadHistory, _history
 
     done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
     lines = "".join(f'{{"update": {u}, "score": {u / 10}, "train/actor/loss": 0.5}}\n' for u in range(0, 200, 10))
@@ -82,8 +82,13 @@ def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
     assert len(packed.read_bytes()) < len(lines) / 3
     assert read_metrics(first / rel / "metrics.jsonl") == read_metrics(done / "metrics.jsonl")
     assert _history(first / rel) == _history(done) and len(_history(done)) == 20
-    packed.write_bytes(packed.read_bytes()[:20])  # a damaged published file reads as nothing, not a crash
+    whole = packed.read_bytes()
+    packed.write_bytes(whole[:20])  # a damaged published file reads as nothing, not a crash
     assert read_metrics(first / rel / "metrics.jsonl") == []
+    packed.write_bytes(whole[:15] + bytes(b ^ 0xFF for b in whole[15:40]) + whole[40:])  # corrupt inside
+    assert read_metrics(first / rel / "metrics.jsonl") == []
+    with pytest.raises(_BadHistory, match="unreadable"):
+        _history(first / rel)
 
 
 def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):

@@ -49,6 +49,7 @@ def read_metrics_text(path: Path) -> str | None:
     """The text of a run's metrics.jsonl at `path`, or of its published, gzipped sibling (`METRICS_GZ`)
     when only that exists; None when neither does. Raises OSError/UnicodeDecodeError on a damaged file."""
     import gzip
+    import zlib
 
     path = Path(path)
     if path.exists():
@@ -57,7 +58,7 @@ def read_metrics_text(path: Path) -> str | None:
     if packed.exists():
         try:
             return gzip.decompress(packed.read_bytes()).decode("utf-8")
-        except (EOFError, gzip.BadGzipFile) as exc:
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # truncated, not gzip, corrupt inside
             raise OSError(f"{packed}: {exc}") from None
     return None
 
