@@ -114,18 +114,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || tr
 python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
 log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none listed = cannot build images here)"
 
-# The runs already published count as done here too (this machine sees only the working tree): each one's
-# final.json and config.json go into RESULTS, so `all` skips its cell; they are not packed for the trip back.
-SEEDED="$OUT/.seeded"
-: > "$SEEDED"
-if [[ -d "leaderboard/results/$PROFILE" ]]; then
-  while read -r d; do
-    [[ -e "$RESULTS/$d" ]] && continue
-    mkdir -p "$RESULTS/$d" && cp "leaderboard/results/$d/final.json" "leaderboard/results/$d/config.json" "$RESULTS/$d/" \
-      && echo "./$d" >> "$SEEDED"
-  done < <(cd leaderboard/results && find "$PROFILE" -name final.json -printf '%h\n')
-fi
-log "$(wc -l < "$SEEDED") published run(s) count as done"
+# The runs already published count as done here too (this machine sees only the working tree): `campaign
+# adopt` copies them into RESULTS, so `all` skips their cells; they are not packed for the trip back.
+"${BENCH[@]}" campaign adopt --profile "$PROFILE" --from leaderboard/results 2>&1 | tail -1
 
 # Datasets first, one process per tier, then each one's sha256 against its committed card: a run on a
 # dataset that differs from the card's would not be the committed cell (its run key would differ).
@@ -198,7 +189,8 @@ wait $cpu_pid; log "cpu part exit $?"
 # Pack for the trip back (the tool returns at most 8 files of <= 16 MiB, 64 MiB in all): every run's small files in
 # runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
 # in <= 15 MiB parts ckpt.tgz.part* (cat them | tar -xzf - over results/).
-(cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u | grep -vxFf "$SEEDED" > "$OUT/runs.txt"
+(cd "$RESULTS" && find . -name config.json -printf '%h\n' | sort -u \
+   | while read -r d; do [[ -e "$ROOT/leaderboard/results/$d/final.json" ]] || echo "$d"; done > "$OUT/runs.txt"
  tar -czf "$OUT/runs.tgz" --files-from=<(while read -r d; do
    for f in final.json config.json metrics.jsonl status.json run.log; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
  done < "$OUT/runs.txt")
@@ -210,6 +202,6 @@ wait $cpu_pid; log "cpu part exit $?"
 log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
 for f in "$OUT"/gpu*.log "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 # The logs travel as one file (logs.tgz), so the tool's 8 files are runs.tgz, logs.tgz and <= 6 checkpoint parts.
-(cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs .seeded)
+(cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs)
 [[ $(ls "$OUT" | wc -l) -le 8 ]] || log "WARNING: $(ls "$OUT" | wc -l) files under OUT; the tool returns 8"
 rm -rf "$PKG"

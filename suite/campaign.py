@@ -16,7 +16,9 @@ last run. While it runs, and once at the end, the campaign copies the finished r
 (final.json, config.json, metrics.jsonl as metrics.jsonl.gz) into `--publish-to` (default leaderboard/results), checking
 every `--publish-every` seconds. A failed cell does not stop the campaign (exit 1 at the end).
 `plcql-bench campaign status FILE` shows each stage's cells (done / partial / running / failed / todo)
-and the time they still need, as `plan` estimates it.
+and the time they still need, as `plan` estimates it. On a fresh clone the results folder is empty:
+`campaign run` first adopts the runs already published in `--publish-to` (copies them into the results
+folder), so their cells count as done; `campaign adopt` does that alone.
 """
 
 from __future__ import annotations
@@ -109,6 +111,24 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     return n
 
 
+def adopt_published(published: Path, results_dir: Path, profile: str) -> int:
+    """Copy every published run under published/profile (its final.json, config.json and metrics) into
+    results_dir where that run's directory does not exist yet, so `all` counts its cell as done on a
+    machine that has only the committed results (a fresh clone, a GPU loan) instead of training it
+    again. Run directories already there are left alone. Returns how many runs were adopted."""
+    n = 0
+    for final in sorted((Path(published) / profile).rglob("final.json")):
+        target = Path(results_dir) / final.parent.relative_to(Path(published))
+        if target.exists():
+            continue
+        target.mkdir(parents=True)
+        for src in sorted(final.parent.iterdir(), key=lambda f: f.name == "final.json"):  # final.json last
+            if src.is_file():
+                shutil.copyfile(src, target / src.name)
+        n += 1
+    return n
+
+
 def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
     """Run the campaign's `all`, calling on_tick() every every_s seconds while it runs (publishing);
     a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs stop cleanly
@@ -172,6 +192,10 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_pub
         prof, _ = stage_cells(camp, s)
     click.echo(f"== campaign {file}: {len(stages)} stage(s) as one queue: {', '.join(s.name for s in stages)}",
                err=True)
+    if not no_publish and Path(publish_to).exists():  # a fresh clone: the committed runs are done, not to do
+        n = adopt_published(publish_to, obj["results_dir"], prof.name)
+        if n:
+            click.echo(f"== {n} published run(s) from {publish_to} count as done", err=True)
 
     def publish_new() -> None:
         n = publish(obj["results_dir"], prof.name, publish_to)  # results live under the profile's name
@@ -240,6 +264,17 @@ def campaign_status(obj, file, jobs, machine) -> None:
     click.echo(f"left: ~{format_seconds(makespan(secs, jobs, in_order=True))} with {jobs} job(s) in queue order "
                f"({format_seconds(sum(secs))} serial, {len(queue)} cell(s); estimated on {machine_name}"
                + (f"; {unknown} cell(s) without an estimate" if unknown else "") + ")")
+
+
+@campaign.command("adopt")
+@click.option("--profile", default="paper", show_default=True)
+@click.option("--from", "source", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              default=Path("leaderboard/results"), show_default=True)
+@click.pass_obj
+def adopt_cmd(obj, profile, source) -> None:
+    """Copy the published runs into the results folder, so `all` skips their cells (a fresh clone)."""
+    n = adopt_published(source, obj["results_dir"], profile)
+    click.echo(f"adopted {n} published run(s) of profile {profile} from {source} into {obj['results_dir']}")
 
 
 @campaign.command("publish")

@@ -4,6 +4,7 @@ trains, publishes, and trains nothing the second time."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -63,6 +64,22 @@ def test_publish_copies_finished_runs_once(tmp_path):
     assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 0  # already there
 
 
+def test_adopt_copies_published_runs_into_an_empty_results_folder_only(tmp_path):
+    from plcql_bench.suite.campaign import adopt_published
+
+    done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
+    (done / "metrics.jsonl").write_text('{"update": 0}\n')
+    publish(tmp_path / "results", "paper", tmp_path / "board")
+    rel = done.relative_to(tmp_path / "results")
+    fresh = tmp_path / "fresh"
+    assert adopt_published(tmp_path / "board", fresh, "paper") == 1
+    assert sorted(f.name for f in (fresh / rel).iterdir()) == ["config.json", "final.json", "metrics.jsonl.gz"]
+    assert (fresh / rel / "final.json").read_bytes() == (done / "final.json").read_bytes()
+    assert adopt_published(tmp_path / "board", fresh, "paper") == 0  # already there
+    (fresh / rel / "final.json").unlink()  # a run directory that exists is left alone, whatever it holds
+    assert adopt_published(tmp_path / "board", fresh, "paper") == 0 and not (fresh / rel / "final.json").exists()
+
+
 def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
     """metrics.jsonl is published as metrics.jsonl.gz (the committed results stay small enough for a GPU
     loan's 64 MiB trip); the same run published twice gives the same bytes, and every reader of a run's
@@ -110,6 +127,12 @@ def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):
     assert rows["bc-first"][-1] == "0s" and "0s serial, 0 cell(s)" in status.output  # nothing left to run
     again = runner.invoke(cli, base + ["campaign", "run", str(f), "--jobs", "1", "--publish-to", str(tmp_path / "board")])
     assert again.exit_code == 0 and "published 0 new run(s)" in again.output + (again.stderr if again.stderr_bytes else "")
+    # a fresh clone: the results folder is gone, the committed (published) runs are done, nothing retrains
+    shutil.rmtree(tmp_path / "results")
+    fresh = runner.invoke(cli, base + ["campaign", "run", str(f), "--jobs", "1", "--publish-to", str(tmp_path / "board")])
+    assert fresh.exit_code == 0 and "2 published run(s)" in fresh.output
+    adopted = sorted((tmp_path / "results" / "unitcamp").rglob("final.json"))
+    assert len(adopted) == 2 and not any((d.parent / "run.log").exists() for d in adopted)  # copied, not trained
 
 
 def test_a_queue_keeps_the_order_of_its_selections(tmp_path):
