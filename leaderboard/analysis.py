@@ -153,6 +153,11 @@ def learning_curves(tables: list[Table], label: Callable[[str], str], view_key: 
 # ------------------------------------------------------------------ PAR diagnostics
 
 
+def run_metrics(results_dir: Path, final_path: str) -> list[dict]:
+    """The metrics of the run whose final.json is at `final_path` (relative to `results_dir`)."""
+    return read_metrics(Path(results_dir) / Path(final_path).parent / "metrics.jsonl")
+
+
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl, or of its published metrics.jsonl.gz (unreadable lines and files give
     nothing)."""
@@ -222,7 +227,7 @@ def par_diagnostics(tables: list[Table], results_dir: Path, family: set[str], la
                     if c.algo not in family or not e.compared or (c.algo, c.task, c.dataset, c.profile) in seen:
                         continue
                     seen.add((c.algo, c.task, c.dataset, c.profile))
-                    diags = [d for d in (_run_diag(read_metrics(results_dir / Path(r.path).parent / "metrics.jsonl")) for r in c.runs) if d]
+                    diags = [d for d in (_run_diag(run_metrics(results_dir, r.path)) for r in c.runs) if d]
                     collapsed = c.collapsed
                     if not diags and not collapsed:
                         continue

@@ -162,9 +162,9 @@ def _history(results_dir: Path, path: str, history: list[dict] | None) -> list[d
     """A run's metrics.jsonl rows: `history` when given, else read from beside its final.json."""
     if history is not None:
         return history
-    from plcql_bench.leaderboard.analysis import read_metrics
+    from plcql_bench.leaderboard.analysis import run_metrics
 
-    return read_metrics(results_dir / Path(path).parent / "metrics.jsonl")
+    return run_metrics(results_dir, path)
 
 
 def _one_per_seed(records: list, skipped: list) -> list:

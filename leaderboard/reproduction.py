@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from plcql_bench.leaderboard.analysis import read_metrics
+from plcql_bench.leaderboard.analysis import run_metrics
 from plcql_bench.leaderboard.cells import critic_diverged
 from plcql_bench.leaderboard.load import learns_par, with_critic_check, with_par_collapse
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, View, run_values
@@ -57,7 +57,7 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
         if cell not in cells or rec.algo not in algos:
             continue
         vals = run_values(rec)
-        history = read_metrics(results / Path(path).parent / "metrics.jsonl")  # read once for the three checks
+        history = run_metrics(results, path)  # read once for the three checks
         rec = with_par_collapse(results, path, rec, history)
         vals["collapsed"] = bool(rec.par_collapse) if learns_par(rec) else None
         vals["diverged"] = critic_diverged(with_critic_check(results, path, rec, history))
