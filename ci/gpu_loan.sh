@@ -56,7 +56,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
   # The versions this checkout's environment runs (datasets and scores must not depend on the machine).
   pins=$(python3 - <<'PY'
 from importlib.metadata import version
-names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle jaxmarl gymnax".split()  # (the leaderboard is built here; pygame: ci/loan_stubs)
+names = "mpe2 pettingzoo gymnasium farama-notifications cloudpickle jaxmarl gymnax pytest pluggy iniconfig packaging".split()  # (the leaderboard is built here; pygame: ci/loan_stubs)
 print(" ".join(f"{n}=={version(n)}" for n in names))
 PY
 ) || { echo "run --prepare with the project's python (make setup first)"; exit 2; }
@@ -86,6 +86,7 @@ STACK_BENCH=${STACK_BENCH:-}     # "algo:task ..." timed with bench-speed --stac
 BENCH_STACK=${BENCH_STACK:-$(( STACK > 1 ? STACK : 3 ))}  # seeds per stacked round in STACK_BENCH
 STACK_ROUNDS=${STACK_ROUNDS:-10} # timed pairs per STACK_BENCH entry (rounds per SPEED_BENCH entry)
 SPEED_BENCH=${SPEED_BENCH:-}     # "algo[+algo]:task ..." timed with bench-speed on the device before training
+LOAN_TESTS=${LOAN_TESTS:-}       # pytest arguments run on this machine beside the training (the CUDA-only tests)
 CPU_JOBS=${CPU_JOBS:-$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))}  # leave cores for the GPU runs' hosts
 OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
@@ -149,6 +150,13 @@ OMP_NUM_THREADS=1 timeout -s INT -k 30 "$(remaining)" "${BENCH[@]}" all --profil
   --jobs "$CPU_JOBS" "${cpu_queue[@]}" > "$OUT/cpu.log" 2>&1 &
 cpu_pid=$!
 
+# Tests that only a GPU machine can run (skipped on the CPU CI), e.g. LOAN_TESTS="tests/test_device_resume.py":
+# in the background, a few cores' worth, into $OUT/tests.log.
+if [[ -n "$LOAN_TESTS" ]]; then
+  OMP_NUM_THREADS=1 timeout -k 10 240 python3 -m pytest -q -p no:cacheprovider $LOAN_TESTS > "$OUT/tests.log" 2>&1 &
+  tests_pid=$!
+fi
+
 # Stacked seeds against separate rounds on this device (the issue-19 target: >= 3x runs per hour on a GPU).
 if [[ -n "$STACK_BENCH" ]]; then
   for at in $STACK_BENCH; do
@@ -185,6 +193,7 @@ for i in "${!gpu_sels[@]}"; do
 done
 for i in "${!gpu_pids[@]}"; do wait "${gpu_pids[$i]}"; log "gpu part $(( i + 1 )) (${gpu_sels[$i]}) exit $?"; done
 wait $cpu_pid; log "cpu part exit $?"
+[[ -n "${tests_pid:-}" ]] && { wait "$tests_pid"; log "loan tests exit $?: $(tail -n 1 "$OUT/tests.log")"; }
 
 # Pack for the trip back (the tool returns at most 8 files of <= 16 MiB, 64 MiB in all): every run's small files in
 # runs.tgz, and the checkpoints of unfinished runs only (so the next loan or a CPU machine resumes them)
@@ -195,11 +204,31 @@ wait $cpu_pid; log "cpu part exit $?"
    for f in final.json config.json metrics.jsonl status.json run.log; do [[ -e "$d/$f" ]] && echo "$d/$f"; done
  done < "$OUT/runs.txt")
  while read -r d; do [[ -e "$d/ckpt.pt" && ! -e "$d/final.json" ]] && echo "$d/ckpt.pt"; done < "$OUT/runs.txt" \
-   > "$OUT/unfinished.txt"
+   > "$OUT/unfinished.all.txt"
+ # The trip back holds 64 MiB in all: checkpoints up to CKPT_MB, the most work at stake first (rounds reached x
+ # checkpoint size: a big ensemble's round costs more to redo); those left out are listed in ckpt_left_out.txt
+ # (a warm machine still has them for the next call).
+ python3 - "$OUT/unfinished.all.txt" "${CKPT_MB:-56}" > "$OUT/unfinished.txt" 2> "$OUT/ckpt_left_out.txt" <<'PY'
+import json, os, sys
+paths = [line.strip() for line in open(sys.argv[1]) if line.strip()]
+def reached(ckpt):
+    try:
+        return json.load(open(os.path.join(os.path.dirname(ckpt), "status.json"))).get("reached", 0)
+    except (OSError, ValueError):
+        return 0
+budget, used = float(sys.argv[2]) * 2**20, 0
+for ckpt in sorted(paths, key=lambda c: reached(c) * os.path.getsize(c), reverse=True):
+    size = os.path.getsize(ckpt)
+    if used + size <= budget:
+        used += size
+        print(ckpt)
+    else:
+        print(f"{ckpt} (round {reached(ckpt)}, {size / 2**20:.1f} MiB): over CKPT_MB", file=sys.stderr)
+PY
  [[ -s "$OUT/unfinished.txt" ]] && tar -cf - --files-from="$OUT/unfinished.txt" | gzip -1 \
    | split -b 15M - "$OUT/ckpt.tgz.part")
 "${BENCH[@]}" status > "$OUT/status.txt" 2>&1
-log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)"
+log "packed $(wc -l < "$OUT/runs.txt") run(s), $(wc -l < "$OUT/unfinished.txt") checkpoint(s): $(du -ch "$OUT"/*.tgz* | tail -1 | cut -f1)$([[ -s "$OUT/ckpt_left_out.txt" ]] && echo "; $(wc -l < "$OUT/ckpt_left_out.txt") left out (ckpt_left_out.txt)")"
 for f in "$OUT"/gpu*.log "$OUT/cpu.log"; do echo "== $f"; tail -n 3 "$f"; done
 # The logs travel as one file (logs.tgz), so the tool's 8 files are runs.tgz, logs.tgz and <= 6 checkpoint parts.
 (cd "$OUT" && logs=$(ls -- *.log *.txt 2>/dev/null) && tar -czf logs.tgz $logs && rm -f $logs)

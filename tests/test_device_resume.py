@@ -119,6 +119,28 @@ def test_legacy_gpu_checkpoint_is_recognised_by_its_generator_state(interrupted)
                                           {"from_update": 4, "device": "cpu"}]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU loan)")
+@pytest.mark.parametrize("algo", ["cfcql", "plcql"])
+def test_cpu_checkpoint_finishes_on_cuda_and_records_both_devices(tmp_path: Path, monkeypatch, algo):
+    """The other direction, for real: a run interrupted on the CPU resumes on the GPU (its CPU generator
+    states re-derived for CUDA) and finishes with both devices recorded."""
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    profile = load_profile(str(tmp_path / "p.yaml"))
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
+    plan = plan_run(Cell(algo, "mpe-cn", "random", 0), profile, tmp_path / "data", tmp_path / "results", {})
+    cls = runner.get_algorithm(algo)
+    real_update = interrupt_on_call(monkeypatch, cls, "update", 5, "simulated stop")
+    with pytest.raises(KeyboardInterrupt):
+        execute(plan, device="cpu", log=lambda *_: None)
+    monkeypatch.setattr(cls, "update", real_update)
+    logs: list[str] = []
+    result = execute(plan, device="cuda", log=logs.append)
+    assert result["status"] == "done"
+    assert result["train"]["devices"] == [{"from_update": 0, "device": "cpu"},
+                                          {"from_update": 4, "device": "cuda"}]
+    assert any("written on cpu" in line for line in logs)
+
+
 def test_board_provenance_names_both_devices():
     from types import SimpleNamespace
 
