@@ -4,7 +4,7 @@
 # Runs, at the same time and for at most LIMIT seconds:
 #   * GPU_ONLY cells on the GPU, PER_GPU runs sharing it (the GPU-sized cells: SMAX ensembles, Half-Cheetah);
 #   * CPU_ONLY cells on the remaining cores, one torch thread each;
-# then stops both cleanly (SIGINT: interrupted runs keep their last checkpoint) and packs every run
+# then stops both cleanly (SIGINT: each run finishes its round and checkpoints there) and packs every run
 # directory they touched into $OUT/runs.tgz, plus the checkpoints of unfinished runs (so the next loan or a CPU
 # machine resumes them) in ckpt.tgz.part*. Here: tar -xzf runs.tgz -C results; cat ckpt.tgz.part* | tar -xzf - -C results;
 # then `make publish-results PROFILE=paper`.
@@ -16,15 +16,17 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
-# The recommended loan (issues 18 and 15; written 2026-11-27 after that day's loan): on the GPU the
-# PP/World PLCQL and SPaCQL cells as stacks of 3 seeds (2,001 rounds; a stack of 3 PLCQL seeds did ~4.3
-# rounds a second with 6 stacks sharing an H200: ~470 s for 2,001 rounds, so the first PER_GPU stacks may
-# finish inside one call, not measured on PP/World; the rest come back as checkpoints); on the cores the MPE
-# baselines and the CN medium-replay ablations still to run (finished cells are skipped, see above).
+# The recommended loan (issues 18 and 15; written 2026-11-27 after that evening's loan, docs/runner.md "Third
+# use"): the CN PLCQL/SPaCQL cells of 2,001 rounds as stacks of 3 on the GPU, fewer processes than the cores
+# (that loan's 8 stacks + 7 CPU jobs on 16 cores ran a PLCQL stack at ~2.2 rounds a second, ~910 s for 2,001
+# rounds; the earlier 6 stacks + 8 CPU jobs on CN at ~4.3); the World baselines on the cores. Unfinished
+# runs come back checkpointed at the round they stopped in. Two calls on the warm machine (the second
+# resumes from the machine's results/ folder; `test -d results/paper || exit 3` first) use ~14 minutes.
 # Pause the home campaign before unpacking (a cell both trained keeps whichever final.json lands last).
-#   LIMIT=540 PER_GPU=8 CPU_JOBS=8 STACK=3 \
-#   GPU_ONLY='algo=plcql,spacql,task=mpe-pp,mpe-world,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql-target-actors,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2;algo=bc,cfcql,macql,omar,iql,matd3bc,task=mpe-cn,mpe-pp,mpe-world,seed=0,1,2' \
+#   LIMIT=515 PER_GPU=6 CPU_JOBS=6 STACK=3 \
+#   PREBUILD="mpe-cn:expert mpe-cn:medium mpe-cn:medium-replay mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
+#   GPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,medium-replay,seed=0,1,2' \
+#   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
 # The SMAX 2s3z ensembles need their 2 GB tier built on the machine (~3 min) and ~16 GPU-minutes a run
 # (PLCQL ~0.56 s a round on an H200 with the cores busy): a loan of their own.
@@ -140,8 +142,8 @@ PY
   log "datasets built"
 fi
 
-# The stop: SIGINT at LIMIT seconds after the start (runs record 'interrupted' and keep their last
-# checkpoint), SIGKILL 30 s later. The CPU cells start at once: the cores train while the GPU is benched.
+# The stop: SIGINT at LIMIT seconds after the start (runs checkpoint the round they are in and record
+# 'interrupted'), SIGKILL 30 s later. The CPU cells start at once: the cores train while the GPU is benched.
 # CPU_ONLY may hold several selections separated by ';' (one queue, `all --queue`, in the order given).
 remaining() { echo $(( LIMIT - ($(date +%s) - t0) > 30 ? LIMIT - ($(date +%s) - t0) : 30 )); }
 IFS=';' read -ra cpu_sels <<< "$CPU_ONLY"

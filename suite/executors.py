@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.errors import BenchError
 
 
@@ -202,11 +203,12 @@ class _RunLog:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    stop.on_signal(signum)  # in a training loop: stop at the end of the round (suite/core/stop.py)
 
 
 def restore_interrupts() -> None:
-    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted', last checkpoint kept). A shell
+    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted'; a training loop first finishes its round
+    and checkpoints there, suite/core/stop.py). A shell
     starts background commands (`cmd &`) with SIGINT ignored, and Python then never raises
     KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a campaign's stop did nothing (a GPU loan's
     runs had to be killed). SIGTERM, the default of `kill` and `timeout`, is treated the same."""

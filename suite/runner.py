@@ -30,6 +30,7 @@ from plcql_bench.algorithms.common import kernels
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
+from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record,
@@ -341,26 +342,31 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     if state["update"] > 0:
         log(f"resuming {cell.label()} from update {state['update']}")
     _write_status(plan, "running", update=state["update"], runtime_s=state["train_s"])
-    pending: list[dict[str, float]] = []
+    # A round's training metrics, averaged into the next evaluation point; a stop's checkpoint keeps them.
+    pending: list[dict[str, float]] = state.pop("pending", [])
     rounds, clock = budget["updates"], time.time()
     if state["update"] == 0:
         _record_eval(plan, task, algo, dataset, 0, pending, state, budget["eval_episodes"], probe)
-    for done in range(state["update"] + 1, rounds + 1):
-        pending.append(algo.update(sampler))
-        progress["reached"] = done
-        if done % budget["eval_every"] == 0 or done == rounds:
-            _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"], probe)
-            point = state["curve"][-1]
-            log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
-        if done % profile.checkpoint_every_for(cell.task, cell.tier) == 0 and done < rounds:
-            # Checkpoints fall on evaluation points (checked by the profile loader), so no
-            # partially averaged training metrics are lost on resume.
-            state["train_s"] += time.time() - clock
-            clock = time.time()
-            state["update"] = done
-            _checkpoint(plan, algo, sampler, state)
-            progress.update(update=done, runtime_s=state["train_s"])
-            _write_status(plan, "running", update=done, runtime_s=state["train_s"])
+    with stop.at_round_end():  # a SIGINT/SIGTERM stops after the round, checkpointed there
+        for done in range(state["update"] + 1, rounds + 1):
+            pending.append(algo.update(sampler))
+            progress["reached"] = done
+            if done % budget["eval_every"] == 0 or done == rounds:
+                _record_eval(plan, task, algo, dataset, done, pending, state, budget["eval_episodes"], probe)
+                point = state["curve"][-1]
+                log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
+            stopping = stop.requested()
+            if (done % profile.checkpoint_every_for(cell.task, cell.tier) == 0 and done < rounds) or stopping:
+                # Periodic checkpoints fall on evaluation points (checked by the profile loader); a stop's
+                # may not, so it carries the rounds' metrics not yet averaged (`pending`).
+                state["train_s"] += time.time() - clock
+                clock = time.time()
+                state["update"] = done
+                _checkpoint(plan, algo, sampler, {**state, "pending": list(pending)})
+                progress.update(update=done, runtime_s=state["train_s"])
+                _write_status(plan, "running", update=done, runtime_s=state["train_s"])
+            if stopping:
+                raise stop.stopped(done)
     state["train_s"] += time.time() - clock
     final = evaluate_policy(task, algo, dataset, budget["final_eval_episodes"])
     result = _result(plan, task, final, state, budget)

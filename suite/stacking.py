@@ -33,6 +33,7 @@ import torch
 from plcql_bench.algorithms.base import get_algorithm
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
 from plcql_bench.suite import runner as R
+from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.store import atomic_write_json, read_json
 from plcql_bench.suite.tasks import get_task
 
@@ -165,6 +166,7 @@ def _start(plan, log, dataset, device: str, seeds: list[int]) -> _Run:
     run.sampler = R.make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
     run.probe = R._probe_batch(run.sampler) if hasattr(run.algo, "diagnostics") else None
     run.state = R._resume(plan, run.algo, run.sampler, log, device) or R.fresh_state(device)
+    run.pending = run.state.pop("pending", [])  # a stop's checkpoint: the rounds since the last evaluation
     run.rng = (torch.get_rng_state(), np.random.get_state())
     u = run.state["update"]
     run.progress = {"update": u, "reached": u, "runtime_s": run.state["train_s"]}
@@ -204,30 +206,34 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
                 with r.global_rng():
                     R._record_eval(r.plan, task, r.algo, dataset, 0, r.pending, r.state, budget["eval_episodes"],
                                    r.probe)
-        for done in range(start + 1, rounds + 1):
-            for r, metrics in zip(runs, stack.update([r.sampler for r in runs])):
-                r.pending.append(metrics)
-                r.progress["reached"] = done
-            evaluate = done % budget["eval_every"] == 0 or done == rounds
-            checkpoint = done % ckpt_every == 0 and done < rounds
-            if evaluate or checkpoint:
-                stack.sync()
-            if evaluate:
-                for r in runs:
-                    with r.global_rng():
-                        R._record_eval(r.plan, task, r.algo, dataset, done, r.pending, r.state,
-                                       budget["eval_episodes"], r.probe)
-                    point = r.state["curve"][-1]
-                    r.log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
-            if checkpoint:
-                elapsed, clock = time.time() - clock, time.time()
-                for r in runs:
-                    r.state["train_s"] += elapsed
-                    r.state["update"] = done
-                    with r.global_rng():
-                        R._checkpoint(r.plan, r.algo, r.sampler, r.state)
-                    r.progress.update(update=done, runtime_s=r.state["train_s"])
-                    R._write_status(r.plan, "running", update=done, runtime_s=r.state["train_s"])
+        with stop.at_round_end():  # a SIGINT/SIGTERM stops after the round, every seed checkpointed there
+            for done in range(start + 1, rounds + 1):
+                for r, metrics in zip(runs, stack.update([r.sampler for r in runs])):
+                    r.pending.append(metrics)
+                    r.progress["reached"] = done
+                evaluate = done % budget["eval_every"] == 0 or done == rounds
+                stopping = stop.requested()
+                checkpoint = (done % ckpt_every == 0 and done < rounds) or stopping
+                if evaluate or checkpoint:
+                    stack.sync()
+                if evaluate:
+                    for r in runs:
+                        with r.global_rng():
+                            R._record_eval(r.plan, task, r.algo, dataset, done, r.pending, r.state,
+                                           budget["eval_episodes"], r.probe)
+                        point = r.state["curve"][-1]
+                        r.log(f"update {done}/{rounds}: return {point['return_mean']:.3f} score {point['score']}")
+                if checkpoint:
+                    elapsed, clock = time.time() - clock, time.time()
+                    for r in runs:
+                        r.state["train_s"] += elapsed
+                        r.state["update"] = done
+                        with r.global_rng():  # a stop's checkpoint may fall between evaluations: `pending` too
+                            R._checkpoint(r.plan, r.algo, r.sampler, {**r.state, "pending": list(r.pending)})
+                        r.progress.update(update=done, runtime_s=r.state["train_s"])
+                        R._write_status(r.plan, "running", update=done, runtime_s=r.state["train_s"])
+                if stopping:
+                    raise stop.stopped(done)
         elapsed = time.time() - clock
         stack.sync()
         results = []

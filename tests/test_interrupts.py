@@ -50,4 +50,5 @@ def test_sigint_stops_a_background_all(tmp_path, jobs):
             proc.wait()
     status = json.loads(next(tmp_path.joinpath("results").rglob("status.json")).read_text())
     assert status["status"] == "interrupted", status
+    assert status["update"] == status["reached"] > 0, status  # the round finished and was checkpointed
     assert not any(tmp_path.joinpath("results").rglob("final.json"))
