@@ -17,15 +17,18 @@
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
 # The recommended loan (issues 18 and 15; written 2026-11-27 after that evening's loan, docs/runner.md "Third
-# use"): the CN PLCQL/SPaCQL cells of 2,001 rounds as stacks of 3 on the GPU, fewer processes than the cores
-# (that loan's 8 stacks + 7 CPU jobs on 16 cores ran a PLCQL stack at ~2.2 rounds a second, ~910 s for 2,001
-# rounds; the earlier 6 stacks + 8 CPU jobs on CN at ~4.3); the World baselines on the cores. Unfinished
-# runs come back checkpointed at the round they stopped in. Two calls on the warm machine (the second
-# resumes from the machine's results/ folder; `test -d results/paper || exit 3` first) use ~14 minutes.
+# use"): the CN PLCQL/SPaCQL cells of 2,001 rounds on the GPU as one stack of 5 seeds per cell (the paper's
+# 5 seeds), and the World baselines on the cores. Why fewer, bigger stacks: the GPU's throughput looked
+# capped near ~70 run-rounds a second whatever the process count (6 stacks of 3 on CN: ~77; 8 stacks of 3
+# on PP with 7 CPU jobs: ~65, a PLCQL stack at only ~2.2 rounds a second), while a stacked round of 8 seeds
+# costs only ~1.3-1.5 separate rounds (docs/runner.md): seeds 3-4 ride along at little cost. Unfinished
+# runs come back checkpointed at the round they stopped in (<= 56 MiB of checkpoints, the most work at
+# stake first). Two calls on the warm machine (the second resumes from the machine's results/ folder; start
+# it with `test -d results/paper || exit 3`) use ~14 minutes.
 # Pause the home campaign before unpacking (a cell both trained keeps whichever final.json lands last).
-#   LIMIT=515 PER_GPU=6 CPU_JOBS=6 STACK=3 \
+#   LIMIT=515 PER_GPU=5 CPU_JOBS=8 STACK=5 \
 #   PREBUILD="mpe-cn:expert mpe-cn:medium mpe-cn:medium-replay mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
-#   GPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,medium-replay,seed=0,1,2' \
+#   GPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,medium-replay,seed=0,1,2,3,4' \
 #   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
 # The SMAX 2s3z ensembles need their 2 GB tier built on the machine (~3 min) and ~16 GPU-minutes a run
