@@ -10,7 +10,6 @@ Layout of a run directory, results/<profile>/<algo>/<task>/<tier>/seed<k>-<key>/
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import io
 import json

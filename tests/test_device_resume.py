@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from crash import interrupt_on_call
+from unit_runs import profile_with_dataset
 import torch
 
 from plcql_bench.algorithms.common.protocol import restore_generator
-from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 
 CUDA_STATE = torch.arange(16, dtype=torch.uint8)  # the shape of a CUDA (Philox) generator's state
@@ -66,9 +65,7 @@ algo_overrides: {batch_size: 64}
 @pytest.fixture()
 def interrupted(tmp_path: Path, monkeypatch):
     """A CFCQL run interrupted after its checkpoint at update 4."""
-    (tmp_path / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp_path / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
+    _, profile = profile_with_dataset(tmp_path, PROFILE)
     plan = plan_run(Cell("cfcql", "mpe-cn", "random", 0), profile, tmp_path / "data", tmp_path / "results", {})
     cls = runner.get_algorithm("cfcql")
     real_update = interrupt_on_call(monkeypatch, cls, "update", 5, "simulated stop")
@@ -124,9 +121,7 @@ def test_legacy_gpu_checkpoint_is_recognised_by_its_generator_state(interrupted)
 def test_cpu_checkpoint_finishes_on_cuda_and_records_both_devices(tmp_path: Path, monkeypatch, algo):
     """The other direction, for real: a run interrupted on the CPU resumes on the GPU (its CPU generator
     states re-derived for CUDA) and finishes with both devices recorded."""
-    (tmp_path / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp_path / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
+    _, profile = profile_with_dataset(tmp_path, PROFILE)
     plan = plan_run(Cell(algo, "mpe-cn", "random", 0), profile, tmp_path / "data", tmp_path / "results", {})
     cls = runner.get_algorithm(algo)
     real_update = interrupt_on_call(monkeypatch, cls, "update", 5, "simulated stop")

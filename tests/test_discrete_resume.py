@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from crash import interrupt_on_call
+from unit_runs import profile_with_dataset
 import torch
 
 from plcql_bench.suite import runner
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 
 pytest.importorskip("jaxmarl")
@@ -29,13 +29,9 @@ algo_overrides: {batch_episodes: 4, hidden: 16, embed: 16, teacher_rounds: 3}
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from plcql_bench.datasets.build import build_dataset
-
+    
     tmp = tmp_path_factory.mktemp("discrete_resume")
-    (tmp / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp / "p.yaml"))
-    build_dataset("smax-2s3z", "medium", 8, tmp / "data" / profile.name, profile=profile.name)
-    return tmp, profile
+    return profile_with_dataset(tmp, PROFILE, "smax-2s3z", "medium", 8)
 
 
 def _plan(tmp: Path, profile, algo: str, results: str):

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 from crash import signal_on_call
+from unit_runs import profile_with_dataset
 
 from plcql_bench.algorithms.common.stacked import SeedStack
-from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.executors import restore_interrupts
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 from plcql_bench.suite.stacking import execute_stack
 
@@ -32,10 +31,7 @@ algo_overrides: {batch_size: 64}
 
 @pytest.fixture()
 def setup(tmp_path: Path):
-    (tmp_path / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp_path / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
-    return tmp_path, profile
+    return profile_with_dataset(tmp_path, PROFILE)
 
 
 @pytest.fixture()

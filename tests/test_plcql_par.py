@@ -8,12 +8,11 @@ import math
 from pathlib import Path
 
 import pytest
+from unit_runs import profile_with_dataset
 import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
 from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse, par_reward_terms
-from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -233,10 +232,7 @@ algo_overrides: {batch_size: 32, n_critics: 2, hidden: 16, par_lr: 0.0}
 @pytest.fixture(scope="module")
 def unit(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("collapse")
-    (tmp / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp / "data" / profile.name, profile=profile.name)
-    return tmp, profile
+    return profile_with_dataset(tmp, PROFILE)
 
 
 def test_collapse_warning_in_final_json(unit, monkeypatch):

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from crash import interrupt_on_call
+from unit_runs import profile_with_dataset
 
-from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite import runner
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 
 PROFILE = """
@@ -26,10 +25,7 @@ algo_overrides: {batch_size: 64, teacher_rounds: 5}  # teacher_rounds: MADTKD on
 
 @pytest.fixture()
 def setup(tmp_path: Path):
-    (tmp_path / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp_path / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
-    return tmp_path, profile
+    return profile_with_dataset(tmp_path, PROFILE)
 
 
 def _plan(tmp: Path, profile, algo="cfcql", seed=0, results="results", **over):

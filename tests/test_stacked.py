@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 from crash import interrupt_on_call
+from unit_runs import profile_with_dataset
 import torch
 
 from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
-from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.core.spec import TaskSpec
-from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.runner import Cell, execute, plan_run
 from plcql_bench.suite.stacking import execute_stack, stack_groups
 
@@ -153,10 +152,7 @@ algo_overrides: {batch_size: 64}
 
 @pytest.fixture()
 def setup(tmp_path: Path):
-    (tmp_path / "p.yaml").write_text(PROFILE)
-    profile = load_profile(str(tmp_path / "p.yaml"))
-    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / profile.name, profile=profile.name)
-    return tmp_path, profile
+    return profile_with_dataset(tmp_path, PROFILE)
 
 
 def _plans(tmp: Path, profile, results: str, seeds=SEEDS, algo="cfcql"):
