@@ -51,7 +51,8 @@
 # Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
 #   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
-#   bash ci/gpu_loan.sh          (checked 2026-11-27: 3 runs trained and packed in 18 s)
+#   bash ci/gpu_loan.sh          (checked 2026-11-27: 3 runs trained and packed in 18 s; later, a stack of 5 PLCQL
+#   seeds and a CFCQL run stopped at LIMIT with checkpoints at rounds 33 and 547, and a second call resumed both)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
