@@ -77,6 +77,16 @@ def write_card(data_dir: str | Path, entry: dict[str, Any]) -> Path:
     return path
 
 
+def committed_entry(profile: str, task_id: str, tier: str) -> dict[str, Any] | None:
+    """The manifest entry recorded in a committed card (datasets/cards/<profile>/<task>/<tier>.json), or None."""
+    path = CARDS_DIR / profile / task_id / f"{tier}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and "file" in entry else None
+
+
 def tier_order_ok(entries: dict[str, dict[str, Any]]) -> bool | None:
     """expert > medium > random by mean return (tiers present among the three); None if < 2."""
     means = [entries[t]["return_mean"] for t in ("expert", "medium", "random") if t in entries]

@@ -343,7 +343,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
         row = done_seeds.setdefault((c.algo, c.task, c.tier), [0])
         row[0] += state == "done"
         step, note = "", ""
-        if item.plan is not None:
+        if item.plan is not None:  # (planned on the committed card's sha256 when the dataset is not built)
             rec = run_record(item.plan.run_dir) if item.plan.run_dir.exists() else {}
             damaged += [Damaged(str(p), why) for p, why in rec.get("damaged", [])]
             updates = prof.updates_for(c.task, c.tier)
@@ -351,14 +351,15 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
             note = item.plan.run_key[:10]
             if state == "failed":
                 note += f"  {rec.get('reason', '')}"
-        elif item.dataset_missing:
+        if item.dataset_missing:
             key = (c.task, c.tier)
             if key not in unbuildable:
                 unbuildable[key] = check_buildable(c.task, c.tier, prof.name)
             problem = unbuildable[key]
-            note = (f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})" if problem
-                    else "dataset not built yet (all builds it)")
-        else:
+            if state != "done":
+                note = " ".join(x for x in (note, f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})"
+                                            if problem else "dataset not built yet (all builds it)") if x)
+        elif item.plan is None:
             note = f"ERROR {item.error}"
             bad.append(item)
         if show_cells:

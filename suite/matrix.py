@@ -163,8 +163,19 @@ def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[
                 missing = manifest.lookup(root, cell.task, cell.tier) is None
             except (BenchError, DatasetError):
                 missing = False
-            out.append(Resolved(cell, None, " ".join(str(exc).split()), missing))
+            out.append(Resolved(cell, _plan_on_card(cell, profile, data_dir, results_dir) if missing else None,
+                                " ".join(str(exc).split()), missing))
     return out
+
+
+def _plan_on_card(cell, profile: Profile, data_dir: Path, results_dir: Path):
+    """A cell whose dataset is not built here, planned on its committed card's sha256 (the dataset a
+    build reproduces), so the runs already done on it count; None without a card."""
+    from plcql_bench.datasets.cards import committed_entry
+    from plcql_bench.suite.runner import plan_run
+
+    entry = committed_entry(profile.data_profile, cell.task, cell.tier)
+    return plan_run(cell, profile, data_dir, results_dir, entry=entry) if entry else None
 
 
 def lock_held(run_dir: Path) -> bool:

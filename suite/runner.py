@@ -98,11 +98,13 @@ def data_profile_dir(root: Path, profile: Profile) -> Path:
 
 
 def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
-             overrides: dict[str, Any] | None = None) -> RunPlan:
-    """Resolve a cell to its config, dataset and content-addressed run directory."""
+             overrides: dict[str, Any] | None = None, entry: dict[str, Any] | None = None) -> RunPlan:
+    """Resolve a cell to its config, dataset and content-addressed run directory. `entry` stands in for
+    the dataset's manifest entry when it is not built here (its committed card: `plan` and `campaign
+    status` then find the runs already done on it)."""
     config = resolve_config(cell, profile, overrides)
     data_root = data_profile_dir(data_dir, profile)
-    entry = manifest.lookup(data_root, cell.task, cell.tier)
+    entry = entry or manifest.lookup(data_root, cell.task, cell.tier)
     if entry is None:
         raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
                          f"plcql-bench datasets build {cell.task} {cell.tier} --profile {profile.name})")

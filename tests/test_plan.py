@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,34 @@ def test_committed_h100_calibration_names_its_sources():
     assert len(entries) == 12 and all("docs/algorithms/" in e["note"] and e["round_ms"] > 0 for e in entries)
     assert calib["costs"]["cfcql"]["mpe-cn"]["round_ms"] == 40.2  # docs/algorithms/cfcql.md, "On a GPU"
     assert all(calib["costs"][a]["mpe-pp"].get("proxy") for a in ("cfcql", "plcql", "spacql"))
+
+
+def test_runs_done_on_a_dataset_not_built_here_count_by_its_committed_card(tmp_path, profile, monkeypatch):
+    """A fresh clone has the committed results but not the datasets: `plan` and `campaign status` take
+    the dataset's sha256 from its committed card, so those runs show as done, not as todo."""
+    from plcql_bench.datasets import cards, manifest
+    from plcql_bench.suite.matrix import resolve
+
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
+    for seed in (0, 1, 2):
+        execute(plan_run(Cell("bc", "mpe-cn", "random", seed), profile, tmp_path / "data", tmp_path / "results"),
+                log=lambda *_: None)
+    entry = manifest.lookup(tmp_path / "data" / "plantest", "mpe-cn", "random")
+    shutil.rmtree(tmp_path / "data")  # the datasets are gone; the results stay
+    monkeypatch.setattr(cards, "CARDS_DIR", tmp_path / "cards")
+
+    def plan_rows():
+        out = _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"), "--only", "algo=bc").output
+        return [line.split() for line in out.splitlines() if line.startswith("bc ")]
+
+    assert [r[4] for r in plan_rows()] == ["todo"] * 6  # no card: nothing to plan the runs on
+    (tmp_path / "cards" / "plantest" / "mpe-cn").mkdir(parents=True)
+    (tmp_path / "cards" / "plantest" / "mpe-cn" / "random.json").write_text(json.dumps(entry))
+    rows = plan_rows()
+    assert [(r[2], r[4]) for r in rows] == [("expert", "todo")] * 3 + [("random", "done")] * 3
+    assert all("dataset not built yet" in " ".join(r) for r in rows if r[2] == "expert")
+    items = resolve([Cell("bc", "mpe-cn", "random", 0)], profile, tmp_path / "data", tmp_path / "results")
+    assert items[0].dataset_missing and items[0].plan.dataset_sha256 == entry["sha256"]
+    # a card of another dataset (another sha256) plans other run keys: the runs do not count
+    (tmp_path / "cards" / "plantest" / "mpe-cn" / "random.json").write_text(json.dumps({**entry, "sha256": "0" * 64}))
+    assert [r[4] for r in plan_rows() if r[2] == "random"] == ["todo"] * 3
