@@ -356,9 +356,10 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
             if key not in unbuildable:
                 unbuildable[key] = check_buildable(c.task, c.tier, prof.name)
             problem = unbuildable[key]
-            if state != "done":
-                note = " ".join(x for x in (note, f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})"
-                                            if problem else "dataset not built yet (all builds it)") if x)
+            if state != "done":  # runs done on the committed card's dataset need no build
+                why = (f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})" if problem
+                       else "dataset not built yet (all builds it)")
+                note = f"{note} {why}".strip()
         elif item.plan is None:
             note = f"ERROR {item.error}"
             bad.append(item)

@@ -207,11 +207,11 @@ def _interrupt(signum, frame):
 
 
 def restore_interrupts() -> None:
-    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted'; a training loop first finishes its round
-    and checkpoints there, suite/core/stop.py). A shell
-    starts background commands (`cmd &`) with SIGINT ignored, and Python then never raises
-    KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a campaign's stop did nothing (a GPU loan's
-    runs had to be killed). SIGTERM, the default of `kill` and `timeout`, is treated the same."""
+    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted'; a training loop first finishes its
+    round and checkpoints there, suite/core/stop.py). A shell starts background commands (`cmd &`) with
+    SIGINT ignored, and Python then never raises KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a
+    campaign's stop did nothing (a GPU loan's runs had to be killed). SIGTERM, the default of `kill` and
+    `timeout`, is treated the same."""
     if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
