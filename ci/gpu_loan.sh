@@ -19,7 +19,7 @@
 # The recommended loan (issues 18 and 15; written 2026-11-27 after that evening's loan, docs/runner.md "Third
 # use"): the CN PLCQL/SPaCQL cells of 2,001 rounds on the GPU as one stack of 5 seeds per cell (the paper's
 # 5 seeds), and the World baselines on the cores. Why fewer, bigger stacks: the GPU's throughput looked
-# capped near ~70 run-rounds a second whatever the process count (6 stacks of 3 on CN: ~77; 8 stacks of 3
+# capped near ~70 run-rounds a second whatever the process count (6 stacks of 3 on CN: ~78; 8 stacks of 3
 # on PP with 7 CPU jobs: ~65, a PLCQL stack at only ~2.2 rounds a second), while a stacked round of 8 seeds
 # costs only ~1.3-1.5 separate rounds (docs/runner.md): seeds 3-4 ride along at little cost. Unfinished
 # runs come back checkpointed at the round they stopped in (<= 56 MiB of checkpoints, the most work at
