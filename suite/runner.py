@@ -363,7 +363,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
                 state["train_s"] += time.time() - clock
                 clock = time.time()
                 state["update"] = done
-                _checkpoint(plan, algo, sampler, {**state, "pending": list(pending)})
+                _checkpoint(plan, algo, sampler, state, pending)
                 progress.update(update=done, runtime_s=state["train_s"])
                 _write_status(plan, "running", update=done, runtime_s=state["train_s"])
             if stopping:
@@ -438,9 +438,11 @@ def _score(task, ev: dict) -> float:
     return ev["win_rate"] if task.spec.score == "win_rate" else ev["normalised_score"]
 
 
-def _checkpoint(plan: RunPlan, algo, sampler, state: dict) -> None:
+def _checkpoint(plan: RunPlan, algo, sampler, state: dict, pending: list) -> None:
+    """The run's state at its current round, with the training metrics not yet averaged into an evaluation
+    point (`pending`: empty on an evaluation point; a stop's checkpoint may fall between them)."""
     payload = {
-        "run_key": plan.run_key, "state": state, "algo": algo.state_dict(),
+        "run_key": plan.run_key, "state": {**state, "pending": list(pending)}, "algo": algo.state_dict(),
         "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
         "sampler_rng": sampler.generator.get_state(),
     }

@@ -228,8 +228,8 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
                     for r in runs:
                         r.state["train_s"] += elapsed
                         r.state["update"] = done
-                        with r.global_rng():  # a stop's checkpoint may fall between evaluations: `pending` too
-                            R._checkpoint(r.plan, r.algo, r.sampler, {**r.state, "pending": list(r.pending)})
+                        with r.global_rng():
+                            R._checkpoint(r.plan, r.algo, r.sampler, r.state, r.pending)
                         r.progress.update(update=done, runtime_s=r.state["train_s"])
                         R._write_status(r.plan, "running", update=done, runtime_s=r.state["train_s"])
                 if stopping:
