@@ -1,14 +1,15 @@
-"""The official OMAR or CFCQL code trained on this suite's CN dataset and scored with this suite's protocol.
+"""The official OMAR or CFCQL code trained on this suite's CN or PP dataset and scored with this suite's protocol.
 
-    python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--seed 0] [--rounds N]
-    python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
 
 It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
 with the CPU shims of `reference_speed` (nothing of it is copied into this project). The official agent
-is built by its own `init_from_env` for simple_spread and the tier, so cql_alpha (and OMAR's omar_coe)
-come from its `env_config_map` and every other setting is its main.py's default or README command
-(OMAR_SETTINGS, CFCQL_SETTINGS below), not this suite's configs. It trains as its main.py loop does,
+is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag)
+and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map` and every other setting
+is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS below, with main.py's
+per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
 on minibatches of 1,024 transitions drawn from the tier's dataset by its own `ReplayBuffer.sample`:
 
   OMAR   per round, each agent updates on its own minibatch, then all targets;
@@ -17,8 +18,13 @@ on minibatches of 1,024 transitions drawn from the tier's dataset by its own `Re
 
 for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
 evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
-final.json is. CN only: the official predator-prey tasks need their pretrained prey, which this suite's
-tasks do not use. The team reward is every agent's reward (simple_spread's).
+final.json is. The team reward is every agent's reward (simple_spread's; on simple_tag every predator's).
+
+Predator-prey (mpe-pp): the official code trains only the predators, offline, and never queries its
+pretrained prey while training (its main.py loads the prey for its own evaluation rollouts). So it trains
+here on this suite's PP data as on CN, and is scored in this suite's task, against this suite's prey
+(docs/datasets.md): the same environment and prey as every run of this suite on that tier. Its prey
+networks are built by `init_from_env` (one prey, as simple_tag) and never used.
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ CFCQL_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=True, lse_temp=1.0, 
                       cf_pol=True, cf_target=False)
 CFCQL_CA_RATIO = 5  # --ca_ratio 5
 BATCH = 1024
+# The suite's tasks the official code runs on: its scenario name, its prey count, and what its main.py sets per
+# scenario (lr: simple_spread's override of --lr 0.001, CFCQL only; steps_per_update: its step counter per round).
+SCENARIOS = {
+    "mpe-cn": dict(env_id="simple_spread", preys=0, cfcql_lr=0.01, steps_per_update=100),
+    "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001, steps_per_update=100),
+}
 
 
 def load_official_cfcql(path: Path):
@@ -71,26 +83,30 @@ def load_official_cfcql(path: Path):
     return module.MATD3CC, ReplayBuffer
 
 
-def official_agent(kind: str, path: Path, tier: str, n: int, obs_dim: int, act_dim: int):
-    """The official agent for simple_spread with `n` agents, built by its own `init_from_env`."""
+def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_dim: int, act_dim: int):
+    """The official agent for the task's scenario with `n` trained agents (the predators on simple_tag, listed
+    first as in its environments, then its prey), built by its own `init_from_env`."""
+    sc = SCENARIOS[task_id]
     box = types.SimpleNamespace
-    env = box(action_space=[box(shape=(act_dim,), high=np.ones(act_dim))] * n,
-              observation_space=[box(shape=(obs_dim,))] * n, agent_types=["agent"] * n)
+    m = n + sc["preys"]
+    env = box(action_space=[box(shape=(act_dim,), high=np.ones(act_dim))] * m,
+              observation_space=[box(shape=(obs_dim,))] * m,
+              agent_types=["agent"] * n if not sc["preys"] else ["adversary"] * n + ["agent"] * sc["preys"])
     if kind == "omar":
         cls, buffer = load_official_omar(path)
-        return cls.init_from_env(env, "simple_spread", tier, **OMAR_SETTINGS), buffer
+        return cls.init_from_env(env, sc["env_id"], tier, **OMAR_SETTINGS), buffer
     cls, buffer = load_official_cfcql(path)
-    return cls.init_from_env(env, "simple_spread", tier, **CFCQL_SETTINGS), buffer
+    return cls.init_from_env(env, sc["env_id"], tier, **{**CFCQL_SETTINGS, "lr": sc["cfcql_lr"]}), buffer
 
 
-def train_round(kind: str, agent, rb, n: int, r: int) -> None:
+def train_round(kind: str, agent, rb, n: int, r: int, steps_per_update: int = 100) -> None:
     """One round of the official main.py loop (module docstring); `t` = its env-step counter."""
     agent.prep_training(device="cpu")
     if kind == "omar":
         for i in range(n):
             agent.update(rb.sample(BATCH), i)
     else:
-        t = 100 * r  # steps_per_update = 100
+        t = steps_per_update * r
         agent.update(rb.sample(BATCH), t)
         for j in range(CFCQL_CA_RATIO - 1):
             agent.update(rb.sample(BATCH), t + j + 1, only_critic=True)
@@ -148,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--omar", type=Path, help="checkout of ling-pan/OMAR (0e52ad6)")
     which.add_argument("--cfcql", type=Path, help="checkout of thu-rllab/CFCQL")
     p.add_argument("--tier", required=True, choices=["random", "medium-replay", "medium", "expert"])
+    p.add_argument("--task", default="mpe-cn", choices=sorted(SCENARIOS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="paper", help="whose dataset and round count (default: paper)")
     p.add_argument("--data-dir", type=Path, default=Path("data"))
@@ -161,20 +178,22 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     configure_process("cpu")
     prof = load_profile(args.profile)
-    task = get_task("mpe-cn")
+    task_id = args.task
+    task = get_task(task_id)
     n, o, a = task.spec.n_agents, task.spec.obs_dim, task.spec.act_dim
-    path = data_profile_dir(args.data_dir, prof) / "mpe-cn" / f"{args.tier}.h5"
+    path = data_profile_dir(args.data_dir, prof) / task_id / f"{args.tier}.h5"
     if not path.exists():
-        raise SystemExit(f"{path}: dataset not built (plcql-bench datasets build mpe-cn {args.tier} --profile {prof.name})")
+        raise SystemExit(f"{path}: dataset not built (plcql-bench datasets build {task_id} {args.tier} "
+                         f"--profile {prof.name})")
     dataset = load_dataset(path)
-    rounds = args.rounds if args.rounds is not None else prof.updates_for("mpe-cn", args.tier)
-    final_episodes = args.final_episodes or prof.train_budget("mpe-cn", args.tier)["final_eval_episodes"]
+    rounds = args.rounds if args.rounds is not None else prof.updates_for(task_id, args.tier)
+    final_episodes = args.final_episodes or prof.train_budget(task_id, args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)  # the official buffers sample with np.random (their main.py seeds it the same way)
-    agent, ReplayBuffer = official_agent(kind, checkout.resolve(), args.tier, n, o, a)
+    agent, ReplayBuffer = official_agent(kind, checkout.resolve(), task_id, args.tier, n, o, a)
     rb = fill_buffer(ReplayBuffer, dataset.arrays, n, o, a)
     policy = OfficialPolicy(agent, n, o, a)
-    print(f"# official {kind.upper()} ({checkout}) on this suite's mpe-cn {args.tier} ({path}), seed {args.seed}, "
+    print(f"# official {kind.upper()} ({checkout}) on this suite's {task_id} {args.tier} ({path}), seed {args.seed}, "
           f"{rounds} rounds; its env_config_map: cql_alpha {agent.cql_alpha}", flush=True)
     t0 = time.time()
     for r in range(rounds + 1):
@@ -186,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r}: normalised score {s:.1f} (return {ret:.1f}, {time.time() - t0:.0f} s)", flush=True)
         if r == rounds:
             break
-        train_round(kind, agent, rb, n, r)
+        train_round(kind, agent, rb, n, r, SCENARIOS[task_id]["steps_per_update"])
     print(f"final (round {rounds}, {final_episodes} episodes): normalised score {s:.1f}")
 
 

@@ -138,3 +138,37 @@ def test_reference_score_names_a_missing_dataset(tmp_path, fake_official):
     with pytest.raises(SystemExit, match=r"expert\.h5: dataset not built \(plcql-bench datasets build mpe-cn expert"):
         reference_score.main([f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke", "--data-dir",
                               str(tmp_path / "nothing")])
+
+
+def test_predator_prey_builds_the_official_simple_tag_agent_with_its_main_settings(tmp_path, fake_official, capsys,
+                                                                                  monkeypatch):
+    """mpe-pp: the official agent is built for simple_tag (predators first, then its one prey), with main.py's
+    lr for that scenario (CFCQL 0.001: only simple_spread overrides it; OMAR's default 0.01), trains on the PP
+    dataset's transitions and is scored in the suite's PP task."""
+    from plcql_bench.suite import reference_score
+
+    kind, checkout = fake_official
+    spec = get_task("mpe-pp").spec
+    arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=3)
+    write_dataset(tmp_path / "data" / "smoke" / "mpe-pp" / "random.h5", arrays, attrs)
+    seen = {}
+    real = reference_score.official_agent
+
+    def recording(*args):
+        agent, buffer = real(*args)
+        seen["live"] = type(agent).update.__globals__["SEEN"]
+        return agent, buffer
+
+    monkeypatch.setattr(reference_score, "official_agent", recording)
+    reference_score.main([f"--{kind}", str(checkout), "--task", "mpe-pp", "--tier", "random", "--profile", "smoke",
+                          "--data-dir", str(tmp_path / "data"), "--rounds", "2", "--eval-every", "1",
+                          "--final-episodes", "2"])
+    out = capsys.readouterr().out
+    record = seen["live"]
+    env_id, tier, kw, n_env = record["init"]
+    assert (env_id, tier, n_env) == ("simple_tag", "random", spec.n_agents + 1)
+    assert kw["lr"] == (0.01 if kind == "omar" else 0.001)
+    rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
+    assert all(tuple(r) in rows for r in record["updates"][0][2].numpy().round(5))  # predators' own transitions
+    assert "on this suite's mpe-pp random" in out
+    assert out.strip().splitlines()[-1].startswith("final (round 2, 2 episodes): normalised score ")
