@@ -93,14 +93,10 @@ def fake_official(request, tmp_path, monkeypatch):
         sys.modules.pop(mod, None)
 
 
-def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(tmp_path, fake_official, capsys,
-                                                                                monkeypatch):
+def run_recorded(monkeypatch, argv: list[str]) -> dict:
+    """Run reference_score.main(argv); returns the stand-in agent module's record (SEEN)."""
     from plcql_bench.suite import reference_score
 
-    kind, checkout = fake_official
-    spec = get_task("mpe-cn").spec
-    arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=2)
-    write_dataset(tmp_path / "data" / "smoke" / "mpe-cn" / "expert.h5", arrays, attrs)
     seen = {}
     real = reference_score.official_agent
 
@@ -110,10 +106,20 @@ def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(
         return agent, buffer
 
     monkeypatch.setattr(reference_score, "official_agent", recording)
-    reference_score.main([f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke", "--data-dir",
-                          str(tmp_path / "data"), "--rounds", "3", "--eval-every", "2", "--final-episodes", "2"])
+    reference_score.main(argv)
+    return seen["live"]
+
+
+def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(tmp_path, fake_official, capsys,
+                                                                                monkeypatch):
+    kind, checkout = fake_official
+    spec = get_task("mpe-cn").spec
+    arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=2)
+    write_dataset(tmp_path / "data" / "smoke" / "mpe-cn" / "expert.h5", arrays, attrs)
+    record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke",
+                                        "--data-dir", str(tmp_path / "data"), "--rounds", "3", "--eval-every", "2",
+                                        "--final-episodes", "2"])
     out = capsys.readouterr().out
-    record = seen["live"]
     env_id, tier, kw, n = record["init"]
     assert (env_id, tier, n) == ("simple_spread", "expert", spec.n_agents)
     assert kw["lr"] == 0.01 and kw["batch_size"] == 1024  # the official main.py's settings, not our configs
@@ -145,26 +151,14 @@ def test_predator_prey_builds_the_official_simple_tag_agent_with_its_main_settin
     """mpe-pp: the official agent is built for simple_tag (predators first, then its one prey), with main.py's
     lr for that scenario (CFCQL 0.001: only simple_spread overrides it; OMAR's default 0.01), trains on the PP
     dataset's transitions and is scored in the suite's PP task."""
-    from plcql_bench.suite import reference_score
-
     kind, checkout = fake_official
     spec = get_task("mpe-pp").spec
     arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=3)
     write_dataset(tmp_path / "data" / "smoke" / "mpe-pp" / "random.h5", arrays, attrs)
-    seen = {}
-    real = reference_score.official_agent
-
-    def recording(*args):
-        agent, buffer = real(*args)
-        seen["live"] = type(agent).update.__globals__["SEEN"]
-        return agent, buffer
-
-    monkeypatch.setattr(reference_score, "official_agent", recording)
-    reference_score.main([f"--{kind}", str(checkout), "--task", "mpe-pp", "--tier", "random", "--profile", "smoke",
-                          "--data-dir", str(tmp_path / "data"), "--rounds", "2", "--eval-every", "1",
-                          "--final-episodes", "2"])
+    record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--task", "mpe-pp", "--tier", "random",
+                                        "--profile", "smoke", "--data-dir", str(tmp_path / "data"), "--rounds", "2",
+                                        "--eval-every", "1", "--final-episodes", "2"])
     out = capsys.readouterr().out
-    record = seen["live"]
     env_id, tier, kw, n_env = record["init"]
     assert (env_id, tier, n_env) == ("simple_tag", "random", spec.n_agents + 1)
     assert kw["lr"] == (0.01 if kind == "omar" else 0.001)
