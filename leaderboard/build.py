@@ -8,6 +8,7 @@ The orchestrator only: loading (load.py) -> cells (cells.py) -> per scoring view
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from plcql_bench.leaderboard import analysis, summary
 from plcql_bench.leaderboard import stats as st
 from plcql_bench.leaderboard.cells import critic_diverged, format_mean_std, group_cells
 from plcql_bench.leaderboard.load import archives, load
+from plcql_bench.leaderboard.official import load_official, official_cells, official_rows
 from plcql_bench.leaderboard.paper import (algo_label, ablation_variants, load_paper_results, load_variants,
                                            paper_ablation_value, paper_claims_check, paper_value, reference_tables)
 from plcql_bench.leaderboard.provenance import build_provenance, dataset_cards, load_cards, run_rows
@@ -48,6 +50,9 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
     reps, preps = bootstrap_reps or st.BOOTSTRAP_REPS, poi_reps or st.POI_REPS
     paper, cards = load_paper_results(paper_path), load_cards(cards_root)
     loaded = load(results_dir, {c["sha256"]: c for c in cards})
+    checks, damaged_checks = load_official(results_dir)
+    loaded = dataclasses.replace(loaded, skipped=sorted(loaded.skipped + damaged_checks, key=lambda d: d.path))
+    official = official_cells(checks)
     cells = group_cells(loaded.runs)
     names = set(registered_names()) | {c.algo for c in cells} | {u.algo for u in loaded.unfinished}
     variants = ablation_variants(paper, load_variants(), names)
@@ -61,7 +66,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
     for view in VIEWS:
         main, smac = main_tables(cells, loaded.unfinished, paper, view, family)
         abl = ablation_table(cells, loaded.unfinished, paper, variants, view)
-        comps = summary.comparisons([main, smac, abl], label)
+        comps = summary.comparisons([main, smac, abl], label, official, view)
         views.append({"view": view, "tables": [main, smac, abl], "comparisons": comps,
                       "claims": summary.claims([main, smac], label), "findings": summary.findings(comps, label)})
     main, smac, abl = views[0]["tables"]  # VIEWS[0] is the default view
@@ -83,6 +88,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "paper_claims": paper_claims_check(paper, TARGET, RIVAL), "target_label": label(TARGET), "rival_label": label(RIVAL),
         "n_runs": len(loaded.runs), "n_cells": len(cells), "skipped": loaded.skipped, "unfinished": loaded.unfinished,
         "archives": archives(results_dir),
+        "official": official_rows(official, cells, label),
         "unfinished_states": dict(Counter(u.state for u in loaded.unfinished)),
         "n_collapsed": sum(bool(r.rec.par_collapse) for r in loaded.runs),
         "n_diverged": sum(critic_diverged(r.rec) for r in loaded.runs),
@@ -104,6 +110,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "aggregates": [r for a in aggs for r in a["records"]],
         "probability_of_improvement": [r for a in aggs for r in a["poi_records"]],
         "par_diagnostics": par["records"], "compute_cost": compute["records"], "datasets": card_rows,
+        "official_checks": [{k: v for k, v in c.items() if k not in ("curve", "settings")} for c in checks],
         "runs": [{"cell": g["label"], **{k: v for k, v in r.items() if k != "values"}, **r["values"]} for g in runs for r in g["runs"]],
         "skipped": [{"path": s.path, "reason": s.reason} for s in loaded.skipped]
                    + [{"path": u.path, "reason": f"{u.state}: {u.error}"} for u in loaded.unfinished],

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from plcql_bench.suite.core.schema import RunRecord
 
-__all__ = ["View", "VIEWS", "DEFAULT_VIEW", "SCORINGS", "NORMS", "omar_reference", "run_values"]
+__all__ = ["View", "VIEWS", "DEFAULT_VIEW", "SCORINGS", "NORMS", "omar_reference", "omar_score", "run_values"]
 
 SCORINGS = {"final": "final policy", "last10": "mean of the last 10 evaluations", "best": "best evaluation"}
 NORMS = {"ours": "our reference returns", "omar": "OMAR's reference returns"}
@@ -57,7 +57,7 @@ def omar_reference(task: str) -> tuple[float, float] | None:
     return None if ref is None else (float(ref[0]), float(ref[1]))
 
 
-def _omar(ret: float | None, ref: tuple[float, float] | None) -> float | None:
+def omar_score(ret: float | None, ref: tuple[float, float] | None) -> float | None:
     if ret is None or ref is None:
         return None
     expert, random = ref
@@ -68,7 +68,7 @@ def _curve(rec: RunRecord, norm: str, ref) -> list[float]:
     key = "score" if norm == "ours" or rec.is_win_rate else "return_mean"
     vals = [p.get(key) for p in rec.curve]
     vals = [float(v) for v in vals if v is not None]
-    return vals if key == "score" else [_omar(v, ref) for v in vals] if ref else []
+    return vals if key == "score" else [omar_score(v, ref) for v in vals] if ref else []
 
 
 def run_values(rec: RunRecord) -> dict[str, float | None]:
@@ -80,7 +80,7 @@ def run_values(rec: RunRecord) -> dict[str, float | None]:
         if norm == "ours" or rec.is_win_rate:
             final = float(rec.score)
         else:
-            final = _omar(rec.final_eval.get("return_mean"), ref)
+            final = omar_score(rec.final_eval.get("return_mean"), ref)
         curve = _curve(rec, norm, ref)
         out[View("final", norm).key] = final
         out[View("last10", norm).key] = sum(curve[-LAST_N:]) / len(curve[-LAST_N:]) if curve else None

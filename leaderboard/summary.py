@@ -80,6 +80,11 @@ class Comparison:
     delta_ci: tuple | None
     p: float | None
     verdict: str
+    # the official code's final policy on the same dataset (leaderboard/official.py), never part of the verdict
+    official_n: int | None = None
+    official_mean: float | None = None
+    official_std: float | None = None
+    official_code: str | None = None
 
 
 def verdict(values, mean: float, paper_mean: float | None, paper_std: float | None, sc2: bool) -> tuple[str, float | None]:
@@ -98,9 +103,10 @@ def verdict(values, mean: float, paper_mean: float | None, paper_std: float | No
     return ("below" if mean < paper_mean else "above"), p
 
 
-def comparisons(tables: list[Table], label) -> list[Comparison]:
+def comparisons(tables: list[Table], label, official: dict | None = None, view=None) -> list[Comparison]:
     """Every compared cell that has a paper number beside it (once, also when it appears in
-    the main and the ablation table)."""
+    the main and the ablation table), with the official code's result on the same dataset where
+    `official` ({(algo, task, tier, profile): OfficialCell}) has one under `view`."""
     out, seen = [], set()
     for t in tables:
         for row in t.rows:
@@ -114,8 +120,11 @@ def comparisons(tables: list[Table], label) -> list[Comparison]:
                 comparable = v not in ("not comparable", "not reported")
                 delta = s.mean - ref.mean if comparable else None
                 dci = (s.ci[0] - ref.mean, s.ci[1] - ref.mean) if comparable and s.ci else None
+                oc = (official or {}).get((tc.algo, tc.task, tc.dataset, e.cell.profile))
+                o = oc.summary(view) if oc is not None and view is not None else None
                 out.append(Comparison(t.key, tc.task, tc.dataset, tc.algo, label(tc.algo), e.cell.score_name, s.n, s.mean,
-                                      s.ci, ref.mean, ref.std, delta, dci, p, v))
+                                      s.ci, ref.mean, ref.std, delta, dci, p, v,
+                                      *((o["n"], o["mean"], o["std"], f"{o['repo']}@{o['commit']}") if o else ())))
     return out
 
 

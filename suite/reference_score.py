@@ -19,6 +19,8 @@ on minibatches of 1,024 transitions drawn from the tier's dataset by its own `Re
 for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
 evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
 final.json is. The team reward is every agent's reward (simple_spread's; on simple_tag every predator's).
+At the profile's full budget (rounds and final episodes) the result is recorded as a check file the
+leaderboard shows beside our cell (`--record-to`, default leaderboard/official; suite/core/official.py).
 
 Predator-prey (mpe-pp): the official code trains only the predators, offline, and never queries its
 pretrained prey while training (its main.py loads the prey for its own evaluation rollouts). So it trains
@@ -38,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plcql_bench.suite.core import official
 from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
 
 # main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
@@ -96,7 +99,11 @@ def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_d
         cls, buffer = load_official_omar(path)
         return cls.init_from_env(env, sc["env_id"], tier, **OMAR_SETTINGS), buffer
     cls, buffer = load_official_cfcql(path)
-    return cls.init_from_env(env, sc["env_id"], tier, **{**CFCQL_SETTINGS, "lr": sc["cfcql_lr"]}), buffer
+    return cls.init_from_env(env, sc["env_id"], tier, **official_cfcql_settings(task_id)), buffer
+
+
+def official_cfcql_settings(task_id: str) -> dict:
+    return {**CFCQL_SETTINGS, "lr": SCENARIOS[task_id]["cfcql_lr"]}
 
 
 def train_round(kind: str, agent, rb, n: int, r: int, steps_per_update: int = 100) -> None:
@@ -173,6 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--final-episodes", type=int, default=None, help="default: the profile's")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--record-to", type=Path, default=Path("leaderboard/official"),
+                   help="where the check's result file goes (suite/core/official.py; default: leaderboard/official, "
+                        "which the leaderboard reads); a run of fewer rounds or final episodes than the profile's is "
+                        "not recorded")
+    p.add_argument("--no-record", action="store_true", help="print only, write no result file")
     args = p.parse_args(argv)
     kind, checkout = ("omar", args.omar) if args.omar else ("cfcql", args.cfcql)
     torch.set_num_threads(args.threads)
@@ -196,17 +208,48 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# official {kind.upper()} ({checkout}) on this suite's {task_id} {args.tier} ({path}), seed {args.seed}, "
           f"{rounds} rounds; its env_config_map: cql_alpha {agent.cql_alpha}", flush=True)
     t0 = time.time()
+    curve = []
     for r in range(rounds + 1):
         if r == rounds or r % args.eval_every == 0:
             agent.prep_rollouts(device="cpu")
             rng = np.random.get_state()  # evaluating must not move the buffer's sampling (np.random)
             s, ret = score(task, policy, dataset, final_episodes if r == rounds else args.eval_episodes)
             np.random.set_state(rng)
+            curve.append({"update": r, "score": s, "return_mean": ret})
             print(f"round {r}: normalised score {s:.1f} (return {ret:.1f}, {time.time() - t0:.0f} s)", flush=True)
         if r == rounds:
             break
         train_round(kind, agent, rb, n, r, SCENARIOS[task_id]["steps_per_update"])
     print(f"final (round {rounds}, {final_episodes} episodes): normalised score {s:.1f}")
+    full = (rounds, final_episodes) == (prof.updates_for(task_id, args.tier),
+                                        prof.train_budget(task_id, args.tier)["final_eval_episodes"])
+    if args.no_record or not full:
+        print("not recorded" + ("" if args.no_record else ": fewer rounds or final episodes than the profile's"))
+        return
+    rec = {"schema": official.SCHEMA, "code": kind, "repo": official.CODES[kind][0], "commit": checkout_commit(checkout),
+           "task": task_id, "tier": args.tier, "seed": args.seed, "profile": prof.name, "rounds": rounds,
+           "dataset_sha256": dataset.sha256, "final_episodes": final_episodes, "score": s, "return_mean": ret,
+           "curve": curve, "cql_alpha": float(agent.cql_alpha),
+           "settings": {**(OMAR_SETTINGS if kind == "omar" else official_cfcql_settings(task_id)),
+                        "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
+           "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runtime_s": time.time() - t0}
+    out = official.check_path(args.record_to, prof.name, kind, task_id, args.tier, args.seed)
+    official.write_check(out, rec)
+    print(f"recorded: {out}")
+
+
+def checkout_commit(checkout: Path) -> str | None:
+    """The checkout's git commit (None when it is not a git checkout), '+dirty' when its tracked files differ."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(checkout), *a], capture_output=True, text=True, timeout=60)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -118,8 +118,10 @@ def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(
     write_dataset(tmp_path / "data" / "smoke" / "mpe-cn" / "expert.h5", arrays, attrs)
     record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--tier", "expert", "--profile", "smoke",
                                         "--data-dir", str(tmp_path / "data"), "--rounds", "3", "--eval-every", "2",
-                                        "--final-episodes", "2"])
+                                        "--final-episodes", "2", "--record-to", str(tmp_path / "official")])
     out = capsys.readouterr().out
+    assert out.strip().endswith("not recorded: fewer rounds or final episodes than the profile's")
+    assert not (tmp_path / "official").exists()  # a shortened run never stands for the official code's result
     env_id, tier, kw, n = record["init"]
     assert (env_id, tier, n) == ("simple_spread", "expert", spec.n_agents)
     assert kw["lr"] == 0.01 and kw["batch_size"] == 1024  # the official main.py's settings, not our configs
@@ -132,7 +134,7 @@ def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(
     rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
     assert all(tuple(r) in rows for r in record["updates"][1][2].numpy().round(5))  # agent 1's: the dataset's own
     assert "cql_alpha 5.0" in out and "round 0:" in out and "round 2:" in out
-    final = out.strip().splitlines()[-1]
+    final = out.strip().splitlines()[-2]
     assert final.startswith("final (round 3, 2 episodes): normalised score ")
     float(final.rsplit(" ", 1)[1])
 
@@ -150,14 +152,16 @@ def test_predator_prey_builds_the_official_simple_tag_agent_with_its_main_settin
                                                                                   monkeypatch):
     """mpe-pp: the official agent is built for simple_tag (predators first, then its one prey), with main.py's
     lr for that scenario (CFCQL 0.001: only simple_spread overrides it; OMAR's default 0.01), trains on the PP
-    dataset's transitions and is scored in the suite's PP task."""
+    dataset's transitions and is scored in the suite's PP task. At the profile's full budget the result is
+    recorded as a check file the leaderboard reads (suite/core/official.py)."""
+    from plcql_bench.suite.core import official
     kind, checkout = fake_official
     spec = get_task("mpe-pp").spec
     arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=3)
-    write_dataset(tmp_path / "data" / "smoke" / "mpe-pp" / "random.h5", arrays, attrs)
+    sha = write_dataset(tmp_path / "data" / "smoke" / "mpe-pp" / "random.h5", arrays, attrs)
     record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--task", "mpe-pp", "--tier", "random",
-                                        "--profile", "smoke", "--data-dir", str(tmp_path / "data"), "--rounds", "2",
-                                        "--eval-every", "1", "--final-episodes", "2"])
+                                        "--profile", "smoke", "--data-dir", str(tmp_path / "data"), "--eval-every", "8",
+                                        "--seed", "4", "--record-to", str(tmp_path / "official")])
     out = capsys.readouterr().out
     env_id, tier, kw, n_env = record["init"]
     assert (env_id, tier, n_env) == ("simple_tag", "random", spec.n_agents + 1)
@@ -165,4 +169,12 @@ def test_predator_prey_builds_the_official_simple_tag_agent_with_its_main_settin
     rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
     assert all(tuple(r) in rows for r in record["updates"][0][2].numpy().round(5))  # predators' own transitions
     assert "on this suite's mpe-pp random" in out
-    assert out.strip().splitlines()[-1].startswith("final (round 2, 2 episodes): normalised score ")
+    lines = out.strip().splitlines()
+    assert lines[-2].startswith("final (round 20, 10 episodes): normalised score ")  # smoke: 20 rounds, 10 episodes
+    check = official.read_check(tmp_path / "official" / "smoke" / kind / "mpe-pp" / "random" / "seed4.json")
+    assert lines[-1] == f"recorded: {tmp_path / 'official' / 'smoke' / kind / 'mpe-pp' / 'random' / 'seed4.json'}"
+    assert (check["code"], check["task"], check["tier"], check["seed"], check["rounds"]) == (kind, "mpe-pp", "random", 4, 20)
+    assert check["dataset_sha256"] == sha and check["commit"] is None  # the stand-in is no git checkout
+    assert [p["update"] for p in check["curve"]] == [0, 8, 16, 20]
+    assert f"normalised score {check['score']:.1f}" in lines[-2] and check["curve"][-1]["score"] == check["score"]
+    assert check["settings"]["lr"] == kw["lr"] and check["cql_alpha"] == 1.0
