@@ -43,6 +43,10 @@ class OfficialCell:
     def seeds(self) -> list[int]:
         return [c["seed"] for c in self.checks]
 
+    def same_data(self, cell) -> bool:
+        """Whether every check trained on the dataset build our cell's runs trained on (its sha256)."""
+        return {c["dataset_sha256"] for c in self.checks} == {r.rec.dataset_sha256 for r in cell.runs}
+
     def values(self, view: View) -> list[float]:
         """Per-seed values under `view` (final views only, see the module docstring)."""
         if view.scoring != "final":
@@ -98,6 +102,7 @@ def official_rows(official: dict[tuple, OfficialCell], cells: list, label) -> li
         s = cell_stats(mine.values(view)) if mine is not None else None
         rows.append({"algo": oc.algo, "label": label(oc.algo), "task": oc.task, "dataset": oc.dataset,
                      "profile": oc.profile, "code": f"{oc.repo}@{o['commit']}", "seeds": oc.seeds,
+                     "same_data": oc.same_data(mine) if mine is not None else None,
                      "values": o["values"], "n": o["n"], "mean": o["mean"], "std": o["std"],
                      "ours_n": s.n if s else 0, "ours_mean": s.mean if s else None, "ours_std": s.std if s else None,
                      "anchor": mine.anchor if mine is not None else None})

@@ -106,7 +106,8 @@ def verdict(values, mean: float, paper_mean: float | None, paper_std: float | No
 def comparisons(tables: list[Table], label, official: dict | None = None, view=None) -> list[Comparison]:
     """Every compared cell that has a paper number beside it (once, also when it appears in
     the main and the ablation table), with the official code's result on the same dataset where
-    `official` ({(algo, task, tier, profile): OfficialCell}) has one under `view`."""
+    `official` ({(algo, task, tier, profile): OfficialCell}) has one under `view`, trained on the same
+    dataset build (sha256) as our runs."""
     out, seen = [], set()
     for t in tables:
         for row in t.rows:
@@ -121,7 +122,7 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
                 delta = s.mean - ref.mean if comparable else None
                 dci = (s.ci[0] - ref.mean, s.ci[1] - ref.mean) if comparable and s.ci else None
                 oc = (official or {}).get((tc.algo, tc.task, tc.dataset, e.cell.profile))
-                o = oc.summary(view) if oc is not None and view is not None else None
+                o = oc.summary(view) if oc is not None and view is not None and oc.same_data(e.cell) else None
                 out.append(Comparison(t.key, tc.task, tc.dataset, tc.algo, label(tc.algo), e.cell.score_name, s.n, s.mean,
                                       s.ci, ref.mean, ref.std, delta, dci, p, v,
                                       *((o["n"], o["mean"], o["std"], f"{o['repo']}@{o['commit']}") if o else ())))

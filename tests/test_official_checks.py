@@ -64,6 +64,9 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     put(checks, check(1, 50.0, finished_at="2026-11-27T20:00:00Z"))
     put(checks, check(1, -2.0, return_mean=-8.5, finished_at="2026-11-27T23:00:00Z"))  # a rerun: the newest counts
     put(checks, check(0, 70.0, code="omar", task="mpe-cn", tier="expert"))  # no run of ours there
+    put(checks, {**check(0, 9.0, code="omar"), "dataset_sha256": "cd" * 32})  # another build than our runs'
+    for seed, score in enumerate([3.0, 4.0, 5.0]):
+        write_run(res, "omar", "mpe-pp", "random", seed, score)
     built = build(res, tmp_path / "site", now=NOW, bootstrap_reps=50, poi_reps=20)
     assert built.skipped == []
     text = " ".join(built.index.read_text().split())
@@ -78,6 +81,9 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     assert ours["final-ours"]["verdict"] == "below"  # the verdict is ours against the paper, as without the check
     assert ours["final-omar"]["official_mean"] is not None and ours["final-omar"]["official_mean"] != pytest.approx(-2.5)
     assert ours["last10-ours"]["official_n"] is None  # the official loop's curve is not comparable
+    omar = next(r for r in rows if (r["view"], r["algo"], r["task"], r["dataset"]) == ("final-ours", "omar", "mpe-pp", "random"))
+    assert omar["official_n"] is None  # trained on another build of the dataset: not beside our cell
+    assert "OMAR · mpe-pp · random" in section and "(another build of the dataset: not compared)" in section
     # a damaged check is in no number and is listed like a damaged run (--strict fails on it)
     (checks / "paper" / "cfcql" / "mpe-pp" / "random" / "seed0.json").write_text("{}")
     built = build(res, tmp_path / "site2", now=NOW, bootstrap_reps=50, poi_reps=20)
