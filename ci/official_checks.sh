@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The official-code checks the leaderboard shows beside our cells (leaderboard/official/, docs/leaderboard.md):
+# the reference's own code trained on this suite's dataset and scored by this suite (suite/reference_score.py).
+# Runs the listed checks that have no result file yet, one after another (1 torch thread each; a CN or PP
+# check is 10-20 minutes on one core). Resumable: rerun it and it goes on with the missing ones.
+#
+#   CFCQL=/path/to/thu-rllab/CFCQL OMAR=/path/to/ling-pan/OMAR DATA=data bash ci/official_checks.sh
+#
+# The checkouts are git clones (their commit goes into each result): thu-rllab/CFCQL, ling-pan/OMAR@0e52ad6.
+# The datasets must be built in DATA (plcql-bench datasets build <task> <tier> --profile paper). The results go
+# to leaderboard/official/paper/...; commit them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA=${DATA:-data}
+OUT=leaderboard/official
+# code task tier seeds: the cells where our number is far from the paper's (docs/reproduction.md)
+CHECKS="cfcql mpe-cn expert 0 1 2
+cfcql mpe-cn medium 0 1 2
+omar mpe-cn expert 0 1 2
+cfcql mpe-pp random 0 1 2
+cfcql mpe-pp expert 0 1 2
+omar mpe-pp expert 0 1 2"
+
+while read -r code task tier seeds; do
+  case $code in
+    cfcql) checkout=${CFCQL:?set CFCQL to a thu-rllab/CFCQL checkout} ;;
+    omar) checkout=${OMAR:?set OMAR to a ling-pan/OMAR checkout} ;;
+  esac
+  for seed in $seeds; do
+    if [[ -f $OUT/paper/$code/$task/$tier/seed$seed.json ]]; then
+      continue
+    fi
+    echo "== official $code $task $tier seed $seed"
+    OMP_NUM_THREADS=1 "$PY" -m plcql_bench.suite.reference_score "--$code" "$checkout" --task "$task" --tier "$tier" \
+      --seed "$seed" --data-dir "$DATA" --record-to "$OUT" | tail -n 2
+  done
+done <<< "$CHECKS"
