@@ -123,9 +123,11 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
                 dci = (s.ci[0] - ref.mean, s.ci[1] - ref.mean) if comparable and s.ci else None
                 oc = (official or {}).get((tc.algo, tc.task, tc.dataset, e.cell.profile))
                 o = oc.summary(view) if oc is not None and view is not None and oc.same_data(e.cell) else None
+                official_fields = {} if o is None else {
+                    "official_n": o["n"], "official_mean": o["mean"], "official_std": o["std"],
+                    "official_code": f"{o['repo']}@{o['commit']}"}
                 out.append(Comparison(t.key, tc.task, tc.dataset, tc.algo, label(tc.algo), e.cell.score_name, s.n, s.mean,
-                                      s.ci, ref.mean, ref.std, delta, dci, p, v,
-                                      *((o["n"], o["mean"], o["std"], f"{o['repo']}@{o['commit']}") if o else ())))
+                                      s.ci, ref.mean, ref.std, delta, dci, p, v, **official_fields))
     return out
 
 

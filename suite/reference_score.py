@@ -57,11 +57,11 @@ CFCQL_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=True, lse_temp=1.0, 
                       cf_pol=True, cf_target=False)
 CFCQL_CA_RATIO = 5  # --ca_ratio 5
 BATCH = 1024
-# The suite's tasks the official code runs on: its scenario name, its prey count, and what its main.py sets per
-# scenario (lr: simple_spread's override of --lr 0.001, CFCQL only; steps_per_update: its step counter per round).
+# The suite's tasks the official code runs on: its scenario name, its prey count, and the lr its main.py sets
+# per scenario (CFCQL: simple_spread overrides --lr 0.001 with 0.01).
 SCENARIOS = {
-    "mpe-cn": dict(env_id="simple_spread", preys=0, cfcql_lr=0.01, steps_per_update=100),
-    "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001, steps_per_update=100),
+    "mpe-cn": dict(env_id="simple_spread", preys=0, cfcql_lr=0.01),
+    "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001),
 }
 
 
@@ -106,14 +106,14 @@ def official_cfcql_settings(task_id: str) -> dict:
     return {**CFCQL_SETTINGS, "lr": SCENARIOS[task_id]["cfcql_lr"]}
 
 
-def train_round(kind: str, agent, rb, n: int, r: int, steps_per_update: int = 100) -> None:
+def train_round(kind: str, agent, rb, n: int, r: int) -> None:
     """One round of the official main.py loop (module docstring); `t` = its env-step counter."""
     agent.prep_training(device="cpu")
     if kind == "omar":
         for i in range(n):
             agent.update(rb.sample(BATCH), i)
     else:
-        t = steps_per_update * r
+        t = 100 * r  # steps_per_update = 100 (main.py's default for simple_spread and simple_tag)
         agent.update(rb.sample(BATCH), t)
         for j in range(CFCQL_CA_RATIO - 1):
             agent.update(rb.sample(BATCH), t + j + 1, only_critic=True)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r}: normalised score {s:.1f} (return {ret:.1f}, {time.time() - t0:.0f} s)", flush=True)
         if r == rounds:
             break
-        train_round(kind, agent, rb, n, r, SCENARIOS[task_id]["steps_per_update"])
+        train_round(kind, agent, rb, n, r)
     print(f"final (round {rounds}, {final_episodes} episodes): normalised score {s:.1f}")
     full = (rounds, final_episodes) == (prof.updates_for(task_id, args.tier),
                                         prof.train_budget(task_id, args.tier)["final_eval_episodes"])

@@ -59,13 +59,19 @@ def write_check(path: Path, rec: dict) -> None:
     atomic_write_json(Path(path), rec)
 
 
-def read_check(path: Path) -> dict:
-    """The check at `path`; ValueError naming the file and the field when it is damaged."""
+def _read(path: Path) -> tuple[dict | None, str | None]:
+    """(the check, None), or (None, what is wrong with the file)."""
     try:
         rec = read_json(Path(path))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable ({exc})") from None
+        return None, f"unreadable ({exc})"
     problem = _problem(rec)
+    return (None, problem) if problem else (rec, None)
+
+
+def read_check(path: Path) -> dict:
+    """The check at `path`; ValueError naming the file and the field when it is damaged."""
+    rec, problem = _read(path)
     if problem:
         raise ValueError(f"{path}: {problem}")
     return rec
@@ -77,8 +83,9 @@ def load_checks(root: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     root = Path(root)
     for path in sorted(root.rglob("seed*.json")) if root.is_dir() else []:
         rel = path.relative_to(root).as_posix()
-        try:
-            checks.append({**read_check(path), "path": rel})
-        except ValueError as exc:
-            damaged.append((rel, str(exc).split(": ", 1)[1]))
+        rec, problem = _read(path)
+        if problem:
+            damaged.append((rel, problem))
+        else:
+            checks.append({**rec, "path": rel})
     return checks, damaged
