@@ -92,6 +92,16 @@ POOL = _Pool()
 # GRU
 
 
+LOG2E = 1.4426950408889634
+
+
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """exp in place as 2^(x·log2 e): torch's CPU exp is ~2.2x slower than its exp2 plus the multiply (743 vs 335
+    µs for a [327, 5, 10, 32] block of CF-CQL at 1 thread, AMD EPYC); equal up to ~1e-6 relative (the rounding
+    of x·log2 e, larger for larger |x|)."""
+    return x.mul_(LOG2E).exp2_()
+
+
 def _tanh_(x: torch.Tensor) -> torch.Tensor:
     """tanh in place as 2·sigmoid(2x) − 1: torch's CPU tanh is ~4x slower than its sigmoid (1.0 vs 0.25 ms
     for the [10, 640, 64] gate of a stacked step, 4 passes included); equal up to rounding (~1 ulp of 1)."""
@@ -514,11 +524,11 @@ class _CFNegative(torch.autograd.Function):
                 k = min(M, m0 + rb) - m0
                 s, sm = slice(e * M + m0, e * M + m0 + k), slice(m0, m0 + k)
                 x, m, tmp = x_all[:k], m_all[:k], tmp_all[:k]
-                # ELU from one exp (torch's elu is ~1.7x slower than its exp): with x = pre_cf,
-                # m = exp(min(x, 0)) = elu'(x) and u = max(x, 0) + m = elu(x) + 1. The clamp at −87 keeps
-                # exp out of float32's subnormals (slow on x86; exp(−87) = 1.6e-38 stands in for less).
+                # ELU from one exp (torch's elu is ~1.7x slower than its exp; `_exp_`: faster still): with
+                # x = pre_cf, m = exp(min(x, 0)) = elu'(x) and u = max(x, 0) + m = elu(x) + 1. The clamp at −87
+                # keeps exp out of float32's subnormals (slow on x86; exp(−87) = 1.6e-38 stands in for less).
                 torch.addcmul(pre[s][:, None, None, :], delta[s].unsqueeze(-1), w1[s].unsqueeze(2), out=x)
-                torch.clamp(x, -87.0, 0.0, out=m).exp_()
+                _exp_(torch.clamp(x, -87.0, 0.0, out=m))
                 u = x.clamp_(min=0.0).add_(m)
                 cf = torch.sum(torch.mul(u, w2[s][:, None, None, :], out=tmp), -1).add_(bias[s])
                 z = cf.add_(mask_add[sm])
