@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
 import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
 from plcql_bench.algorithms.common.continuous import host_floats
-from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import (
-    ENSEMBLE_LEGACY_KEYS, BackboneAlgorithm, CFCQLBackbone, EnsembleConfig, next_action_data, uses_behaviour)
+    ENSEMBLE_LEGACY_KEYS, CFCQLBackbone, EnsembleConfig, MeanQPolicy, next_action_data, uses_behaviour)
 from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, Par, ParConfig, par_probe_stats, probe_terms
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -46,7 +47,7 @@ class Config(EnsembleConfig, ParConfig):
 
 
 @register
-class PLCQLDiscrete(BackboneAlgorithm):
+class PLCQLDiscrete(DiscreteAlgorithm):
     name = "plcql"
     Config = Config
     table = "cfcql_discrete"  # CFCQL-discrete's per-map cql_alpha / softmax_temp
@@ -61,10 +62,20 @@ class PLCQLDiscrete(BackboneAlgorithm):
                        self.device)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {**super().modules(), **self.par.modules()}
+        return {**self.backbone.modules(), **self.par.modules()}
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return {**super().optimisers(), **self.par.optimisers()}
+        return {**self.backbone.optimisers(), **self.par.optimisers()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> MeanQPolicy:
+        return self.backbone.policy
 
     # -- targets --------------------------------------------------------------------------------
     @torch.no_grad()

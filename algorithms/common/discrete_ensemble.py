@@ -53,7 +53,7 @@ from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
+    QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets, time_major_inputs)
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 
@@ -681,29 +681,6 @@ class CFCQLBackbone:
     def update_targets(self) -> None:
         hard_update_(self.target_critic, self.critic)
         hard_update_(self.target_mixer, self.mixer)
-
-
-class BackboneAlgorithm(DiscreteAlgorithm):
-    """A discrete algorithm of the family: its networks, optimisers, behaviour-model state and greedy policy
-    are its `CFCQLBackbone`'s (`self.backbone`, built by the subclass); the subclass has its round."""
-
-    backbone: CFCQLBackbone
-
-    def modules(self) -> dict[str, nn.Module]:
-        return self.backbone.modules()
-
-    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return self.backbone.optimisers()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.backbone.behaviour_state = dict(state["behaviour_state"])
-
-    def policy_agent(self) -> RNNAgent | MeanQPolicy:
-        return self.backbone.policy
 
 
 def next_action_data(batch: EpisodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
