@@ -20,7 +20,6 @@ interval (algorithms/common/speed.py: paired_ratio), with the load average.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys

@@ -3,7 +3,6 @@ trains, publishes, and trains nothing the second time."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
