@@ -1,7 +1,9 @@
-"""The official OMAR or CFCQL code trained on this suite's CN or PP dataset and scored with this suite's protocol.
+"""The official OMAR, CFCQL or MACQL code trained on this suite's CN or PP dataset and scored with this suite's
+protocol.
 
     python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
     python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.reference_score --macql PATH --tier medium     (PATH: the thu-rllab/CFCQL checkout)
 
 It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
@@ -15,6 +17,8 @@ on minibatches of 1,024 transitions drawn from the tier's dataset by its own `Re
   OMAR   per round, each agent updates on its own minibatch, then all targets;
   CFCQL  per round, one critic + actor update and `ca_ratio - 1` = 4 critic-only updates, each on its
          own minibatch, then the targets (README: `--cql --cf_cql --central_critic`);
+  MACQL  CFCQL's code and loop without `--cf_cql` (`--cql --central_critic`): its CQL term samples whole
+         joint actions, the baseline this suite's MACQL follows (algorithms/macql.py);
 
 for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
 evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
@@ -99,11 +103,14 @@ def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_d
         cls, buffer = load_official_omar(path)
         return cls.init_from_env(env, sc["env_id"], tier, **OMAR_SETTINGS), buffer
     cls, buffer = load_official_cfcql(path)
-    return cls.init_from_env(env, sc["env_id"], tier, **official_cfcql_settings(task_id)), buffer
+    return cls.init_from_env(env, sc["env_id"], tier, **official_settings(kind, task_id)), buffer
 
 
-def official_cfcql_settings(task_id: str) -> dict:
-    return {**CFCQL_SETTINGS, "lr": SCENARIOS[task_id]["cfcql_lr"]}
+def official_settings(kind: str, task_id: str) -> dict:
+    """What the official main.py passes to init_from_env for this code and task (MACQL: CFCQL's without cf_cql)."""
+    if kind == "omar":
+        return dict(OMAR_SETTINGS)
+    return {**CFCQL_SETTINGS, "lr": SCENARIOS[task_id]["cfcql_lr"], "cf_cql": kind == "cfcql"}
 
 
 def train_round(kind: str, agent, rb, n: int, r: int) -> None:
@@ -170,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--omar", type=Path, help="checkout of ling-pan/OMAR (0e52ad6)")
     which.add_argument("--cfcql", type=Path, help="checkout of thu-rllab/CFCQL")
+    which.add_argument("--macql", type=Path, help="checkout of thu-rllab/CFCQL, run without --cf_cql")
     p.add_argument("--tier", required=True, choices=["random", "medium-replay", "medium", "expert"])
     p.add_argument("--task", default="mpe-cn", choices=sorted(SCENARIOS))
     p.add_argument("--seed", type=int, default=0)
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
                         "not recorded")
     p.add_argument("--no-record", action="store_true", help="print only, write no result file")
     args = p.parse_args(argv)
-    kind, checkout = ("omar", args.omar) if args.omar else ("cfcql", args.cfcql)
+    kind, checkout = next((k, getattr(args, k)) for k in ("omar", "cfcql", "macql") if getattr(args, k))
     torch.set_num_threads(args.threads)
     configure_process("cpu")
     prof = load_profile(args.profile)
@@ -230,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
            "task": task_id, "tier": args.tier, "seed": args.seed, "profile": prof.name, "rounds": rounds,
            "dataset_sha256": dataset.sha256, "final_episodes": final_episodes, "score": s, "return_mean": ret,
            "curve": curve, "cql_alpha": float(agent.cql_alpha),
-           "settings": {**(OMAR_SETTINGS if kind == "omar" else official_cfcql_settings(task_id)),
+           "settings": {**official_settings(kind, task_id),
                         "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runtime_s": time.time() - t0}
     out = official.check_path(args.record_to, prof.name, kind, task_id, args.tier, args.seed)

@@ -67,6 +67,8 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     put(checks, {**check(0, 9.0, code="omar"), "dataset_sha256": "cd" * 32})  # another build than our runs'
     for seed, score in enumerate([3.0, 4.0, 5.0]):
         write_run(res, "omar", "mpe-pp", "random", seed, score)
+        write_run(res, "macql", "mpe-pp", "random", seed, score + 10.0)
+    put(checks, check(0, 1.5, code="macql"))  # the CFCQL repository's code run as MACQL: beside our MACQL
     built = build(res, tmp_path / "site", now=NOW, bootstrap_reps=50, poi_reps=20)
     assert built.skipped == []
     text = " ".join(built.index.read_text().split())
@@ -83,6 +85,9 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     assert ours["last10-ours"]["official_n"] is None  # the official loop's curve is not comparable
     omar = next(r for r in rows if (r["view"], r["algo"], r["task"], r["dataset"]) == ("final-ours", "omar", "mpe-pp", "random"))
     assert omar["official_n"] is None  # trained on another build of the dataset: not beside our cell
+    macql = next(r for r in rows if (r["view"], r["algo"], r["task"], r["dataset"]) == ("final-ours", "macql", "mpe-pp", "random"))
+    assert (macql["official_n"], macql["official_mean"]) == (1, pytest.approx(1.5))
+    assert macql["official_code"].startswith("thu-rllab/CFCQL@") and "MACQL · mpe-pp · random" in section
     assert "OMAR · mpe-pp · random" in section and "(another build of the dataset: not compared)" in section
     # a damaged check is in no number and is listed like a damaged run (--strict fails on it)
     (checks / "paper" / "cfcql" / "mpe-pp" / "random" / "seed0.json").write_text("{}")

@@ -1,4 +1,4 @@
-"""`suite/reference_score.py`: the official OMAR / CFCQL code trained on this suite's CN data and scored by
+"""`suite/reference_score.py`: the official OMAR / CFCQL / MACQL code trained on this suite's data and scored by
 this suite.
 
 The official checkouts are not available here, so stand-ins with their interfaces (init_from_env /
@@ -70,9 +70,10 @@ class ReplayBuffer:
 '''
 
 
-@pytest.fixture(params=["omar", "cfcql"])
+@pytest.fixture(params=["omar", "cfcql", "macql"])
 def fake_official(request, tmp_path, monkeypatch):
-    """(kind, a checkout-shaped folder); the torch globals the loaders shim are restored afterwards."""
+    """(kind, a checkout-shaped folder: MACQL's is CFCQL's); the torch globals the loaders shim are restored
+    afterwards."""
     kind = request.param
     root = tmp_path / kind.upper()
     code = root if kind == "omar" else root / "continuous"
@@ -128,8 +129,9 @@ def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(
     calls = [(i, critic_only) for i, critic_only, _ in record["updates"]]
     if kind == "omar":  # one update per agent a round
         assert kw["omar"] == 1 and calls == [(i, False) for i in range(spec.n_agents)] * 3
-    else:  # one full and four critic-only updates a round, at main.py's step counter
-        assert kw["cf_cql"] is True and calls == [(100 * r + j, j > 0) for r in range(3) for j in range(5)]
+    else:  # one full and four critic-only updates a round, at main.py's step counter; MACQL: CFCQL's code without cf_cql
+        assert kw["cf_cql"] is (kind == "cfcql") and kw["cql"] is True
+        assert calls == [(100 * r + j, j > 0) for r in range(3) for j in range(5)]
     assert record["targets"] == 3
     rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
     assert all(tuple(r) in rows for r in record["updates"][1][2].numpy().round(5))  # agent 1's: the dataset's own

@@ -1,4 +1,5 @@
-"""Official-code checks: a reference implementation's own code (thu-rllab/CFCQL, ling-pan/OMAR) trained on
+"""Official-code checks: a reference implementation's own code (thu-rllab/CFCQL, for CFCQL and MACQL;
+ling-pan/OMAR) trained on
 this suite's dataset and scored by this suite's protocol. They answer one question about a gap between our
 number and the paper's: is it our implementation's, or the data's? `suite/reference_score.py` writes one file
 per run; the leaderboard shows them beside our cells, labelled as the official code's.
@@ -18,7 +19,7 @@ from plcql_bench.suite.core.store import atomic_write_json, read_json
 
 SCHEMA = "plcql-bench-official-check/1"
 # code -> (the repository, the algorithm of this suite it is the reference of)
-CODES = {"cfcql": ("thu-rllab/CFCQL", "cfcql"), "omar": ("ling-pan/OMAR", "omar")}
+CODES = {"cfcql": ("thu-rllab/CFCQL", "cfcql"), "macql": ("thu-rllab/CFCQL", "macql"), "omar": ("ling-pan/OMAR", "omar")}
 FIELDS: dict[str, type | tuple] = {
     "schema": str, "code": str, "repo": str, "commit": (str, type(None)), "task": str, "tier": str, "seed": int,
     "profile": str, "rounds": int, "dataset_sha256": str, "final_episodes": int, "score": float,
