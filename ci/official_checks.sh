@@ -19,11 +19,11 @@ OUT=leaderboard/official
 CHECKS="cfcql mpe-pp expert 0 1 2
 cfcql mpe-pp random 0 1 2
 macql mpe-cn medium 0 1 2
+macql mpe-pp expert 0 1 2
 cfcql mpe-cn expert 0 1 2
 cfcql mpe-cn medium 0 1 2
 omar mpe-cn expert 0 1 2
-omar mpe-pp expert 0 1 2
-macql mpe-pp expert 0 1 2"
+omar mpe-pp expert 0 1 2"
 
 while read -r code task tier seeds; do
   case $code in
