@@ -101,7 +101,7 @@ def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_d
               agent_types=["agent"] * n if not sc["preys"] else ["adversary"] * n + ["agent"] * sc["preys"])
     if kind == "omar":
         cls, buffer = load_official_omar(path)
-        return cls.init_from_env(env, sc["env_id"], tier, **OMAR_SETTINGS), buffer
+        return cls.init_from_env(env, sc["env_id"], tier, **official_settings(kind, task_id)), buffer
     cls, buffer = load_official_cfcql(path)
     return cls.init_from_env(env, sc["env_id"], tier, **official_settings(kind, task_id)), buffer
 
