@@ -1,0 +1,156 @@
+"""Native (C) CPU kernels, compiled on first use with the machine's C compiler and called through ctypes.
+
+One so far: `cf_negative`, the native form of kernels_discrete._CFNegative's forward (CF-CQL's negative
+term, λ and the per-row gradient), which the fused discrete path calls when this module can build it.
+The torch form makes ~12 passes (one per op) over every cache block of the [rows, n, A, embed]
+intermediate; the C form computes each embed-long vector once and keeps it in registers and L1
+(smax-2s3z, 10 members: 469 -> 166 ms at 2 threads; docs/algorithms/discrete-machinery.md).
+
+Building: `cc` (or $CC) compiles algorithms/common/native/NAME.c with -O3 -march=native into a cache
+folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native),
+named by a hash of the source, the flags, the compiler's version and this CPU's flags, so a changed source
+or another machine builds anew and concurrent processes never read a half-written file (the library is
+written under a temporary name and renamed). Without a working compiler, or with PLCQL_NATIVE=0, every
+caller takes the torch form: the same numbers up to float summation order (tests/test_native.py).
+
+Which form ran is not part of a run's key, like the thread count and PLCQL_KERNELS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCES = Path(__file__).with_name("native")
+ENV = "PLCQL_NATIVE"  # "0", "off" or "false": never build or call the native kernels
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
+         # the reductions over the embedding may be reassociated (vectorised); infinities and NaNs keep
+         # their meaning (the masked softmax uses -inf), unlike with -ffast-math
+         "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
+_LIBS: dict[str, ctypes.CDLL | None] = {}
+_LOCK = threading.Lock()
+_ON = True
+
+
+def use_native(on: bool) -> None:
+    """Whether callers may use the native kernels (tests switch it off to time or compare the torch form)."""
+    global _ON
+    _ON = bool(on)
+
+
+def enabled() -> bool:
+    return _ON and os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PLCQL_NATIVE_CACHE"):
+        return Path(os.environ["PLCQL_NATIVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "plcql-bench" / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build(name: str) -> Path:
+    """The compiled library of native/NAME.c (compiled now unless the cache has it). Raises on failure."""
+    src = SOURCES / f"{name}.c"
+    cc = os.environ.get("CC", "cc")
+    version = _compiler_version(cc)
+    if not version:
+        raise RuntimeError(f"no C compiler ({cc!r}; set CC)")
+    key = hashlib.sha256("\0".join([src.read_text(), " ".join(FLAGS), version, _cpu_flags(),
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    folder = cache_dir()
+    lib = folder / f"{name}-{key}.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(src), "-lpthread", "-lm"],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {src.name}: {(done.stderr or done.stdout).strip()[:500]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def library(name: str) -> ctypes.CDLL | None:
+    """native/NAME.c loaded (built on first use), or None when it cannot be built here (warned once)."""
+    with _LOCK:
+        if name not in _LIBS:
+            try:
+                _LIBS[name] = _declare(name, ctypes.CDLL(str(_build(name))))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                warnings.warn(f"native kernel {name!r} unavailable, using the torch form: {err}", RuntimeWarning,
+                              stacklevel=2)
+                _LIBS[name] = None
+        return _LIBS[name]
+
+
+def _declare(name: str, lib: ctypes.CDLL) -> ctypes.CDLL:
+    if name == "cf_negative":
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.cf_negative.argtypes = [p] * 7 + [ctypes.c_float] + [i64] * 5 + [p] * 7 + [ctypes.c_int]
+        lib.cf_negative.restype = ctypes.c_int
+    return lib
+
+
+def _usable(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def cf_negative(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float, members: int
+                ) -> tuple[torch.Tensor, ...] | None:
+    """kernels_discrete._CFNegative.forward's outputs (neg [R], λ [R, n]) and its per-row gradients
+    (d pre, d delta, d w1, d w2, d b2) from the same inputs (contiguous float32 CPU tensors), or None when
+    the native kernel is off or cannot be used here (the caller then takes the torch form)."""
+    if not enabled():
+        return None
+    avail = avail.to(torch.float32).contiguous()
+    inputs = [pre, delta, w1, w2, b2, avail] + ([] if logbeta is None else [logbeta])
+    R, n, A = delta.shape
+    if not _usable(*inputs) or n > 64 or R % members != 0:
+        return None
+    lib = library("cf_negative")
+    if lib is None:
+        return None
+    Em = pre.shape[-1]
+    outs = (delta.new_empty(R), delta.new_empty(R, n), torch.empty_like(pre), torch.empty_like(delta),
+            torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(b2))
+    ptr = [ctypes.c_void_p(t.data_ptr()) for t in (pre, delta, w1, w2, b2, avail)]
+    ptr.append(ctypes.c_void_p(None if logbeta is None else logbeta.data_ptr()))
+    status = lib.cf_negative(*ptr, ctypes.c_float(temp), R, members, n, A, Em,
+                             *[ctypes.c_void_p(t.data_ptr()) for t in outs], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native cf_negative failed (status {status}: 1 bad sizes, 2 out of memory)")
+    return outs

@@ -1,0 +1,139 @@
+"""The native (C) kernels (algorithms/common/native.py) against the torch forms they stand in for, and
+their build: cached by content, written atomically, and replaced by the torch form (with one warning)
+where they cannot be built or are switched off."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from plcql_bench.algorithms.common import kernels_discrete as fast
+from plcql_bench.algorithms.common import native
+
+HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
+needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A fresh build cache and no library loaded yet (restored afterwards)."""
+    monkeypatch.setenv("PLCQL_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_LIBS", {})
+    return tmp_path
+
+
+def _inputs(seed: int, members: int = 3, M: int = 37, n: int = 4, A: int = 7, Em: int = 32, scale: float = 1.0):
+    """cf_negative's inputs in float32: rows r = e·M + m; |W1|, |W2| >= 0 as QMIX's; one agent of state 0
+    with no available action (it must drop out), the no-op always available elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    R = members * M
+    pre = torch.randn(R, Em, generator=g)
+    delta = torch.randn(R, n, A, generator=g) * scale
+    w1 = torch.rand(R, n, Em, generator=g)
+    w2 = torch.rand(R, Em, generator=g)
+    b2 = torch.randn(R, 1, generator=g)
+    avail = (torch.rand(M, n, A, generator=g) < 0.6).float()
+    avail[..., 0] = 1.0
+    avail[0, 1] = 0.0
+    logbeta = (torch.softmax(torch.randn(M, n, A, generator=g), -1) + 1e-5).log()
+    return [pre, delta, w1, w2, b2], avail, logbeta
+
+
+def _run(parts, avail, logbeta, temp, members, up, use_native: bool):
+    """neg, λ and the gradients of (neg · up).sum() with respect to the five differentiable inputs."""
+    leaves = [p.clone().requires_grad_() for p in parts]
+    native.use_native(use_native)
+    try:
+        neg, lam = fast.cf_negative(*leaves, avail, logbeta, temp, members)
+    finally:
+        native.use_native(True)
+    grads = torch.autograd.grad((neg * up).sum(), leaves)
+    return [neg.detach(), lam, *grads]
+
+
+@needs_cc
+@pytest.mark.parametrize("temp, with_beta, scale", [(0.0, False, 1.0), (5.0, True, 1.0), (100.0, True, 1.0),
+                                                    (5.0, True, 60.0)])
+def test_native_cf_negative_matches_the_torch_form(temp, with_beta, scale):
+    """Values, λ and every gradient as the torch form's, for uniform λ, the KL-softmax λ, the hard argmax
+    (temp >= 100), and pre-activations far below −87 (scale 60: the clamped exp)."""
+    assert native.library("cf_negative") is not None  # a compiler is here: the kernel must build
+    members, M = 3, 37
+    parts, avail, logbeta = _inputs(1, members, M, scale=scale)
+    if scale > 1:
+        assert float((parts[0][:, None, None] + parts[1][..., None] * parts[2][:, :, None]).min()) < -200
+    up = torch.randn(members * M, generator=torch.Generator().manual_seed(2))
+    lb = logbeta if with_beta else None
+    got = _run(parts, avail, lb, temp, members, up, use_native=True)
+    exp = _run(parts, avail, lb, temp, members, up, use_native=False)
+    for name, a, b in zip(["neg", "lam", "d pre", "d delta", "d w1", "d w2", "d b2"], got, exp):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * float(b.abs().max()), msg=name)
+    # the agent without an available action contributes nothing: its λ·keep is 0 in every member
+    assert float(got[3].view(members, M, 4, 7)[:, 0, 1].abs().max()) == 0.0
+
+
+@needs_cc
+def test_the_fused_path_calls_the_native_kernel(monkeypatch):
+    """kernels_discrete.cf_negative takes the C form's outputs when it is available (float32 on CPU) and
+    the torch form for float64, which the C form does not take."""
+    calls = []
+    real = native.cf_negative
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(native, "cf_negative", spy)
+    parts, avail, logbeta = _inputs(3)
+    fast.cf_negative(*parts, avail, logbeta, 5.0, 3)
+    fast.cf_negative(*[p.double() for p in parts], avail.double(), logbeta.double(), 5.0, 3)
+    assert calls == [True, False]
+
+
+def test_switched_off_or_without_a_compiler_the_torch_form_runs(own_cache, monkeypatch):
+    parts, avail, logbeta = _inputs(4)
+    monkeypatch.setenv("PLCQL_NATIVE", "0")
+    assert native.cf_negative(*parts, avail, logbeta, 5.0, 3) is None
+    assert list(own_cache.iterdir()) == []  # nothing built
+    monkeypatch.delenv("PLCQL_NATIVE")
+    monkeypatch.setenv("CC", str(own_cache / "no-such-compiler"))
+    with pytest.warns(RuntimeWarning, match="native kernel 'cf_negative' unavailable.*no C compiler"):
+        assert native.cf_negative(*parts, avail, logbeta, 5.0, 3) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: the next call goes quietly to the torch form
+        neg, lam = fast.cf_negative(*parts, avail, logbeta, 5.0, 3)
+    assert neg.shape == (3 * 37,) and torch.isfinite(neg).all()
+
+
+@needs_cc
+def test_the_build_is_cached_by_content_and_leaves_no_partial_file(own_cache, monkeypatch):
+    first = native._build("cf_negative")
+    assert first.parent == own_cache and first.exists()
+    assert [p.name for p in own_cache.iterdir()] == [first.name]  # no temporary file left behind
+
+    def no_compiler_call(cmd, *a, **k):
+        if "-o" in cmd:
+            raise AssertionError("rebuilt a cached library")
+        return real_run(cmd, *a, **k)
+
+    real_run = native.subprocess.run
+    monkeypatch.setattr(native.subprocess, "run", no_compiler_call)
+    assert native._build("cf_negative") == first
+    monkeypatch.setattr(native.subprocess, "run", real_run)
+    monkeypatch.setattr(native, "FLAGS", [*native.FLAGS, "-DPLCQL_TEST_FLAG"])  # other flags: another file
+    second = native._build("cf_negative")
+    assert second != first and second.exists()
+
+
+def test_a_failed_compile_names_the_source(own_cache, monkeypatch):
+    monkeypatch.setattr(native, "FLAGS", [*native.FLAGS, "-DPLCQL_BROKEN", "--no-such-flag-for-any-compiler"])
+    if not HAS_CC:
+        pytest.skip("no C compiler on this machine")
+    with pytest.raises(RuntimeError, match="failed on cf_negative.c"):
+        native._build("cf_negative")
+    assert list(own_cache.iterdir()) == []  # the partial output was removed
