@@ -119,6 +119,23 @@ def _stacked_mixer_case(torch_seed: int, data_seed: int, E: int, M: int, n: int,
     return mixer, q, acts, state, g
 
 
+@pytest.mark.parametrize("grad", [True, False])
+def test_shared_input_linear_matches_baddbmm_on_the_expanded_input(monkeypatch, grad):
+    """x @ w[e] + b[e] for every member from one input, in row chunks (here of 3 rows: a ragged last
+    chunk): the values of baddbmm on x expanded over the members, and the gradients of x, w and b."""
+    monkeypatch.setattr(fast, "SHARED_INPUT_ROWS", 3)
+    g = torch.Generator().manual_seed(11)
+    E, R, In, H = 3, 10, 5, 4
+    x, w, b = (torch.randn(*shape, generator=g, dtype=F64).requires_grad_(grad)
+               for shape in ((R, In), (E, In, H), (E, 1, H)))
+    up = torch.randn(E, R, H, generator=g, dtype=F64)
+    exp = torch.baddbmm(b, x.expand(E, -1, -1), w)
+    got = fast.shared_input_linear(x, w, b)
+    _close([got], [exp])
+    if grad:
+        _close(torch.autograd.grad((got * up).sum(), [x, w, b]), torch.autograd.grad((exp * up).sum(), [x, w, b]))
+
+
 def test_counterfactual_mix_matches_the_stacked_mixer(tiny_blocks):
     E, M, n, A, S = 3, 11, 3, 6, 9
     mixer, q, acts, state, g = _stacked_mixer_case(2, 4, E, M, n, A, S)

@@ -189,15 +189,15 @@ class StackedRNNAgent(nn.Module):
         -> (outputs [E, B, L, n, A], last hidden state [E, B, n, H])."""
         B, L, n, _ = obs.shape
         E, H = self.n_members, self.hidden
-        x = time_major_inputs(obs, last_onehot).reshape(1, L * B * n, -1)  # time-major rows
-        x = torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w)  # [E, L·B·n, H]
-        if self.fused:  # the recurrence below as one Function (algorithms/common/kernels_discrete.py)
-            x = F.relu_(x)  # in place: no second [E, L·B·n, H] tensor (baddbmm's backward does not read its output)
+        x = time_major_inputs(obs, last_onehot).reshape(L * B * n, -1)  # time-major rows
+        if self.fused:  # the first layer and the recurrence through algorithms/common/kernels_discrete.py
+            x = F.relu_(fast.shared_input_linear(x, self.fc1_w, self.fc1_b))  # [E, L·B·n, H]; in place: no second
+            # [E, L·B·n, H] tensor (the first layer's backward does not read its output)
             h0r = None if h0 is None else h0.reshape(E, B * n, H)
             y = fast.fused_gru(x, self.w_ih, self.b_ih, self.w_hh, self.b_hh, h0r, L)  # [E, L, B·n, H]
             out = fast.narrow_linear(y.view(E, L * B * n, H), self.fc2_w, self.fc2_b)  # fast weight gradient
             return out.view(E, L, B, n, self.n_actions).transpose(1, 2), y[:, -1].reshape(E, B, n, H)
-        x = F.relu(x)
+        x = F.relu(torch.baddbmm(self.fc1_b, x.expand(E, -1, -1), self.fc1_w))  # [E, L·B·n, H]
         gis = torch.baddbmm(self.b_ih, x, self.w_ih).view(E, L, B * n, 3 * H).unbind(1)  # unbind: one backward stack, not L scatters
         h = self.init_hidden(B).view(E, B * n, H) if h0 is None else h0.reshape(E, B * n, H)
         hs = []
@@ -259,12 +259,16 @@ class StackedQMixer(nn.Module):
         self.fused = kernels.fused_default()  # counterfactuals through kernels_discrete
 
     def _lin(self, key: str, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the state, shared by the members: [M, S]
+            if self.fused:
+                return fast.shared_input_linear(x, getattr(self, key + "_w"), getattr(self, key + "_b"))
+            x = x.unsqueeze(0).expand(self.n_members, -1, -1)
         return torch.baddbmm(getattr(self, key + "_b"), x, getattr(self, key + "_w"))
 
     def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """state [M, S] -> |W1| [E, M, n, Em], b1 [E, M, 1, Em], |W2| [E, M, Em, 1], b2 [E, M, 1, 1]."""
         E, M = self.n_members, state.shape[0]
-        s = state.unsqueeze(0).expand(E, -1, -1)
+        s = state
         w1 = self._lin("w1b", F.relu(self._lin("w1a", s))).abs().view(E, M, self.n_agents, self.embed)
         b1 = self._lin("b1", s).view(E, M, 1, self.embed)
         w2 = self._lin("w2b", F.relu(self._lin("w2a", s))).abs().view(E, M, self.embed, 1)
