@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_config, make_config
-from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.suite import protocol
@@ -227,6 +227,14 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
         kernels.large_allocations_from_heap(discrete)
 
 
+def _kernels_label() -> str:
+    """The kernels a run's log names: fused or plain, and whether the native (C) kernels may be used
+    (PLCQL_NATIVE; where no compiler is present they fall back to torch with a warning in the log)."""
+    if not kernels.fused_default():
+        return "plain"
+    return "fused" + (" (native on)" if native.enabled() else " (native off: PLCQL_NATIVE)")
+
+
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
     """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
 
@@ -250,7 +258,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
-            f"torch threads {torch.get_num_threads()} kernels {'fused' if kernels.fused_default() else 'plain'}")
+            f"torch threads {torch.get_num_threads()} kernels {_kernels_label()}")
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}

@@ -33,7 +33,12 @@ in page by page (the allocator setting below).
               recomputed in backward instead of stored.
   cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
               blocks, the gradient computed in forward while the block is in cache (no recomputation),
-              the ELU and its derivative from one exp.
+              the ELU and its derivative from one exp. Where it builds, its forward runs as C
+              (algorithms/common/native.py, native/cf_negative.c: one pass per row instead of ~12 ops
+              per block); this torch form is the reference and the fallback.
+  shared_input_linear
+              the members' first layers on a shared input (the agents' fc1, the hypernetworks at the
+              states) as chunked GEMMs, without baddbmm's E-fold copy of the expanded input.
   first_layer QMIX's first layer at the data joint action, shared by the TD term and CF-CQL, with a
               broadcast-multiply weight gradient.
   (the allocator: kernels.large_allocations_from_heap, set once per process by the runner for discrete
