@@ -137,3 +137,14 @@ def test_a_failed_compile_names_the_source(own_cache, monkeypatch):
     with pytest.raises(RuntimeError, match="failed on cf_negative.c"):
         native._build("cf_negative")
     assert list(own_cache.iterdir()) == []  # the partial output was removed
+
+
+def test_the_c_sources_are_shipped_with_the_package():
+    """A non-editable install (the images') must carry csrc/*.c, or the kernels silently fall back."""
+    import tomllib
+    from pathlib import Path
+
+    conf = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "plcql_bench.algorithms.common.csrc" in conf["packages"]
+    assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c"]
+    assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c"]

@@ -34,7 +34,7 @@ in page by page (the allocator setting below).
   cf_negative CF-CQL's negative term Σ_i λ_i logsumexp_j Q_tot(s, a_i = j, a_-i) with λ, the same
               blocks, the gradient computed in forward while the block is in cache (no recomputation),
               the ELU and its derivative from one exp. Where it builds, its forward runs as C
-              (algorithms/common/native.py, native/cf_negative.c: one pass per row instead of ~12 ops
+              (algorithms/common/native.py, csrc/cf_negative.c: one pass per row instead of ~12 ops
               per block); this torch form is the reference and the fallback.
   shared_input_linear
               the members' first layers on a shared input (the agents' fc1, the hypernetworks at the
@@ -563,7 +563,7 @@ class _CFNegative(torch.autograd.Function):
     def forward(ctx, pre, delta, w1, w2, b2, avail, logbeta, temp, members):
         ctx.used = False
         done = native.cf_negative(pre, delta, w1, w2, b2, avail, logbeta, temp, members)
-        if done is not None:  # the same outputs from the C form (algorithms/common/native/cf_negative.c)
+        if done is not None:  # the same outputs from the C form (algorithms/common/csrc/cf_negative.c)
             neg, lam, *grads = done
             ctx.save_for_backward(*grads)
             ctx.mark_non_differentiable(lam)

@@ -6,7 +6,7 @@ The torch form makes ~12 passes (one per op) over every cache block of the [rows
 intermediate; the C form computes each embed-long vector once and keeps it in registers and L1
 (smax-2s3z, 10 members: 469 -> 166 ms at 2 threads; docs/algorithms/discrete-machinery.md).
 
-Building: `cc` (or $CC) compiles algorithms/common/native/NAME.c with -O3 -march=native into a cache
+Building: `cc` (or $CC) compiles algorithms/common/csrc/NAME.c with -O3 -march=native into a cache
 folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native),
 named by a hash of the source, the flags, the compiler's version and this CPU's flags, so a changed source
 or another machine builds anew and concurrent processes never read a half-written file (the library is
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = Path(__file__).with_name("native")
+SOURCES = Path(__file__).with_name("csrc")
 ENV = "PLCQL_NATIVE"  # "0", "off" or "false": never build or call the native kernels
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
          # the reductions over the embedding may be reassociated (vectorised); infinities and NaNs keep
@@ -76,7 +76,7 @@ def _compiler_version(cc: str) -> str:
 
 
 def _build(name: str) -> Path:
-    """The compiled library of native/NAME.c (compiled now unless the cache has it). Raises on failure."""
+    """The compiled library of csrc/NAME.c (compiled now unless the cache has it). Raises on failure."""
     src = SOURCES / f"{name}.c"
     cc = os.environ.get("CC", "cc")
     version = _compiler_version(cc)
@@ -104,7 +104,7 @@ def _build(name: str) -> Path:
 
 
 def library(name: str) -> ctypes.CDLL | None:
-    """native/NAME.c loaded (built on first use), or None when it cannot be built here (warned once)."""
+    """csrc/NAME.c loaded (built on first use), or None when it cannot be built here (warned once)."""
     with _LOCK:
         if name not in _LIBS:
             try:
