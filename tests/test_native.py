@@ -148,3 +148,15 @@ def test_the_c_sources_are_shipped_with_the_package():
     assert "plcql_bench.algorithms.common.csrc" in conf["packages"]
     assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c"]
     assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c"]
+
+
+@needs_cc
+def test_an_unwritable_cache_builds_in_the_temporary_folder(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PLCQL_NATIVE_CACHE", str(blocker / "cache"))  # cannot be created
+    monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    lib = native._build("cf_negative")
+    assert lib.parent == tmp_path / "tmp" / f"plcql-bench-native-{os.getuid()}" and lib.exists()
+    assert native._build("cf_negative") == lib  # found there next time

@@ -7,7 +7,8 @@ intermediate; the C form computes each embed-long vector once and keeps it in re
 (smax-2s3z, 10 members: 469 -> 166 ms at 2 threads; docs/algorithms/discrete-machinery.md).
 
 Building: `cc` (or $CC) compiles algorithms/common/csrc/NAME.c with -O3 -march=native into a cache
-folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native),
+folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native;
+where that cannot be written, $TMPDIR/plcql-bench-native-UID),
 named by a hash of the source, the flags, the compiler's version and this CPU's flags, so a changed source
 or another machine builds anew and concurrent processes never read a half-written file (the library is
 written under a temporary name and renamed). Without a working compiler, or with PLCQL_NATIVE=0, every
@@ -75,6 +76,19 @@ def _compiler_version(cc: str) -> str:
         return ""
 
 
+def _writable(folders: list[Path]) -> Path:
+    """The first of the folders that exists or can be made and can be written (a read-only home, as in
+    some containers, falls back to the temporary folder)."""
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise RuntimeError(f"no writable folder for the compiled kernels (tried {', '.join(map(str, folders))})")
+
+
 def _build(name: str) -> Path:
     """The compiled library of csrc/NAME.c (compiled now unless the cache has it). Raises on failure."""
     src = SOURCES / f"{name}.c"
@@ -84,11 +98,13 @@ def _build(name: str) -> Path:
         raise RuntimeError(f"no C compiler ({cc!r}; set CC)")
     key = hashlib.sha256("\0".join([src.read_text(), " ".join(FLAGS), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
-    folder = cache_dir()
-    lib = folder / f"{name}-{key}.so"
-    if lib.exists():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True)
+    file = f"{name}-{key}.so"
+    folders = [cache_dir(), Path(tempfile.gettempdir()) / f"plcql-bench-native-{os.getuid()}"]
+    for folder in folders:
+        if (folder / file).exists():
+            return folder / file
+    folder = _writable(folders)
+    lib = folder / file
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
