@@ -35,6 +35,9 @@ import click
 @click.option("--compare-plain", is_flag=True,
               help="Time each algorithm with the fused kernels against the plain torch path "
                    "(PLCQL_KERNELS=plain; algorithms/common/kernels*.py) in alternation, with the paired ratio.")
+@click.option("--compare-native", is_flag=True,
+              help="Time each algorithm with the native C kernels against their torch form (PLCQL_NATIVE=0; "
+                   "algorithms/common/native.py: the discrete CF-CQL term) in alternation, with the paired ratio.")
 @click.option("--stack", "stack", type=click.IntRange(min=2), default=None, metavar="S",
               help="Also time S separate runs' rounds against one round of the S seeds as stacked models "
                    "(`all --stack`; the continuous CFCQL family), in alternation, with the paired ratio.")
@@ -42,7 +45,7 @@ import click
               help="Episode-batch (SMAX/SMAC) algorithms time on this dataset's episodes, with their real "
                    "lengths (default: synthetic episodes all of the task's episode limit, the worst case).")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain, stack, episodes_from) -> None:
+                description, seconds, floor, compare_plain, compare_native, stack, episodes_from) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -113,6 +116,8 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             results[(name, task_id)] = t
             if compare_plain:
                 compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
+            if compare_native:
+                compare_native_torch(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
             if stack:
                 compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
@@ -165,6 +170,29 @@ def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, d
     med = {k: statistics.median(v) for k, v in inter.items()}
     click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: fused {med['fused']:.1f} ms, plain "
                f"{med['plain']:.1f} ms, median per-round ratio fused/plain {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+
+
+def compare_native_torch(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
+    """The algorithm with the native C kernels allowed against the same algorithm with their torch form
+    (two instances in this process), timed in alternation: the median per-round ratio native/torch with its
+    95% bootstrap interval. Says so when the kernels cannot be built here (the two are then the same)."""
+    import functools
+
+    from plcql_bench.algorithms.common import native
+    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
+
+    if not native.enabled() or native.library("cf_negative") is None:
+        click.echo(f"# {name} {task_id}: native kernels off or not buildable here (PLCQL_NATIVE, cc), "
+                   "--compare-native skipped")
+        return
+    variants = {"native": (name, overrides, functools.partial(native.native_kernels, True)),
+                "torch": (name, overrides, functools.partial(native.native_kernels, False))}
+    inter = time_variants(variants, spec,
+                          rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
+    ratio, lo, hi = paired_ratio(inter["native"], inter["torch"])
+    med = {k: statistics.median(v) for k, v in inter.items()}
+    click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: native {med['native']:.1f} ms, torch form "
+               f"{med['torch']:.1f} ms, median per-round ratio native/torch {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
 
 
 def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup, batch, device, clock) -> None:

@@ -106,3 +106,25 @@ def test_bench_speed_times_episode_algorithms_on_a_dataset_s_episodes(tmp_path):
     other = CliRunner().invoke(cli, ["bench-speed", "--task", "smax-3s_vs_5z", "--algo", "bc",
                                      "--episodes-from", str(path)])
     assert other.exit_code != 0 and str(path) in str(other.exception) + other.output
+
+
+def test_bench_speed_compare_native_pairs_the_c_kernels_with_their_torch_form(monkeypatch):
+    """--compare-native times one algorithm with the native kernels against the same with their torch form
+    (paired, with an interval) and, where they are switched off, says it skipped."""
+    import shutil
+
+    from plcql_bench.algorithms.common import native
+
+    args = ["bench-speed", "--task", "smax-2s3z", "--algo", "cfcql", "--rounds", "2", "--warmup", "0", "--batch", "4",
+            "--threads", "1", "--no-floor", "--compare-native"]
+    if shutil.which("cc") is not None and native.library("cf_negative") is not None:
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 0, out.output
+        m = re.search(r"cfcql smax-2s3z, 2 interleaved rounds: native (\d+\.\d) ms, torch form (\d+\.\d) ms, median "
+                      r"per-round ratio native/torch (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", out.output)
+        assert m, out.output
+        nat, tor, ratio, lo, hi = map(float, m.groups())
+        assert nat > 0 and tor > 0 and lo <= ratio <= hi
+    monkeypatch.setenv("PLCQL_NATIVE", "0")
+    off = CliRunner().invoke(cli, args)
+    assert off.exit_code == 0 and "--compare-native skipped" in off.output, off.output

@@ -19,6 +19,7 @@ Which form ran is not part of a run's key, like the thread count and PLCQL_KERNE
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -46,6 +48,18 @@ def use_native(on: bool) -> None:
     """Whether callers may use the native kernels (tests switch it off to time or compare the torch form)."""
     global _ON
     _ON = bool(on)
+
+
+@contextlib.contextmanager
+def native_kernels(on: bool) -> Iterator[None]:
+    """`use_native(on)` inside the block, the previous choice restored after it (`bench-speed
+    --compare-native`, tests)."""
+    old = _ON
+    use_native(on)
+    try:
+        yield
+    finally:
+        use_native(old)
 
 
 def enabled() -> bool:
