@@ -155,44 +155,44 @@ def use_dataset_episodes(path: str | None, tasks) -> str:
 
 def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
     """One algorithm built with the fused kernels against one built with the plain torch path (both in
-    this process, same process settings), timed in alternation (A B, B A, ...): the median per-round ratio
-    fused/plain with its 95% bootstrap interval."""
-    import functools
-
+    this process, same process settings), timed in alternation: the median per-round ratio fused/plain."""
     from plcql_bench.algorithms.common.kernels import fused_kernels
-    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
 
-    variants = {"fused": (name, overrides, functools.partial(fused_kernels, True)),
-                "plain": (name, overrides, functools.partial(fused_kernels, False))}
-    inter = time_variants(variants, spec,
-                          rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
-    ratio, lo, hi = paired_ratio(inter["fused"], inter["plain"])
-    med = {k: statistics.median(v) for k, v in inter.items()}
-    click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: fused {med['fused']:.1f} ms, plain "
-               f"{med['plain']:.1f} ms, median per-round ratio fused/plain {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+    _compare_switch(name, task_id, spec, overrides, fused_kernels, ("fused", "plain"), ("fused", "plain"),
+                    rounds, warmup, batch, device, clock)
 
 
 def compare_native_torch(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
     """The algorithm with the native C kernels allowed against the same algorithm with their torch form
-    (two instances in this process), timed in alternation: the median per-round ratio native/torch with its
-    95% bootstrap interval. Says so when the kernels cannot be built here (the two are then the same)."""
-    import functools
-
+    (two instances in this process), timed in alternation: the median per-round ratio native/torch. Says so
+    when the kernels cannot be built here (the two would be the same)."""
     from plcql_bench.algorithms.common import native
-    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
 
     if not native.enabled() or native.library("cf_negative") is None:
         click.echo(f"# {name} {task_id}: native kernels off or not buildable here (PLCQL_NATIVE, cc), "
                    "--compare-native skipped")
         return
-    variants = {"native": (name, overrides, functools.partial(native.native_kernels, True)),
-                "torch": (name, overrides, functools.partial(native.native_kernels, False))}
+    _compare_switch(name, task_id, spec, overrides, native.native_kernels, ("native", "torch"),
+                    ("native", "torch form"), rounds, warmup, batch, device, clock)
+
+
+def _compare_switch(name, task_id, spec, overrides, switch, labels, shown, rounds, warmup, batch, device,
+                    clock) -> None:
+    """The algorithm built and run inside switch(True) (labels[0]) and inside switch(False) (labels[1]), timed
+    in alternation (A B, B A, ...): both medians and the median per-round ratio with its 95% bootstrap interval."""
+    import functools
+
+    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
+
+    on, off = labels
+    variants = {on: (name, overrides, functools.partial(switch, True)),
+                off: (name, overrides, functools.partial(switch, False))}
     inter = time_variants(variants, spec,
                           rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
-    ratio, lo, hi = paired_ratio(inter["native"], inter["torch"])
+    ratio, lo, hi = paired_ratio(inter[on], inter[off])
     med = {k: statistics.median(v) for k, v in inter.items()}
-    click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: native {med['native']:.1f} ms, torch form "
-               f"{med['torch']:.1f} ms, median per-round ratio native/torch {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+    click.echo(f"# {name} {task_id}, {rounds} interleaved rounds: {shown[0]} {med[on]:.1f} ms, {shown[1]} "
+               f"{med[off]:.1f} ms, median per-round ratio {on}/{off} {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
 
 
 def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup, batch, device, clock) -> None:
