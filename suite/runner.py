@@ -229,7 +229,7 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
 
 def _kernels_label() -> str:
     """The kernels a run's log names: fused or plain, and whether the native (C) kernels may be used
-    (PLCQL_NATIVE; where no compiler is present they fall back to torch with a warning in the log)."""
+    (PLCQL_NATIVE; where no compiler is present they fall back to torch, with one warning on stderr)."""
     if not kernels.fused_default():
         return "plain"
     return "fused" + (" (native on)" if native.enabled() else " (native off: PLCQL_NATIVE)")

@@ -267,8 +267,7 @@ class StackedQMixer(nn.Module):
 
     def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """state [M, S] -> |W1| [E, M, n, Em], b1 [E, M, 1, Em], |W2| [E, M, Em, 1], b2 [E, M, 1, 1]."""
-        E, M = self.n_members, state.shape[0]
-        s = state
+        E, M, s = self.n_members, state.shape[0], state  # _lin shares s over the members
         w1 = self._lin("w1b", F.relu(self._lin("w1a", s))).abs().view(E, M, self.n_agents, self.embed)
         b1 = self._lin("b1", s).view(E, M, 1, self.embed)
         w2 = self._lin("w2b", F.relu(self._lin("w2a", s))).abs().view(E, M, self.embed, 1)

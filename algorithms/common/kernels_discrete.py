@@ -625,7 +625,6 @@ class _CFNegative(torch.autograd.Function):
         dpre.mul_(w2)
         dw1.mul_(w2.unsqueeze(1))
         ctx.save_for_backward(dpre, ddelta, dw1, dw2, db2)
-        ctx.used = False
         ctx.mark_non_differentiable(lam)
         return neg, lam
 
