@@ -48,6 +48,10 @@
 # rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log, e.g.
 #   STACK=8 STACK_ROUNDS=10 STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 \
 #     plcql:mamujoco-halfcheetah-2x3" LIMIT=60 GPU_ONLY=... bash ci/gpu_loan.sh   (~4 device-minutes)
+# Partial runs trained here resume there: tar their run folders (paper/ALGO/TASK/TIER/seedN-KEY, checkpoint
+# included) into build/loan-ckpt/ckpt.tgz, carry [".wheels", "build/loan-ckpt"] and start the command with
+# `mkdir -p results && tar -xzf build/loan-ckpt/ckpt.tgz -C results && ...` (the first call only). Mind the
+# 64 MiB: tree + wheels + tarball (2026-11-28: 51.1 + 2.7 + 9.5 MB for six CN PLCQL checkpoints).
 # Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
 #   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
