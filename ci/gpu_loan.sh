@@ -6,8 +6,8 @@
 #   * CPU_ONLY cells on the remaining cores, one torch thread each;
 # then stops both cleanly (SIGINT: each run finishes its round and checkpoints there) and packs every run
 # directory they touched into $OUT/runs.tgz, plus the checkpoints of unfinished runs (so the next loan or a CPU
-# machine resumes them) in ckpt.tgz.part*. Here: tar -xzf runs.tgz -C results; cat ckpt.tgz.part* | tar -xzf - -C results;
-# then `make publish-results PROFILE=paper`.
+# machine resumes them) in ckpt.tgz.part*. Here: `bash ci/gpu_loan.sh --take-back FILES_AT results` (it keeps
+# a run this machine trained further meanwhile), then `make publish-results PROFILE=paper`.
 #
 # Prepare once on the development machine (what the loan machine lacks, it cannot download):
 #   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
@@ -48,10 +48,9 @@
 # rounds against one stacked round on the device (`bench-speed --stack`) into $OUT/stack_bench.log, e.g.
 #   STACK=8 STACK_ROUNDS=10 STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 \
 #     plcql:mamujoco-halfcheetah-2x3" LIMIT=60 GPU_ONLY=... bash ci/gpu_loan.sh   (~4 device-minutes)
-# Partial runs trained here resume there: tar their run folders (paper/ALGO/TASK/TIER/seedN-KEY, checkpoint
-# included) into build/loan-ckpt/ckpt.tgz, carry [".wheels", "build/loan-ckpt"] and start the command with
-# `mkdir -p results && tar -xzf build/loan-ckpt/ckpt.tgz -C results && ...` (the first call only). Mind the
-# 64 MiB: tree + wheels + tarball (2026-11-28: 51.1 + 2.7 + 9.5 MB for six CN PLCQL checkpoints).
+# Partial runs trained here resume there: `--pack-partial` (below) packs them into build/loan-ckpt/ckpt.tgz;
+# carry [".wheels", "build/loan-ckpt"] and the first call unpacks them (2026-11-28: 51.1 + 2.7 + 9.5 MB for
+# six CN PLCQL checkpoints, tree + wheels + tarball, of the 64 MiB).
 # Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
 #   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
@@ -84,6 +83,97 @@ PY
   exit 0
 fi
 
+# Carry partial runs trained elsewhere (their checkpoints resume on any device):
+#   bash ci/gpu_loan.sh --pack-partial FROM_RESULTS [PATH_REGEX]
+# packs the interrupted runs under FROM_RESULTS/PROFILE (those matching PATH_REGEX, e.g.
+# 'plcql-k[12]/mpe-cn/random'), the most rounds reached first, into build/loan-ckpt/ckpt.tgz, as many as
+# fit the device tool's 64 MiB beside the tree and .wheels. Runs still training there (status "running")
+# are left out. Carry [".wheels", "build/loan-ckpt"]: the first call on a machine unpacks it into RESULTS
+# (once: a marker in RESULTS keeps a later call from rolling the runs back).
+CARRY_DIR=${CARRY_DIR:-build/loan-ckpt}  # where --pack-partial writes and a loan looks for carried runs
+if [[ "${1:-}" == "--pack-partial" ]]; then
+  from=${2:?usage: --pack-partial FROM_RESULTS [PATH_REGEX]}
+  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}')
+  wheels=$(du -sb .wheels 2>/dev/null | cut -f1)
+  budget=$(( 64 * 1048576 - tree - ${wheels:-0} - 1048576 ))  # 1 MiB to spare
+  mkdir -p "$CARRY_DIR" && rm -f "$CARRY_DIR/ckpt.tgz"
+  python3 - "$from/${PROFILE:-paper}" "${3:-.}" "$budget" > "$CARRY_DIR/runs.txt" <<'PY' || exit 2
+import json, os, re, sys
+root, pattern, budget = sys.argv[1], re.compile(sys.argv[2]), int(sys.argv[3])
+runs = []
+for dirpath, _, files in os.walk(root):
+    if "ckpt.pt" not in files or "final.json" in files or not pattern.search(dirpath):
+        continue
+    try:
+        status = json.load(open(os.path.join(dirpath, "status.json")))
+    except (OSError, ValueError):
+        continue
+    if status.get("status") == "running":
+        continue
+    size = sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    runs.append((status.get("reached") or status.get("update") or 0, size, dirpath))
+used = 0
+for reached, size, path in sorted(runs, reverse=True):
+    if used + size * 0.85 > budget:  # gzip takes ~15 % off a checkpoint
+        print(f"left out (no room): {path} at round {reached}", file=sys.stderr)
+        continue
+    used += size * 0.85
+    print(os.path.relpath(path, os.path.dirname(root)))
+PY
+  [[ -s "$CARRY_DIR/runs.txt" ]] || { echo "no interrupted run to pack under $from"; exit 2; }
+  tar -czf "$CARRY_DIR/ckpt.tgz" -C "$from" --files-from="$CARRY_DIR/runs.txt"
+  size=$(du -b "$CARRY_DIR/ckpt.tgz" | cut -f1)
+  echo "packed $(wc -l < "$CARRY_DIR/runs.txt") run(s), $(( size / 1048576 )) MiB; a call carries ~$(( (tree + ${wheels:-0} + size) / 1048576 )) MiB of 64"
+  (( size <= budget )) || { rm -f "$CARRY_DIR/ckpt.tgz"; echo "over the budget: pack fewer (PATH_REGEX)"; exit 2; }
+  exit 0
+fi
+
+# Take a loan's files back (on the development machine; pause the home campaign first):
+#   bash ci/gpu_loan.sh --take-back FILES_AT RESULTS
+# unpacks runs.tgz and ckpt.tgz.part* from FILES_AT into a staging folder and moves each run into RESULTS
+# only where it is ahead: finished there, or a checkpoint at a later round than RESULTS holds (a run the
+# home campaign trained further meanwhile is kept as it is). Then `make publish-results` (or
+# `campaign publish --results-dir RESULTS`) publishes the finished ones.
+if [[ "${1:-}" == "--take-back" ]]; then
+  files=${2:?usage: --take-back FILES_AT RESULTS}; dest=${3:?usage: --take-back FILES_AT RESULTS}
+  stage=$(mktemp -d)
+  tar -xzf "$files/runs.tgz" -C "$stage" || exit 2
+  if compgen -G "$files/ckpt.tgz.part*" > /dev/null; then cat "$files"/ckpt.tgz.part* | tar -xzf - -C "$stage" || exit 2; fi
+  python3 - "$stage" "$dest" <<'PY'
+import json, os, shutil, sys
+stage, dest = sys.argv[1], sys.argv[2]
+def progress(run):
+    if os.path.exists(os.path.join(run, "final.json")):
+        return float("inf")
+    try:
+        s = json.load(open(os.path.join(run, "status.json")))
+    except (OSError, ValueError):
+        return -1
+    return s.get("reached") or s.get("update") or 0
+moved = kept = 0
+for dirpath, _, files in sorted(os.walk(stage)):
+    if "config.json" not in files:
+        continue
+    rel = os.path.relpath(dirpath, stage)
+    here, there = os.path.join(dest, rel), progress(dirpath)
+    if os.path.isdir(here) and progress(here) >= there:
+        kept += 1
+        print(f"kept (no further there): {rel}")
+        continue
+    if "final.json" not in files and "ckpt.pt" not in files:
+        kept += 1  # an unfinished run whose checkpoint did not come back: nothing to resume from
+        print(f"skipped (no checkpoint came back): {rel}")
+        continue
+    os.makedirs(os.path.dirname(here), exist_ok=True)
+    if os.path.isdir(here):
+        shutil.rmtree(here)
+    shutil.copytree(dirpath, here)
+    moved += 1
+print(f"took back {moved} run(s) into {dest}; kept {kept} as they were")
+PY
+  rc=$?; rm -rf "$stage"; exit $rc
+fi
+
 LIMIT=${LIMIT:-500}              # seconds of training before the clean stop
 PROFILE=${PROFILE:-paper}
 DEVICE=${DEVICE:-cuda}
@@ -102,6 +192,11 @@ OUT=${OUT:-$ROOT/build/loan-out}
 RESULTS=${RESULTS:-$ROOT/results}
 DATA=${DATA:-$ROOT/data}
 mkdir -p "$OUT" "$RESULTS" "$DATA"
+# Partial runs carried in (--pack-partial): unpacked once per machine, before anything reads RESULTS.
+if [[ -f "$CARRY_DIR/ckpt.tgz" && ! -e "$RESULTS/.loan-ckpt-unpacked" ]]; then
+  tar -xzf "$CARRY_DIR/ckpt.tgz" -C "$RESULTS" && touch "$RESULTS/.loan-ckpt-unpacked" \
+    && echo "unpacked $(tar -tzf "$CARRY_DIR/ckpt.tgz" | grep -c '/ckpt.pt$') carried checkpoint(s) into $RESULTS"
+fi
 t0=$(date +%s)
 log() { echo "[loan +$(( $(date +%s) - t0 ))s] $*"; }
 
