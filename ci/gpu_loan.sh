@@ -16,21 +16,21 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
-# The recommended loan (issues 18 and 15; written 2026-11-27 after that evening's loan, docs/runner.md "Third
-# use"): the CN PLCQL/SPaCQL cells of 2,001 rounds on the GPU as one stack of 5 seeds per cell (the paper's
-# 5 seeds), and the World baselines on the cores. Why fewer, bigger stacks: the GPU's throughput looked
-# capped near ~70 run-rounds a second whatever the process count (6 stacks of 3 on CN: ~78; 8 stacks of 3
-# on PP with 7 CPU jobs: ~65, a PLCQL stack at only ~2.2 rounds a second), while a stacked round of 8 seeds
-# costs only ~1.3-1.5 separate rounds (docs/runner.md): seeds 3-4 ride along at little cost. Unfinished
-# runs come back checkpointed at the round they stopped in (<= 56 MiB of checkpoints, the most work at
-# stake first). Two calls on the warm machine (the second resumes from the machine's results/ folder; start
-# it with `test -d results/paper || exit 3`) use ~14 minutes.
-# Pause the home campaign before unpacking (a cell both trained keeps whichever final.json lands last).
-#   LIMIT=515 PER_GPU=5 CPU_JOBS=8 STACK=5 \
-#   PREBUILD="mpe-cn:expert mpe-cn:medium mpe-cn:medium-replay mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
-#   GPU_ONLY='algo=plcql,spacql,task=mpe-cn,dataset=expert,medium,medium-replay,seed=0,1,2,3,4' \
-#   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,seed=0,1,2' \
+# The recommended loan (issues 15 and 18; written 2026-11-28 after that morning's loan, docs/runner.md
+# "Fourth use"): finish the CN random study (6,001 rounds a run) on the GPU as stacks of 3 seeds, carrying
+# the home campaign's interrupted study runs, and the World/PP baselines on the cores. First, here, with
+# the home campaign paused (runs it is training are left out):
+#   bash ci/gpu_loan.sh --pack-partial /work/campaign/results 'plcql[-a-z0-9.]*/mpe-cn/random'
+# then, carrying [".wheels", "build/loan-ckpt"] (~50 PLCQL run-rounds a second over 16 runs; a run not
+# carried starts fresh there and wins only if it gets further than this machine's copy):
+#   LIMIT=500 PER_GPU=3 CPU_JOBS=7 STACK=3 \
+#   PREBUILD="mpe-cn:random mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
+#   GPU_ONLY='algo=plcql-k1,plcql-k2,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-w1,plcql-lcb,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2,3,4' \
+#   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,mpe-pp,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
+# A second call on the warm machine (start it with `test -d results/paper || exit 3`, LIMIT ~265) resumes
+# from the machine's results/ folder; both use ~14 minutes. Back here: pause the home campaign,
+# `bash ci/gpu_loan.sh --take-back FILES_AT /work/campaign/results`, publish, resume.
 # The SMAX 2s3z ensembles need their 2 GB tier built on the machine (~3 min) and ~16 GPU-minutes a run
 # (PLCQL ~0.56 s a round on an H200 with the cores busy): a loan of their own.
 # The CPU cells start at once (the cores train while the GPU is benched); the GPU cells start after the
