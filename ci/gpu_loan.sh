@@ -25,7 +25,7 @@
 # carried starts fresh there and wins only if it gets further than this machine's copy):
 #   LIMIT=500 PER_GPU=3 CPU_JOBS=7 STACK=3 \
 #   PREBUILD="mpe-cn:random mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
-#   GPU_ONLY='algo=plcql-k1,plcql-k2,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-w1,plcql-lcb,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2,3,4' \
+#   GPU_ONLY='algo=plcql-k1,plcql-k2,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-w1,plcql-lcb,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql,task=mpe-cn,dataset=random,seed=2,3,4' \
 #   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,mpe-pp,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
 # A second call on the warm machine (start it with `test -d results/paper || exit 3`, LIMIT ~265) resumes
