@@ -36,7 +36,8 @@ import yaml
 
 from plcql_bench.suite.core.errors import BenchError
 
-PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")  # metrics.jsonl is published gzipped (.gz)
+# metrics.jsonl is published gzipped (.gz), and final.json without its curve where the metrics hold the same points
+PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ def stage_cells(campaign: Campaign, stage: Stage):
 def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click.echo(line, err=True)) -> int:
     """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
     paths); returns how many runs were newly published. Files already there are left alone; a
-    final.json that is not a valid result of its run directory is not published (one warning line)."""
+    final.json that is not a valid result of its run directory is not published (one warning line).
+    Every published final.json is stored without its curve where the run's metrics rebuild it exactly
+    (`compact_final`): the committed results must stay within what a GPU loan can carry."""
     from plcql_bench.suite.core.schema import RecordError, check_location, read_record
     from plcql_bench.suite.core.store import METRICS, METRICS_GZ, gzip_file
 
@@ -108,7 +111,26 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
                 shutil.copyfile(final.parent / name, target / name)
         shutil.copyfile(final, target / "final.json")
         n += 1
+    for final in sorted((Path(dest) / profile).rglob("final.json")):
+        compact_final(final)
     return n
+
+
+def compact_final(final: Path) -> bool:
+    """Rewrite a published final.json without its curve when the metrics beside it rebuild exactly the same
+    points (schema.curve_from_metrics; schema.read_record puts it back on reading). Returns whether it did;
+    a curve the metrics do not reproduce, or no metrics, leaves the file as it is."""
+    from plcql_bench.suite.core.schema import curve_from_metrics
+    from plcql_bench.suite.core.store import atomic_write_json, read_json
+
+    try:
+        raw = read_json(final)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(raw, dict) or not raw.get("curve") or raw["curve"] != curve_from_metrics(final.parent):
+        return False
+    atomic_write_json(final, {k: v for k, v in raw.items() if k != "curve"})
+    return True
 
 
 def adopt_published(published: Path, results_dir: Path, profile: str) -> int:

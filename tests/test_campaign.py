@@ -215,3 +215,40 @@ def test_campaign_status_estimates_what_is_left_in_queue_order(tmp_path):
     assert rows["bc-first"][-1] != "?" and rows["bc-again"][-1] != "?"  # priced (a few seconds: 2 updates)
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("left: ~") and "with 1 job(s) in queue order" in last and "2 cell(s)" in last
+
+
+def test_published_final_json_drops_the_curve_its_metrics_hold_and_reads_back_the_same(tmp_path):
+    """The committed results stay within a GPU loan's 64 MiB: a published final.json leaves out the learning
+    curve that metrics.jsonl.gz holds point for point, and every reader gets it back from there."""
+    import json
+
+    from plcql_bench.suite.core.schema import read_record, scan_records
+
+    done = write_run(tmp_path / "results", "plcql", "mpe-cn", "random", 0, 50.0, diag_n=3)
+    assert publish(tmp_path / "results", "paper", tmp_path / "board") == 1
+    out = tmp_path / "board" / done.relative_to(tmp_path / "results")
+    assert "curve" not in json.loads((out / "final.json").read_text())
+    assert read_record(out / "final.json").to_json() == read_record(done / "final.json").to_json()
+    assert len(read_record(out / "final.json").curve) == 12
+    (good, bad), = [scan_records(tmp_path / "board")]
+    assert [r.curve for _, r in good] == [read_record(done / "final.json").curve] and not bad
+    (out / "metrics.jsonl.gz").unlink()  # without its metrics the record stays valid, its curve unknown
+    assert read_record(out / "final.json").curve in ((), [])
+
+
+def test_a_curve_the_metrics_do_not_reproduce_is_published_as_it_is(tmp_path):
+    import json
+
+    from plcql_bench.suite.campaign import compact_final
+
+    differs = write_run(tmp_path / "results", "plcql", "mpe-cn", "random", 0, 50.0, diag_n=3)
+    rows = (differs / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(rows[-1])
+    last["score"] += 1.0  # one point disagrees with the curve
+    (differs / "metrics.jsonl").write_text("\n".join(rows[:-1] + [json.dumps(last)]) + "\n")
+    bare = write_run(tmp_path / "results", "plcql", "mpe-cn", "random", 1, 40.0)  # no metrics at all
+    assert publish(tmp_path / "results", "paper", tmp_path / "board") == 2
+    for run in (differs, bare):
+        out = tmp_path / "board" / run.relative_to(tmp_path / "results") / "final.json"
+        assert out.read_bytes() == (run / "final.json").read_bytes()
+        assert compact_final(out) is False

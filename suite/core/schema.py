@@ -207,14 +207,41 @@ class RunRecord:
         return self.score_name == "win_rate"
 
 
+CURVE_KEYS = ("update", "return_mean", "score")  # one learning-curve point; metrics.jsonl rows carry them too
+
+
+def curve_from_metrics(run_dir: Path) -> list[dict] | None:
+    """A run's learning curve rebuilt from its metrics.jsonl (or the published metrics.jsonl.gz): the runner
+    writes one row per evaluation point, holding that point's update, return_mean and score. None when no
+    readable metrics file is there (a damaged one leaves the curve unknown, not the record invalid)."""
+    from plcql_bench.suite.core.store import METRICS, read_metrics_text
+
+    try:
+        text = read_metrics_text(Path(run_dir) / METRICS)
+        if text is None:
+            return None
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not all(isinstance(r, dict) and all(k in r for k in CURVE_KEYS) for r in rows):
+        return None
+    return [{k: r[k] for k in CURVE_KEYS} for r in rows]
+
+
 def read_record(path: Path) -> RunRecord:
-    """Read and validate one final.json; RecordError (one line) when it is not a valid run."""
+    """Read and validate one final.json; RecordError (one line) when it is not a valid run. A published
+    final.json without its curve (`campaign publish` drops it where metrics.jsonl.gz holds the same points)
+    gets it back from the metrics beside it."""
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise RecordError(f"unreadable: {type(exc).__name__}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"invalid JSON: {exc}") from None
+    if isinstance(raw, dict) and "curve" not in raw:
+        curve = curve_from_metrics(Path(path).parent)
+        if curve is not None:
+            raw["curve"] = curve
     return RunRecord.from_json(raw)
 
 
