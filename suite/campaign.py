@@ -84,7 +84,7 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     """Copy every finished run's small files under results_dir/profile to dest/profile (same relative
     paths); returns how many runs were newly published. Files already there are left alone; a
     final.json that is not a valid result of its run directory is not published (one warning line).
-    Every published final.json is stored without its curve where the run's metrics rebuild it exactly
+    A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
     (`compact_final`): the committed results must stay within what a GPU loan can carry."""
     from plcql_bench.suite.core.schema import RecordError, check_location, read_record
     from plcql_bench.suite.core.store import METRICS, METRICS_GZ, gzip_file
@@ -110,9 +110,8 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
             else:
                 shutil.copyfile(final.parent / name, target / name)
         shutil.copyfile(final, target / "final.json")
+        compact_final(target / "final.json")
         n += 1
-    for final in sorted((Path(dest) / profile).rglob("final.json")):
-        compact_final(final)
     return n
 
 
