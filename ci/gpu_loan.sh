@@ -60,6 +60,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+# Bytes of what a device call copies: the tracked files and the untracked ones git does not ignore.
+tree_bytes() { (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}'; }
+
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p .wheels
   # The versions this checkout's environment runs (datasets and scores must not depend on the machine).
@@ -76,7 +79,7 @@ PY
   grep -qx '/.wheels/' .git/info/exclude 2>/dev/null || echo '/.wheels/' >> .git/info/exclude
   du -sh .wheels
   # What a call carries: the tracked files, the untracked ones git does not ignore, and .wheels (<= 64 MiB).
-  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}')
+  tree=$(tree_bytes)
   total=$(( tree + $(du -sb .wheels | cut -f1) ))
   echo "a call carries ~$(( total / 1048576 )) MiB of the device tool's 64 MiB"
   (( total < 64 * 1048576 )) || { echo "over 64 MiB: the device tool would refuse the call"; exit 2; }
@@ -93,7 +96,7 @@ fi
 CARRY_DIR=${CARRY_DIR:-build/loan-ckpt}  # where --pack-partial writes and a loan looks for carried runs
 if [[ "${1:-}" == "--pack-partial" ]]; then
   from=${2:?usage: --pack-partial FROM_RESULTS [PATH_REGEX]}
-  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}')
+  tree=$(tree_bytes)
   wheels=$(du -sb .wheels 2>/dev/null | cut -f1)
   budget=$(( 64 * 1048576 - tree - ${wheels:-0} - 1048576 ))  # 1 MiB to spare
   mkdir -p "$CARRY_DIR" && rm -f "$CARRY_DIR/ckpt.tgz"
@@ -137,6 +140,7 @@ fi
 if [[ "${1:-}" == "--take-back" ]]; then
   files=${2:?usage: --take-back FILES_AT RESULTS}; dest=${3:?usage: --take-back FILES_AT RESULTS}
   stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
   tar -xzf "$files/runs.tgz" -C "$stage" || exit 2
   if compgen -G "$files/ckpt.tgz.part*" > /dev/null; then cat "$files"/ckpt.tgz.part* | tar -xzf - -C "$stage" || exit 2; fi
   python3 - "$stage" "$dest" <<'PY'
@@ -171,7 +175,7 @@ for dirpath, _, files in sorted(os.walk(stage)):
     moved += 1
 print(f"took back {moved} run(s) into {dest}; kept {kept} as they were")
 PY
-  rc=$?; rm -rf "$stage"; exit $rc
+  exit $?
 fi
 
 LIMIT=${LIMIT:-500}              # seconds of training before the clean stop

@@ -87,7 +87,7 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
     (`compact_final`): the committed results must stay within what a GPU loan can carry."""
     from plcql_bench.suite.core.schema import RecordError, check_location, read_record
-    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, gzip_file
+    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_file
 
     src_root = Path(results_dir) / profile
     n = 0
@@ -109,27 +109,40 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
                 gzip_file(final.parent / name, target / METRICS_GZ)
             else:
                 shutil.copyfile(final.parent / name, target / name)
-        shutil.copyfile(final, target / "final.json")
-        compact_final(target / "final.json")
+        compact = _without_curve(final)
+        if compact is None:
+            shutil.copyfile(final, target / "final.json")
+        else:
+            atomic_write_json(target / "final.json", compact)
         n += 1
     return n
 
 
-def compact_final(final: Path) -> bool:
-    """Rewrite a published final.json without its curve when the metrics beside it rebuild exactly the same
-    points (schema.curve_from_metrics; schema.read_record puts it back on reading). Returns whether it did;
-    a curve the metrics do not reproduce, or no metrics, leaves the file as it is."""
+def _without_curve(final: Path) -> dict | None:
+    """final.json's object without its curve when the metrics beside it rebuild exactly the same points
+    (schema.curve_from_metrics; schema.read_record puts it back on reading); None when they do not, or
+    when there are no metrics (the file is then kept as it is)."""
     from plcql_bench.suite.core.schema import curve_from_metrics
-    from plcql_bench.suite.core.store import atomic_write_json, read_json
+    from plcql_bench.suite.core.store import read_json
 
     try:
         raw = read_json(final)
     except (OSError, ValueError):
-        return False
+        return None
     if not isinstance(raw, dict) or not raw.get("curve") or raw["curve"] != curve_from_metrics(final.parent):
-        return False
-    atomic_write_json(final, {k: v for k, v in raw.items() if k != "curve"})
-    return True
+        return None
+    return {k: v for k, v in raw.items() if k != "curve"}
+
+
+def compact_final(final: Path) -> bool:
+    """Rewrite a published final.json without its curve where `_without_curve` allows; returns whether it did
+    (how the runs published before compaction existed were migrated)."""
+    from plcql_bench.suite.core.store import atomic_write_json
+
+    compact = _without_curve(final)
+    if compact is not None:
+        atomic_write_json(final, compact)
+    return compact is not None
 
 
 def adopt_published(published: Path, results_dir: Path, profile: str) -> int:
