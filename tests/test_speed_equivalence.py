@@ -406,6 +406,21 @@ def test_add_relu_is_add_then_relu_bitwise():
     assert torch.equal(C._add_relu_(x.clone(), y), (x + y).relu())
 
 
+def test_softmax_last_matches_torch_softmax():
+    """The CF-CQL block's softmax over the M candidates: torch's values up to rounding, for large and
+    negative-infinite scores too (a row of only -inf is NaN both ways)."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4, 6, 3, 10, generator=g, dtype=torch.float64) * 50.0
+    z[0, 0, 0, :4] = -math.inf
+    torch.testing.assert_close(C.softmax_last(z), torch.softmax(z, dim=-1), rtol=1e-12, atol=1e-15)
+    z32 = z.float()
+    torch.testing.assert_close(C.softmax_last(z32), torch.softmax(z32, dim=-1), rtol=2e-6, atol=1e-7)
+    assert (C.softmax_last(z32)[0, 0, 0, :4] == 0).all()
+    z32[1, 1, 1] = -math.inf
+    assert C.softmax_last(z32)[1, 1, 1].isnan().all() and torch.softmax(z32, -1)[1, 1, 1].isnan().all()
+    assert not C.softmax_last(z32).isnan()[0].any()
+
+
 def test_workspace_pool_reuses_only_free_buffers(monkeypatch):
     """A buffer is handed out again only after it was given back; buffers in use are never shared; and
     critic calls that reuse pooled buffers give the same numbers as the first call."""

@@ -157,6 +157,14 @@ def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.add_(y).relu_()
 
 
+def softmax_last(z: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dimension as exp(z − max) / sum, a new tensor: torch's CPU softmax over a short
+    last dimension (CF-CQL's M = 10 candidates) is ~5x slower (a [10, 40, 3, 10] block at 1 thread: 217 vs
+    45 µs, ~20 ms of a PLCQL round on MPE). Equal up to rounding (~1e-7)."""
+    e = z.sub(z.amax(-1, keepdim=True)).exp_()
+    return e.div_(e.sum(-1, keepdim=True))
+
+
 class _BlockedLSE(torch.autograd.Function):
     """pol_j = mean_b sum_g w[b, g] * T * logsumexp_m(z_j[b, g, m] / T), z = critic trunk output - off,
     forwarded AND backpropagated block by block of states while the block's activations are in cache.
@@ -221,7 +229,7 @@ class _BlockedLSE(torch.autograd.Function):
             if not keep:
                 continue
             # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
-            gq = torch.softmax(z if T == 1.0 else z / T, dim=-1).mul_(wB[b0:b1_])
+            gq = softmax_last(z if T == 1.0 else z / T).mul_(wB[b0:b1_])
             g3 = gq.view(E, rows, 1)
             dw3t.baddbmm_(gq.view(E, 1, rows), h2)
             d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
