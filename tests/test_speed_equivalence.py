@@ -406,6 +406,22 @@ def test_add_relu_is_add_then_relu_bitwise():
     assert torch.equal(C._add_relu_(x.clone(), y), (x + y).relu())
 
 
+def test_cpu_block_size_follows_the_threads(monkeypatch):
+    """1.5 MiB of block per torch thread, up to 2 threads; a fixed BLOCK_BYTES wins; a GPU takes one block."""
+    monkeypatch.setattr(C, "BLOCK_BYTES", None)  # the module's fixture fixes it
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert C.block_bytes(torch.device("cpu")) == 3 << 19
+        torch.set_num_threads(2)
+        assert C.block_bytes(torch.device("cpu")) == 3 << 20
+        monkeypatch.setattr(C, "BLOCK_BYTES", 4096)
+        assert C.block_bytes(torch.device("cpu")) == 4096
+    finally:
+        torch.set_num_threads(threads)
+    assert C.block_bytes(torch.device("meta")) == C.GPU_BLOCK_BYTES
+
+
 def test_softmax_last_matches_torch_softmax():
     """The CF-CQL block's softmax over the M candidates: torch's values up to rounding, for large and
     negative-infinite scores too (a row of only -inf is NaN both ways)."""

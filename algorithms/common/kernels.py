@@ -135,15 +135,24 @@ def fused_trunk(h_s, a, w1a, w2, b2, w3, b3) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-BLOCK_BYTES = 3 << 20  # target size of one [E, rows, H] activation block of `_BlockedLSE` (tuned on CN:
-# flat between 1 and 4 MiB for E = 2, best near 3 MiB for E = 10; 8 MiB and more spill the cache)
+# Target size of one [E, rows, H] activation block of `_BlockedLSE`, per torch thread (its L2: 1 MiB a core on
+# the dev VM): 1.5 MiB at 1 thread (the runs' default), 3 MiB at 2 (tuned on CN: flat between 1 and 4 MiB for
+# E = 2, best near 3 MiB for E = 10; 8 MiB and more spill the cache). At 1 thread, paired against 3 MiB (CPU
+# clock, 2026-11-28): PLCQL CN 0.973 (0.941-0.993), mpe-pp 0.967; CFCQL CN 0.946 (0.920-0.977); OMAR CN 0.950
+# (0.941-0.960). More than 2 threads keep 3 MiB (not measured).
+BLOCK_BYTES_PER_THREAD = 3 << 19
+BLOCK_BYTES: int | None = None  # a fixed size instead (tests; dispatched_ops' single block)
 # On a GPU the blocks only multiply kernel launches (CN: ~80 blocks x ~12 kernels per critic update);
 # one block of the whole batch takes ~0.7 GB at the paper's CN sizes (E 10, 90 candidates, hidden 64).
 GPU_BLOCK_BYTES = 2 << 30
 
 
 def block_bytes(device: torch.device) -> int:
-    return BLOCK_BYTES if device.type == "cpu" else GPU_BLOCK_BYTES
+    if device.type != "cpu":
+        return GPU_BLOCK_BYTES
+    if BLOCK_BYTES is not None:
+        return BLOCK_BYTES
+    return BLOCK_BYTES_PER_THREAD * min(torch.get_num_threads(), 2)
 
 
 def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
