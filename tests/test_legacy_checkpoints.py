@@ -20,8 +20,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_ckpt"
 # changed the rounding of the fused discrete kernels every GRU agent and mixer runs on by default
 # (kernels_discrete: tanh as 2·sigmoid(2x) − 1, the Q head's weight layout, QMIX's first layer and the
 # counterfactual ELU from one exp): their numbers differ from the old code's by float rounding, so their
-# metrics are compared with a tolerance (the checkpoints' tensors still load bitwise).
-ROUNDING_ONLY = {("iql", True), ("awac", True), ("bc", True), ("cfcql", True), ("spacql", True), ("plcql", True)}
+# metrics are compared with a tolerance (the checkpoints' tensors still load bitwise). Continuous PLCQL's
+# CF-CQL blocks changed rounding on 2026-11-28 (kernels.softmax_last, 1.5 MiB blocks at 1 thread).
+ROUNDING_ONLY = {("iql", True), ("awac", True), ("bc", True), ("cfcql", True), ("spacql", True), ("plcql", True),
+                 ("plcql", False)}
 
 
 def tensors_equal(a, b) -> bool:
