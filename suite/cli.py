@@ -232,6 +232,9 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         jobs = default_jobs(dev, n_gpus, per_gpu, executor, ray_address)
     if dev == "cpu" and jobs * threads > cpu_count():
         click.echo(f"note: {jobs} jobs x {threads} threads > {cpu_count()} cores", err=True)
+    if dev == "cpu" and stack > 1:
+        click.echo(f"note: --stack {stack} on a CPU: a stacked round of S seeds is slower than S separate runs' "
+                   "rounds there (docs/runner.md, 'Speed, CPU'); stacking is for GPUs", err=True)
     problems = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof,
                                           data_profile_dir(obj["data_dir"], prof), build_missing,
                                           click.echo)

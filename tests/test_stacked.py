@@ -255,6 +255,7 @@ def test_all_with_stack_trains_each_seed_as_its_own_run(setup):
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert "trained 3" in res.output
+    assert "note: --stack 3 on a CPU" in res.output  # said, and the runs still train
     for plan in _plans(tmp, profile, "results"):
         assert plan.is_done()
         assert "stacked with seeds 0, 1, 2" in (plan.run_dir / "run.log").read_text()
