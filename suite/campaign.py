@@ -85,7 +85,7 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     paths); returns how many runs were newly published. Files already there are left alone; a
     final.json that is not a valid result of its run directory is not published (one warning line).
     A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
-    (`compact_final`): the committed results must stay within what a GPU loan can carry."""
+    (`_without_curve`): the committed results must stay within what a GPU loan can carry."""
     from plcql_bench.suite.core.schema import RecordError, check_location, read_record
     from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_file
 
