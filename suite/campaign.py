@@ -86,8 +86,8 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     final.json that is not a valid result of its run directory is not published (one warning line).
     A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
     (`_without_curve`): the committed results must stay within what a GPU loan can carry."""
-    from plcql_bench.suite.core.schema import RecordError, check_location, read_record
-    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_file
+    from plcql_bench.suite.core.schema import RecordError, check_location, compact_metrics_text, read_record
+    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text
 
     src_root = Path(results_dir) / profile
     n = 0
@@ -105,8 +105,8 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
         for name in PUBLISHED_FILES:  # final.json last: its presence marks a complete copy
             if not (final.parent / name).exists() or name == "final.json":
                 continue
-            if name == METRICS:  # ~4x smaller: the committed results stay within what a GPU loan can carry
-                gzip_file(final.parent / name, target / METRICS_GZ)
+            if name == METRICS:  # ~6x smaller: the committed results stay within what a GPU loan can carry
+                gzip_text(compact_metrics_text((final.parent / name).read_text(encoding="utf-8")), target / METRICS_GZ)
             else:
                 shutil.copyfile(final.parent / name, target / name)
         compact = _without_curve(final)

@@ -32,8 +32,8 @@ from plcql_bench.suite import protocol
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, hardware_info, read_record,
-                                           run_key_of)
+from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, compact_metrics_row,
+                                           hardware_info, read_record, run_key_of)
 from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.profiles import Profile
@@ -436,7 +436,9 @@ def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, pr
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
     diag = algo.diagnostics(probe) if probe is not None else {}
     state["curve"].append(point)
-    state["history"].append({**point, **{f"train/{k}": v for k, v in means.items()}, **diag})
+    # float32 precision for the training and diagnostic values (the curve point stays exact): the row in the
+    # checkpoint and the file are the same, so a resumed run writes what an uninterrupted one does
+    state["history"].append(compact_metrics_row({**point, **{f"train/{k}": v for k, v in means.items()}, **diag}))
     pending.clear()
     lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in state["history"])
     atomic_write_bytes(plan.run_dir / "metrics.jsonl", lines.encode())

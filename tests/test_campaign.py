@@ -107,6 +107,33 @@ def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
         _history(first / rel)
 
 
+def test_publishing_stores_training_values_at_float32_precision(tmp_path):
+    """A run written before the runner compacted its rows (17-digit training values) is published with
+    them at float32 precision; the learning-curve point is copied exactly, and a row that is already
+    compact is published byte for byte."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    done = write_run(tmp_path / "results", "plcql", "mpe-cn", "random", 0, 1.0)
+    rows = [{"update": u, "return_mean": 164.0269636154175 + u, "score": 4.281438287909321 + u,
+             "train/critic/loss": 497.1030450439454 * (u + 1), "diag/p_k1": float(np.float32(0.1))} for u in range(3)]
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    (done / "metrics.jsonl").write_text(text)
+    publish(tmp_path / "results", "paper", tmp_path / "board")
+    packed = tmp_path / "board" / done.relative_to(tmp_path / "results") / "metrics.jsonl.gz"
+    out = [json.loads(line) for line in gzip.decompress(packed.read_bytes()).decode().splitlines()]
+    for r, o in zip(rows, out, strict=True):
+        assert {k: o[k] for k in ("update", "return_mean", "score")} == {k: r[k] for k in ("update", "return_mean", "score")}
+        assert o["diag/p_k1"] == 0.1 and np.float32(o["train/critic/loss"]) == np.float32(r["train/critic/loss"])
+        assert o["train/critic/loss"] != r["train/critic/loss"]  # the float64 noise digits are gone
+    compact = gzip.decompress(packed.read_bytes())
+    (done / "metrics.jsonl").write_bytes(compact)
+    publish(tmp_path / "results", "paper", tmp_path / "again")
+    assert gzip.decompress((tmp_path / "again" / packed.relative_to(tmp_path / "board")).read_bytes()) == compact
+
+
 def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     f = _write(tmp_path, "  - {name: bc-first, only: 'algo=bc,dataset=random,seed=0'}\n"

@@ -14,6 +14,7 @@ import torch
 from plcql_bench.algorithms.base import Batch, load_all, make_config
 from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse, par_reward_terms
 from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.core.schema import CURVE_KEYS, float32_digits
 from plcql_bench.suite.core.spec import TaskSpec
 
 torch.set_num_threads(1)
@@ -256,6 +257,9 @@ def test_collapse_warning_in_final_json(unit, monkeypatch):
         assert on_disk.get("warnings", []) == res[algo].get("warnings", [])  # an empty list is not written
         lines = [json.loads(x) for x in (plan.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 6 and all("diag/par_marginal_entropy" in x for x in lines)
+        # training and diagnostic values are written at float32 precision (schema.float32_digits), the curve exactly
+        assert all(float32_digits(v) == v for x in lines for k, v in x.items() if k not in CURVE_KEYS)
+        assert [{k: x[k] for k in CURVE_KEYS} for x in lines] == on_disk["curve"]
     assert res["plcql"]["par_collapse"]["k"] == 3 and "PAR collapsed to k = n" in res["plcql"]["warnings"][0]
     assert any("WARNING" in line and "PAR collapsed" in line for line in logs)
     assert not res["plcql-uniform"].get("warnings") and not res["plcql-uniform"].get("par_collapse")

@@ -124,3 +124,30 @@ def test_runner_validates_before_writing_and_records_hardware():
     assert out["hardware"]["device"] == "cpu" and out["hardware"]["cpu_count"] >= 1
     with pytest.raises(RecordError, match="differs"):
         _validated(final_record("plcql", "mpe-cn", "expert", 0, 50.0) | {"score": 1e9}, "cpu")
+
+
+def test_metrics_rows_keep_float32_digits_and_the_curve_point_exactly():
+    """Training and diagnostic values are stored at float32 precision in the fewest digits that give the
+    same float32 back; the curve point (update, return_mean, score) is kept as evaluated."""
+    import numpy as np
+
+    from plcql_bench.suite.core.schema import compact_metrics_row, compact_metrics_text, float32_digits
+
+    f32 = float(np.float32(0.1))  # what tensor.item() returns: 0.10000000149011612
+    assert float32_digits(f32) == 0.1 and float32_digits(203.57684478759765) == 203.57684
+    for v in (f32, 203.57684478759765, 4.435069472719988e-05, -1e-40, 3e38, 123456789.0):
+        short = float32_digits(v)
+        assert np.float32(short) == np.float32(v)  # the same float32 ...
+        assert len(repr(short).lstrip("-").replace(".", "").split("e")[0].strip("0")) <= 9  # ... in ≤ 9 digits
+        assert float32_digits(short) == short  # idempotent
+    for v in (float("inf"), float("nan"), 1e300, 7, None, True, "x"):  # left as they are
+        assert float32_digits(v) is v
+    row = {"update": 10, "return_mean": 164.0269636154175, "score": 4.281438287909321,
+           "train/critic/loss": 497.1030450439454, "diag/p_k1": 7.164431008277461e-05}
+    out = compact_metrics_row(row)
+    assert {k: out[k] for k in ("update", "return_mean", "score")} == {k: row[k] for k in ("update", "return_mean", "score")}
+    assert out["train/critic/loss"] == 497.10306 and out["diag/p_k1"] == 7.164431e-05
+    text = json.dumps(row, sort_keys=True) + "\nnot json\n"
+    once = compact_metrics_text(text)
+    assert once.splitlines()[1] == "not json" and json.loads(once.splitlines()[0]) == out
+    assert compact_metrics_text(once) == once and len(once) < len(text)

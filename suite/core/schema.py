@@ -21,11 +21,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 from plcql_bench.suite.core.errors import BenchError
 
 __all__ = [
     "RESULT_SCHEMA_VERSION", "RecordError", "RunRecord", "Damaged", "DamagedResults", "run_key_of",
-    "read_record", "check_location", "scan_records", "enforce_strict",
+    "read_record", "check_location", "scan_records", "enforce_strict", "compact_metrics_row", "compact_metrics_text",
 ]
 
 RESULT_SCHEMA_VERSION = 1
@@ -208,6 +210,37 @@ class RunRecord:
 
 
 CURVE_KEYS = ("update", "return_mean", "score")  # one learning-curve point; metrics.jsonl rows carry them too
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def float32_digits(value):
+    """A float at float32 precision, as the fewest decimal digits that give that float32 back (at most 9
+    significant); anything else (ints, None, non-finite floats, floats beyond float32's range) unchanged.
+    The training metrics and diagnostics are float32 computations (or means of them), so their 17-digit
+    float64 forms carried ~8 digits of noise: dropping them makes a PLCQL run's published metrics ~35 %
+    smaller, which is what keeps the committed results within what a GPU loan can carry."""
+    if type(value) is not float or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        return value
+    return float(str(np.float32(value)))
+
+
+def compact_metrics_row(row: dict) -> dict:
+    """One metrics.jsonl row with its training and diagnostic values at float32 precision
+    (`float32_digits`); the learning-curve point (CURVE_KEYS) is kept exactly as evaluated. Idempotent."""
+    return {k: (v if k in CURVE_KEYS else float32_digits(v)) for k, v in row.items()}
+
+
+def compact_metrics_text(text: str) -> str:
+    """A metrics.jsonl text with every row compacted (`compact_metrics_row`), one sorted-key JSON object
+    per line as the runner writes them; a line that is not a JSON object is kept as it is."""
+    out = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        out.append(json.dumps(compact_metrics_row(row), sort_keys=True) if isinstance(row, dict) else line)
+    return "".join(f"{line}\n" for line in out)
 
 
 def curve_from_metrics(run_dir: Path) -> list[dict] | None:

@@ -42,7 +42,7 @@ def _default(value: Any) -> Any:
 
 
 METRICS = "metrics.jsonl"            # a run's learning curve and diagnostics, as the runner writes it
-METRICS_GZ = "metrics.jsonl.gz"      # the same bytes gzipped, as runs are published into leaderboard/results
+METRICS_GZ = "metrics.jsonl.gz"      # the same rows gzipped (schema.compact_metrics_text), as runs are published
 
 
 def read_metrics_text(path: Path) -> str | None:
@@ -63,9 +63,9 @@ def read_metrics_text(path: Path) -> str | None:
     return None
 
 
-def gzip_file(src: Path, dest: Path) -> None:
-    """`dest` = gzip of `src`, written atomically and byte-for-byte reproducible (no name or time in the
-    header), so publishing the same run twice gives the same committed bytes."""
+def gzip_text(text: str, dest: Path) -> None:
+    """`dest` = gzip of the UTF-8 `text`, written atomically and byte-for-byte reproducible (no name or time
+    in the header), so publishing the same run twice gives the same committed bytes."""
     import gzip
 
-    atomic_write_bytes(Path(dest), gzip.compress(Path(src).read_bytes(), compresslevel=9, mtime=0))
+    atomic_write_bytes(Path(dest), gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
