@@ -134,17 +134,6 @@ def _without_curve(final: Path) -> dict | None:
     return {k: v for k, v in raw.items() if k != "curve"}
 
 
-def compact_final(final: Path) -> bool:
-    """Rewrite a published final.json without its curve where `_without_curve` allows; returns whether it did
-    (how the runs published before compaction existed were migrated)."""
-    from plcql_bench.suite.core.store import atomic_write_json
-
-    compact = _without_curve(final)
-    if compact is not None:
-        atomic_write_json(final, compact)
-    return compact is not None
-
-
 def adopt_published(published: Path, results_dir: Path, profile: str) -> int:
     """Copy every published run under published/profile (its final.json, config.json and metrics) into
     results_dir where that run's directory does not exist yet, so `all` counts its cell as done on a

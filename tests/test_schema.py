@@ -21,7 +21,7 @@ def test_committed_results_round_trip_and_pass_every_check():
     assert "mpe-cn" in tasks and "smax-2s3z" in tasks, tasks  # both kinds of record are checked
     for f in files:
         raw = json.loads(f.read_text())
-        if "curve" not in raw:  # published compact: the metrics beside it hold the curve (campaign.compact_final)
+        if "curve" not in raw:  # published compact: the metrics beside it hold the curve (campaign._without_curve)
             raw["curve"] = curve_from_metrics(f.parent)
             assert raw["curve"], f
         rec = read_record(f)
