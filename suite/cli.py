@@ -215,10 +215,13 @@ class _Progress:
 @click.pass_obj
 def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, device, per_gpu, executor,
             ray_address, rerun_failed, force, stack) -> None:
-    """Run the profile's matrix: build missing datasets, skip finished cells, resume partial ones
+    """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
+    cell's job), skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
     a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
     dataset is damaged or a config does not resolve."""
+    import uuid
+
     from plcql_bench.suite import preflight
     from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
     from plcql_bench.suite.matrix import cell_state
@@ -235,13 +238,21 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     if dev == "cpu" and stack > 1:
         click.echo(f"note: --stack {stack} on a CPU: a stacked round of S seeds is slower than S separate runs' "
                    "rounds there (docs/runner.md, 'Speed, CPU'); stacking is for GPUs", err=True)
-    problems = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof,
-                                          data_profile_dir(obj["data_dir"], prof), build_missing,
-                                          click.echo)
+    data_root = data_profile_dir(obj["data_dir"], prof)
+    # A missing dataset is built by the job of its first cell, just before it trains (preflight.ensure_dataset):
+    # the queue's first cells do not wait for every dataset of the selection.
+    problems, deferred = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof, data_root,
+                                                    build_missing, click.echo)
+    if deferred:
+        click.echo(f"{len(deferred)} dataset(s) not built yet: each is built just before its first cell trains")
+    token = uuid.uuid4().hex
     counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0,
               "user_error": 0}
     todo = []
     for cell in cells:
+        if (cell.task, cell.tier) in deferred:  # done or not is known once its dataset exists (the key holds its sha256)
+            todo.append(cell)
+            continue
         problem = problems.get((cell.task, cell.tier))
         if problem is not None:  # fails alone: recorded now, retried by the next `all`
             preflight.record_failure(cell, prof, obj["results_dir"], problem)
@@ -263,7 +274,8 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
             todo.append(cell)
     from plcql_bench.suite.stacking import stack_groups
 
-    job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:])
+    job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],
+                    build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token)
                 for g in stack_groups(todo, stack)]
     progress = _Progress(len(todo), f"all ({prof.name})")
 
@@ -280,6 +292,9 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         else:
             counts["failed"] += 1
             counts["user_error"] += bool(o.get("user_error"))
+            if o.get("no_dataset"):  # its dataset could not be built (preflight.ensure_dataset)
+                counts["no_dataset"] += 1
+                problems[(cell.task, cell.tier)] = preflight.DatasetProblem(cell.task, cell.tier, **o["problem"])
             status_file = Path(o["run_dir"]) / "status.json" if o.get("run_dir") else None
             where = f" (see {status_file})" if status_file is not None and status_file.exists() else ""
             progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
@@ -289,6 +304,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
                  ray_address=ray_address, on_outcome=report, echo=progress.bar is None, threads=threads)
     finally:
         progress.close()
+        preflight.forget_build_failures(data_root, token)
     _all_summary(prof, cells, counts, problems, cells_per=lambda key: sum(
         (c.task, c.tier) == key for c in cells))
 

@@ -42,6 +42,8 @@ class Job:
     echo: bool = False  # also print the run's log lines (in-process runs)
     overrides: dict = field(default_factory=dict)
     stack: list = field(default_factory=list)  # more seeds of `cell`'s cell, trained with it as one stack
+    build_dataset: bool = False  # the cell's dataset was missing when `all` started: build it first (preflight)
+    build_token: str = ""  # the `all` invocation, for preflight.ensure_dataset's failure records
 
     def cells(self) -> list:
         return [self.cell, *self.stack]
@@ -112,6 +114,8 @@ def run_job(job: Job) -> dict:
         from plcql_bench.suite.runner import RunBusy, execute, plan_run
 
         device = _worker_device(job)
+        if _missing_dataset(job, [out]):
+            return out
         plan = plan_run(job.cell, job.profile, job.data_dir, job.results_dir, job.overrides)
         out["run_dir"] = str(plan.run_dir)
         if plan.is_done() and not job.fresh:
@@ -132,6 +136,33 @@ def run_job(job: Job) -> dict:
     finally:
         out["seconds"] = time.time() - started
     return out
+
+
+def _missing_dataset(job: Job, outs: list[dict]) -> bool:
+    """For a job whose dataset `all` left to be built (`build_dataset`): build it now (preflight.ensure_dataset).
+    When it cannot be built, each cell's outcome says why and its stand-in run directory records the cause
+    and the fix, as `all` records an unbuildable dataset; returns True then."""
+    if not job.build_dataset:
+        return False
+    import sys
+
+    from plcql_bench.suite import preflight
+    from plcql_bench.suite.runner import data_profile_dir
+
+    def say(line: str, err: bool = False) -> None:  # the console: a pool worker's lines go to stderr
+        print(line, file=sys.stderr if err or not job.echo else sys.stdout, flush=True)
+
+    cell = job.cell
+    problem = preflight.ensure_dataset(cell.task, cell.tier, job.profile,
+                                       data_profile_dir(job.data_dir, job.profile), job.build_token, say)
+    for c, o in zip(job.cells(), outs):
+        if problem is None:
+            preflight.clear_failure(c, job.profile, job.results_dir)
+            continue
+        stand_in = preflight.record_failure(c, job.profile, job.results_dir, problem)
+        o.update(state="failed", error=problem.message(), run_dir=str(stand_in), no_dataset=True,
+                 problem={"cause": problem.cause, "fix": problem.fix})
+    return problem is not None
 
 
 def _worker_device(job: Job) -> str:
@@ -157,6 +188,8 @@ def _run_stack_job(job: Job) -> dict:
         from plcql_bench.suite.stacking import execute_stack
 
         device = _worker_device(job)
+        if _missing_dataset(job, outs):
+            return {"stack_outcomes": outs}
         plans = [plan_run(c, job.profile, job.data_dir, job.results_dir, job.overrides) for c in cells]
         for o, plan in zip(outs, plans):
             o["run_dir"] = str(plan.run_dir)

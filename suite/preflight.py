@@ -1,8 +1,12 @@
-"""Before `all` trains: build the datasets the selected cells need. A dataset that cannot be built
-fails only the cells that train on it; every other cell trains.
+"""The datasets `all` trains on. Before anything runs, `all` checks the datasets already built
+(`prepare_datasets`); a missing one is built by the job of its first cell, just before that cell trains
+(`ensure_dataset`, in the worker). A dataset that cannot be built fails only the cells that train on
+it; every other cell trains.
 
-    problems = prepare_datasets(pairs, profile, data_root, build_missing, echo)
-    {(task, tier): DatasetProblem(cause, fix)} for each dataset that is missing after this step
+    problems, to_build = prepare_datasets(pairs, profile, data_root, build_missing, echo)
+    problems: {(task, tier): DatasetProblem(cause, fix)} for each dataset that cannot be trained on;
+    to_build: the missing (task, tier) pairs, which the jobs build
+    problem = ensure_dataset(task, tier, profile, data_root, token, echo)   # None once it is built
 
 A cell without its dataset has no run key (the key holds the dataset's sha256), so its failure is
 recorded in a stand-in run directory, `<results>/<profile>/<algo>/<task>/<tier>/seed<k>-no-dataset/`
@@ -52,29 +56,23 @@ def diagnose(task: str, tier: str, exc: Exception, profile_name: str) -> Dataset
                                              f"{profile_name} (shows the traceback)")
 
 
-def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo) -> dict:
-    """Build each missing (task, tier) dataset (when build_missing); returns the problems of those
-    still missing. Exceptions other than Ctrl-C are caught per dataset."""
+def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo) -> tuple[dict, set]:
+    """Check each (task, tier) dataset before `all` trains; builds nothing. Returns (problems, to_build):
+    the problems of the datasets that cannot be trained on (damaged; missing with --no-build-missing),
+    and the missing ones that their cells' jobs build when the queue reaches them (`ensure_dataset`)."""
     from plcql_bench.datasets import manifest
     from plcql_bench.datasets.behaviour import stale
-    from plcql_bench.datasets.build import build_dataset
 
-    problems = {}
+    problems, to_build = {}, set()
     for task, tier in pairs:
         entry = manifest.lookup(data_root, task, tier)
-        if entry is None and not build_missing:
+        if entry is None and build_missing:
+            to_build.add((task, tier))
+            continue
+        if entry is None:
             problems[(task, tier)] = DatasetProblem(
                 task, tier, f"not built in {data_root} (--no-build-missing)",
                 f"plcql-bench datasets build {task} {tier} --profile {profile.name}")
-            continue
-        if entry is None:
-            echo(f"building dataset {task}/{tier}")
-            try:
-                build_dataset(task, tier, profile.episodes_for(task, tier), data_root,
-                              profile=profile.data_profile)
-            except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
-                problems[(task, tier)] = diagnose(task, tier, exc, profile.name)
-                echo(f"error: {problems[(task, tier)].message()}", err=True)
             continue
         damage = check_built(data_root, entry, task, tier)
         if damage:
@@ -87,7 +85,65 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
         if why:  # its runs stay valid for that data (keyed by sha256), but say so
             echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
                  f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
-    return problems
+    return problems, to_build
+
+
+BUILD_FAILED_DIR = ".build-failed"  # under the data root: a dataset build that failed during one `all`
+
+
+def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, echo, build=None) -> DatasetProblem | None:
+    """Build task/tier in a run's worker just before its first cell trains (`all` defers building to here,
+    so the queue's first cells train while later datasets are built). Under an exclusive lock per dataset:
+    of several workers that need it, one builds and the others wait, then find it in the manifest. A build
+    that fails is recorded under `.build-failed/` with the `all` invocation's `token`, so the dataset's other
+    cells in the same `all` fail at once instead of building again; a later `all` tries again. Returns the
+    problem, or None once the dataset is there. `build`: the builder (datasets.build.build_dataset)."""
+    import fcntl
+    import json
+
+    from plcql_bench.datasets import manifest
+
+    if build is None:
+        from plcql_bench.datasets.build import build_dataset as build
+    root = Path(data_root)
+    root.mkdir(parents=True, exist_ok=True)
+    failed = root / BUILD_FAILED_DIR / f"{task}--{tier}.json"
+    with open(root / f".build-{task}--{tier}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            if manifest.lookup(root, task, tier) is not None:
+                return None
+            try:
+                earlier = json.loads(failed.read_text())
+                if earlier.get("token") == token:
+                    return DatasetProblem(task, tier, earlier["cause"], earlier["fix"])
+            except (OSError, ValueError, KeyError):
+                pass
+            echo(f"building dataset {task}/{tier}")
+            try:
+                build(task, tier, profile.episodes_for(task, tier), root, profile=profile.data_profile)
+            except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
+                problem = diagnose(task, tier, exc, profile.name)
+                echo(f"error: {problem.message()}", err=True)
+                failed.parent.mkdir(exist_ok=True)
+                atomic_write_json(failed, {"token": token, "cause": problem.cause, "fix": problem.fix})
+                return problem
+            failed.unlink(missing_ok=True)
+            return None
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def forget_build_failures(data_root: Path, token: str) -> None:
+    """Drop the failure records of one `all` invocation (ensure_dataset's `.build-failed/` files)."""
+    import json
+
+    for f in (Path(data_root) / BUILD_FAILED_DIR).glob("*.json"):
+        try:
+            if json.loads(f.read_text()).get("token") == token:
+                f.unlink()
+        except (OSError, ValueError):
+            pass
 
 
 def check_built(data_root: Path, entry: dict, task: str, tier: str) -> str | None:

@@ -101,3 +101,84 @@ def test_every_continuous_task_commits_its_medium_replay_sequence():
         for part in recipe["parts"]:
             if "checkpoint" in part:
                 assert (root / task / part["checkpoint"]).is_file(), (task, part["checkpoint"])
+
+
+def test_a_missing_dataset_is_built_just_before_its_first_cell_trains(tmp_path, monkeypatch):
+    """`all` does not build every missing dataset up front: the first cell trains before the second
+    cell's dataset is built, so a long queue starts training at once."""
+    monkeypatch.delenv(matd3.BEHAVIOUR_DIR_ENV, raising=False)
+    result = _invoke(tmp_path, "all", "--profile", _profile(tmp_path), "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "2 dataset(s) not built yet: each is built just before its first cell trains" in lines
+    order = [i for i, line in enumerate(lines)
+             if line.startswith("building dataset") or (line.startswith("bc ") and ": score " in line)]
+    kinds = [lines[i].split()[0] for i in order]
+    assert kinds == ["building", "bc", "building", "bc"], lines  # built, trained, built, trained
+    again = _invoke(tmp_path, "all", "--profile", _profile(tmp_path), "--jobs", "1")
+    assert "building dataset" not in again.output and "skipped 2 (done)" in again.output
+
+
+def test_ensure_dataset_builds_once_under_its_lock_and_remembers_a_failure_per_all(tmp_path):
+    """Several workers that need the same missing dataset: one builds it, the others wait and find it.
+    A build that fails is not tried again by the same `all` (its token), but is by the next one."""
+    import threading
+    import time
+
+    from plcql_bench.datasets import manifest
+    from plcql_bench.suite import preflight
+    from plcql_bench.suite.profiles import load_profile
+
+    prof = load_profile(_profile(tmp_path))
+    root = tmp_path / "data" / prof.data_profile
+    calls = []
+
+    def fake_build(task, tier, episodes, data_root, profile):
+        calls.append((task, tier))
+        time.sleep(0.3)  # the other thread reaches the lock meanwhile
+        manifest.record(data_root, {"task_id": task, "quality": tier, "file": f"{task}/{tier}.h5", "sha256": "0" * 64,
+                                    "size_bytes": 1, "format_version": 1, "n_transitions": 1, "n_episodes": 1})
+
+    problems = []
+    threads = [threading.Thread(target=lambda: problems.append(
+        preflight.ensure_dataset("mpe-cn", "random", prof, root, "t1", lambda *a, **k: None, build=fake_build)))
+        for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [("mpe-cn", "random")] and problems == [None, None, None]
+
+    def broken(task, tier, episodes, data_root, profile):
+        calls.append((task, tier))
+        raise RuntimeError("no simulator")
+
+    first = preflight.ensure_dataset("mpe-cn", "expert", prof, root, "t1", lambda *a, **k: None, build=broken)
+    second = preflight.ensure_dataset("mpe-cn", "expert", prof, root, "t1", lambda *a, **k: None, build=broken)
+    assert calls.count(("mpe-cn", "expert")) == 1  # the same `all`: not built again
+    assert first == second and "no simulator" in first.cause and "datasets build mpe-cn expert" in first.fix
+    preflight.forget_build_failures(root, "t1")
+    assert preflight.ensure_dataset("mpe-cn", "expert", prof, root, "t2", lambda *a, **k: None, build=broken) == first
+    assert calls.count(("mpe-cn", "expert")) == 2  # a later `all` tries again
+
+
+def test_workers_build_missing_datasets_and_an_unbuildable_one_fails_only_its_cells(tmp_path, monkeypatch):
+    """With a pool of workers (spawned processes) the jobs build the missing datasets themselves: two
+    seeds on one missing tier train on one build of it, and the tier nothing can build fails its two
+    cells with their stand-ins (cause and fix)."""
+    monkeypatch.setenv(matd3.BEHAVIOUR_DIR_ENV, str(tmp_path / "no-assets"))  # random: uniform; medium-replay: none
+    (tmp_path / "p.yaml").write_text(PROFILE.replace("seeds: [0]", "seeds: [0, 1]"))
+    result = _invoke(tmp_path, "all", "--profile", str(tmp_path / "p.yaml"), "--jobs", "2")
+    assert result.exit_code == 1, result.output
+    assert "trained 2, skipped 0 (done), failed 2 (2 without their dataset)" in result.output
+    assert "2 cell(s) failed: dataset mpe-cn/medium-replay could not be built" in result.output
+    data = tmp_path / "data" / "dstest"
+    entries = json.loads((data / "manifest.json").read_text())
+    assert list(entries) == ["mpe-cn/random"]
+    finals = [json.loads(f.read_text()) for f in (tmp_path / "results").rglob("final.json")]
+    assert sorted(f["seed"] for f in finals) == [0, 1]
+    assert {f["dataset_sha256"] for f in finals} == {entries["mpe-cn/random"]["sha256"]}
+    stand_ins = sorted((tmp_path / "results").rglob("medium-replay/seed*-no-dataset/status.json"))
+    assert len(stand_ins) == 2
+    assert all("train-behaviour mpe-cn" in json.loads(s.read_text())["fix"] for s in stand_ins)
+    assert not list((data / ".build-failed").glob("*.json"))  # this `all`'s failure records are dropped
