@@ -147,7 +147,8 @@ def test_the_c_sources_are_shipped_with_the_package():
     conf = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "plcql_bench.algorithms.common.csrc" in conf["packages"]
     assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c"]
-    assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c"]
+    assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c", "gru_backward_step.c",
+                                                                 "gru_forward_step.c"]
 
 
 @needs_cc
@@ -160,3 +161,111 @@ def test_an_unwritable_cache_builds_in_the_temporary_folder(tmp_path, monkeypatc
     lib = native._build("cf_negative")
     assert lib.parent == tmp_path / "tmp" / f"plcql-bench-native-{os.getuid()}" and lib.exists()
     assert native._build("cf_negative") == lib  # found there next time
+
+
+def _gru_grads(on: bool, packed: bool, dtype=torch.float32):
+    """Every gradient of one fused GRU (3 members, ragged packed rows or the padded layout with h0), with the
+    native backward step switched on or off."""
+    g = torch.Generator().manual_seed(7)
+    E, N, H, T, In = 3, 40, 16, 9, 12
+
+    def param(*shape, scale=0.3):
+        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
+
+    w_ih, b_ih, w_hh, b_hh = param(E, In, 3 * H), param(E, 1, 3 * H, scale=0.1), param(E, H, 3 * H), param(E, 1, 3 * H, scale=0.1)
+    if packed:
+        lengths = torch.randint(1, T, (N,), generator=g)
+        pk = fast.Packing.of(lengths, T, 1)
+        x = param(E, pk.offsets[-1] + pk.rows[-1], In, scale=1.0)
+        inputs = (x, w_ih, b_ih, w_hh, b_hh)
+        with native.native_kernels(on):
+            hs = fast._gru(x, w_ih, b_ih, w_hh, b_hh, None, pk)
+    else:
+        x, h0 = param(E, T * N, In, scale=1.0), param(E, N, H, scale=1.0)
+        inputs = (x, w_ih, b_ih, w_hh, b_hh, h0)
+        with native.native_kernels(on):
+            hs = fast.fused_gru(x, w_ih, b_ih, w_hh, b_hh, h0, T)
+    out_grad = torch.randn(hs.shape, generator=g, dtype=dtype)
+    with native.native_kernels(on):
+        return torch.autograd.grad(hs, inputs, out_grad)
+
+
+@needs_cc
+@pytest.mark.parametrize("packed", [False, True])
+def test_native_gru_backward_step_matches_the_torch_form(packed, monkeypatch):
+    """The GRU backward with its per-step elementwise part in C gives the torch ops' gradients (x, both
+    weights and biases, h0) up to float rounding, and is what runs for float32 on the CPU; float64 takes
+    the torch ops."""
+    calls = []
+    real = native.gru_backward_step_kernel
+
+    def spy():
+        step = real()
+
+        def counted(*ops):
+            took = step(*ops)
+            calls.append(took)
+            return took
+        return counted if step is not None else None
+
+    monkeypatch.setattr(native, "gru_backward_step_kernel", spy)
+    monkeypatch.setattr(native, "gru_forward_step_kernel", lambda: None)  # this test: the backward step alone
+    plain, native_ = _gru_grads(False, packed), _gru_grads(True, packed)
+    assert calls and all(calls)  # every step of the native run took the C form
+    for a, b in zip(plain, native_, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), float((a - b).abs().max())
+    calls.clear()
+    wide = _gru_grads(True, packed, torch.float64)
+    assert calls and not any(calls)  # float64: the torch ops
+    for a, b in zip(wide, _gru_grads(False, packed, torch.float64), strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_cc
+@pytest.mark.parametrize("packed", [False, True])
+def test_native_gru_forward_step_matches_the_torch_form(packed, monkeypatch):
+    """The GRU recurrence with its per-step elementwise part in C gives the torch ops' hidden states (and,
+    through the saved gates, their gradients) up to float rounding, with and without autograd; float64
+    takes the torch ops."""
+    calls = []
+    real = native.gru_forward_step_kernel
+
+    def spy():
+        step = real()
+
+        def counted(*ops):
+            took = step(*ops)
+            calls.append(took)
+            return took
+        return counted if step is not None else None
+
+    monkeypatch.setattr(native, "gru_forward_step_kernel", spy)
+    g = torch.Generator().manual_seed(11)
+    E, N, H, T, In = 3, 40, 16, 9, 12
+    x, w_ih, b_ih = torch.randn(E, T * N, In, generator=g) * 3, torch.randn(E, In, 3 * H, generator=g), torch.randn(E, 1, 3 * H, generator=g)
+    w_hh, b_hh, h0 = torch.randn(E, H, 3 * H, generator=g), torch.randn(E, 1, 3 * H, generator=g), torch.randn(E, N, H, generator=g)
+    pk = fast.Packing.of(torch.randint(1, T, (N,), generator=g), T, 1) if packed else fast.Packing.full(T, N)
+    x = x[:, : pk.offsets[-1] + pk.rows[-1]]
+    outs = {}
+    for on in (False, True):
+        with native.native_kernels(on), torch.no_grad():
+            outs[on] = fast._gru(x, w_ih, b_ih, w_hh, b_hh, None if packed else h0, pk)
+    assert calls and all(calls)
+    assert torch.allclose(outs[False], outs[True], rtol=1e-5, atol=2e-6), float((outs[False] - outs[True]).abs().max())
+    for a, b in zip(_gru_grads(False, packed), _gru_grads(True, packed), strict=True):  # with autograd
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), float((a - b).abs().max())
+    calls.clear()
+    with native.native_kernels(True), torch.no_grad():
+        fast._gru(x.double(), w_ih.double(), b_ih.double(), w_hh.double(), b_hh.double(), None, pk)
+    assert calls and not any(calls)  # float64: the torch ops
+
+
+@needs_cc
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mapped libraries")
+def test_the_openmp_kernel_shares_torchs_openmp_runtime():
+    """The GRU step kernels are built with -fopenmp: they must run on the OpenMP runtime torch loaded (its
+    threads), not load a second one (two pools of threads would compete for the cores)."""
+    assert native.gru_backward_step_kernel() is not None and native.gru_forward_step_kernel() is not None
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "gomp" in line or "libiomp" in line or "libomp" in line}
+    assert len(runtimes) <= 1, runtimes

@@ -135,11 +135,15 @@ def _gru_steps(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: to
     gi_t = x.new_empty(E, N, 3 * H)
     tmp = None if gates is not None else hs.new_empty(E, N, 4 * H)
     h = h0 if h0 is not None else hs.new_zeros(E, N, H)
+    native_step = native.gru_forward_step_kernel()  # the elementwise part below in one pass, or None
     for o, k in zip(pk.offsets, pk.rows):
         g = gates[:, o:o + k] if gates is not None else tmp[:, :k]
         h, gi = h[:, :k], gi_t[:, :k]  # the rows still running: a prefix of the previous step's rows
         torch.baddbmm(b_ih, x[:, o:o + k], w_ih, out=gi)  # W_ih x + b_ih: [gi_r, gi_z, gi_n]
         torch.baddbmm(b_hh, h, w_hh, out=g[..., :3 * H])  # W_hh h + b_hh: [gh_r, gh_z, gh_n]
+        if native_step is not None and native_step(gi, g, h, hs[:, o:o + k]):
+            h = hs[:, o:o + k]
+            continue
         rz = g[..., :2 * H]
         torch.add(gi[..., :2 * H], rz, out=rz).sigmoid_()
         n = g[..., 3 * H:]
@@ -178,12 +182,17 @@ class _GRU(torch.autograd.Function):
         drz = hs.new_empty(E, N, 2 * H)
         dh_rec = hs.new_zeros(E, N, H)  # gradient reaching h_t through step t+1 (zero for rows that ended)
         start = h0 if h0 is not None else hs.new_zeros(E, N, H)
+        native_step = native.gru_backward_step_kernel()  # the elementwise part below in one pass, or None
         for t in range(len(pk.rows) - 1, -1, -1):
             o, k = pk.offsets[t], pk.rows[t]
             g = gates[:, o:o + k]
             r, z, ghn, n = g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H], g[..., 3 * H:]
             h_prev = hs[:, pk.offsets[t - 1]:pk.offsets[t - 1] + k] if t > 0 else start[:, :k]
             dh_k, dn_k, drz_k, rec = dh[:, :k], dn[:, :k], drz[:, :k], dh_rec[:, :k]
+            if native_step is not None and native_step(dhs[:, o:o + k], h_prev, g, rec, dgi[:, o:o + k],
+                                                       dghn[:, o:o + k]):
+                rec.baddbmm_(dgi[:, o:o + k, :2 * H], wt_rz).baddbmm_(dghn[:, o:o + k], wt_n)
+                continue
             torch.add(dhs[:, o:o + k], rec, out=dh_k)
             torch.sub(h_prev, n, out=drz_k[..., H:]).mul_(dh_k)  # dz = dh·(h_prev − n)
             torch.mul(dh_k, z, out=rec)  # the direct path z·h_prev

@@ -1,10 +1,13 @@
 """Native (C) CPU kernels, compiled on first use with the machine's C compiler and called through ctypes.
 
-One so far: `cf_negative`, the native form of kernels_discrete._CFNegative's forward (CF-CQL's negative
-term, λ and the per-row gradient), which the fused discrete path calls when this module can build it.
-The torch form makes ~12 passes (one per op) over every cache block of the [rows, n, A, embed]
-intermediate; the C form computes each embed-long vector once and keeps it in registers and L1
-(smax-2s3z, 10 members: 469 -> 166 ms at 2 threads; docs/algorithms/discrete-machinery.md).
+Two so far, which the fused discrete path calls when this module can build them:
+- `cf_negative`, the native form of kernels_discrete._CFNegative's forward (CF-CQL's negative term, λ and
+  the per-row gradient). The torch form makes ~12 passes (one per op) over every cache block of the
+  [rows, n, A, embed] intermediate; the C form computes each embed-long vector once and keeps it in
+  registers and L1 (smax-2s3z, 10 members: 469 -> 166 ms at 2 threads; docs/algorithms/discrete-machinery.md).
+- `gru_forward_step` and `gru_backward_step`, the elementwise parts of one step of the GRU's recurrence
+  (kernels_discrete._gru_steps) and of its backward pass (_GRU.backward): ~8 and ~10 torch ops, each a
+  pass over [E, k, H]-sized operands, in one pass each, on torch's OpenMP threads.
 
 Building: `cc` (or $CC) compiles algorithms/common/csrc/NAME.c with -O3 -march=native into a cache
 folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native;
@@ -39,6 +42,9 @@ FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
          # the reductions over the embedding may be reassociated (vectorised); infinities and NaNs keep
          # their meaning (the masked softmax uses -inf), unlike with -ffast-math
          "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
+# Flags of one file only. -fopenmp: its `omp parallel` loops run on the OpenMP runtime torch has loaded (the
+# library's libgomp.so.1 resolves to torch's own, already in the process), i.e. on torch's intra-op threads.
+FILE_FLAGS = {"gru_backward_step": ["-fopenmp"], "gru_forward_step": ["-fopenmp"]}
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _LOCK = threading.Lock()
 _ON = True
@@ -110,7 +116,8 @@ def _build(name: str) -> Path:
     version = _compiler_version(cc)
     if not version:
         raise RuntimeError(f"no C compiler ({cc!r}; set CC)")
-    key = hashlib.sha256("\0".join([src.read_text(), " ".join(FLAGS), version, _cpu_flags(),
+    flags = FLAGS + FILE_FLAGS.get(name, [])
+    key = hashlib.sha256("\0".join([src.read_text(), " ".join(flags), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     file = f"{name}-{key}.so"
     folders = [cache_dir(), Path(tempfile.gettempdir()) / f"plcql-bench-native-{os.getuid()}"]
@@ -122,7 +129,7 @@ def _build(name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(src), "-lpthread", "-lm"],
+        done = subprocess.run([cc, *flags, "-o", tmp, str(src), "-lpthread", "-lm"],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed on {src.name}: {(done.stderr or done.stdout).strip()[:500]}")
@@ -147,10 +154,16 @@ def library(name: str) -> ctypes.CDLL | None:
 
 
 def _declare(name: str, lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
     if name == "cf_negative":
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.cf_negative.argtypes = [p] * 7 + [ctypes.c_float] + [i64] * 5 + [p] * 7 + [ctypes.c_int]
         lib.cf_negative.restype = ctypes.c_int
+    if name == "gru_backward_step":
+        lib.gru_backward_step.argtypes = [p] * 6 + [i64] * 9 + [ctypes.c_int]
+        lib.gru_backward_step.restype = ctypes.c_int
+    if name == "gru_forward_step":
+        lib.gru_forward_step.argtypes = [p] * 4 + [i64] * 7 + [ctypes.c_int]
+        lib.gru_forward_step.restype = ctypes.c_int
     return lib
 
 
@@ -184,3 +197,61 @@ def cf_negative(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor, w2: to
     if status != 0:
         raise RuntimeError(f"native cf_negative failed (status {status}: 1 bad sizes, 2 out of memory)")
     return outs
+
+
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    """[E, k, W] with each member's k rows of W floats back to back (a slice of rows of a contiguous tensor)."""
+    return (t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1
+            and (t.shape[1] <= 1 or t.stride(1) == t.shape[2]))
+
+
+def gru_backward_step_kernel():
+    """A function (dhs, h_prev, gates, rec, dgi, dghn) -> bool computing one step of the GRU backward's
+    elementwise part in place (csrc/gru_backward_step.c states the formulas), or None when the native
+    kernel is off or cannot be built here. The function returns False for operands it cannot take (not
+    float32 rows on the CPU): the caller then runs the torch ops."""
+    if not enabled():
+        return None
+    lib = library("gru_backward_step")
+    if lib is None:
+        return None
+    threads = torch.get_num_threads()
+
+    def step(dhs, h_prev, gates, rec, dgi, dghn) -> bool:
+        ops = (dhs, h_prev, gates, rec, dgi, dghn)
+        if not all(_rows_contiguous(t) for t in ops):
+            return False
+        E, k, H = rec.shape
+        status = lib.gru_backward_step(*[ctypes.c_void_p(t.data_ptr()) for t in ops], E, k, H,
+                                       *[t.stride(0) for t in ops], threads)
+        if status != 0:
+            raise RuntimeError(f"native gru_backward_step failed (status {status}: bad sizes)")
+        return True
+
+    return step
+
+
+def gru_forward_step_kernel():
+    """A function (gi, gates, h, h_out) -> bool computing one step of the GRU recurrence's elementwise part
+    (csrc/gru_forward_step.c states the formulas: r, z and n into `gates`, the new hidden state into
+    `h_out`), or None when the native kernel is off or cannot be built here. The function returns False
+    for operands it cannot take: the caller then runs the torch ops."""
+    if not enabled():
+        return None
+    lib = library("gru_forward_step")
+    if lib is None:
+        return None
+    threads = torch.get_num_threads()
+
+    def step(gi, gates, h, h_out) -> bool:
+        ops = (gi, gates, h, h_out)
+        if not all(_rows_contiguous(t) for t in ops):
+            return False
+        E, k, H = h_out.shape
+        status = lib.gru_forward_step(*[ctypes.c_void_p(t.data_ptr()) for t in ops], E, k, H,
+                                      *[t.stride(0) for t in ops], threads)
+        if status != 0:
+            raise RuntimeError(f"native gru_forward_step failed (status {status}: bad sizes)")
+        return True
+
+    return step
