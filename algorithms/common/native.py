@@ -44,7 +44,7 @@ FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
          "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
 # Flags of one file only. -fopenmp: its `omp parallel` loops run on the OpenMP runtime torch has loaded (the
 # library's libgomp.so.1 resolves to torch's own, already in the process), i.e. on torch's intra-op threads.
-FILE_FLAGS = {"gru_backward_step": ["-fopenmp"], "gru_forward_step": ["-fopenmp"]}
+FILE_FLAGS = {"cf_negative": ["-fopenmp"], "gru_backward_step": ["-fopenmp"], "gru_forward_step": ["-fopenmp"]}
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _LOCK = threading.Lock()
 _ON = True

@@ -9,7 +9,6 @@
  * Rows r = e·M + m (member e, state m; avail and β belong to the state) are independent: each thread
  * takes a contiguous range of rows. */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,22 +177,20 @@ static void one_row(const Job *J, int64_t r, const Scratch *S) {
     }
 }
 
-static void *run_job(void *arg) {
-    Job *J = (Job *)arg;
+static void run_job(Job *J) {
     const int64_t nA = J->n * J->A;
     float *mem = (float *)malloc(sizeof(float) * (size_t)(2 * nA * J->Em + 2 * nA + 2 * J->n));
     if (mem == NULL) {
         J->failed = 1;
-        return NULL;
+        return;
     }
     Scratch S = {mem, mem + nA * J->Em, mem + 2 * nA * J->Em, mem + 2 * nA * J->Em + nA,
                  mem + 2 * nA * J->Em + 2 * nA, mem + 2 * nA * J->Em + 2 * nA + J->n};
     for (int64_t r = J->r0; r < J->r1; r++) one_row(J, r, &S);
     free(mem);
-    return NULL;
 }
 
-/* Returns 0 on success; 1: bad sizes (n > 64, rows not a multiple of members); 2: out of memory or threads. */
+/* Returns 0 on success; 1: bad sizes (n > 64, rows not a multiple of members); 2: out of memory. */
 int cf_negative(const float *pre, const float *delta, const float *w1, const float *w2, const float *b2,
                 const float *avail, const float *logbeta, float temp, int64_t rows, int64_t members, int64_t n,
                 int64_t A, int64_t Em, float *neg, float *lam, float *dpre, float *ddelta, float *dw1, float *dw2,
@@ -203,21 +200,16 @@ int cf_negative(const float *pre, const float *delta, const float *w1, const flo
     if (threads > 256) threads = 256;
     if (threads > rows) threads = rows > 0 ? (int)rows : 1;
     Job jobs[256];
-    pthread_t tid[256];
-    int started[256] = {0};
     for (int t = 0; t < threads; t++) {
         Job J = {pre, delta, w1, w2, b2, avail, logbeta, temp, rows, members, n, A, Em,
                  neg, lam, dpre, ddelta, dw1, dw2, db2, rows * t / threads, rows * (t + 1) / threads, 0};
         jobs[t] = J;
     }
-    for (int t = 1; t < threads; t++) started[t] = pthread_create(&tid[t], NULL, run_job, &jobs[t]) == 0;
-    for (int t = 1; t < threads; t++)
-        if (!started[t]) run_job(&jobs[t]); /* no thread: run its rows here */
-    run_job(&jobs[0]);
-    int status = jobs[0].failed ? 2 : 0;
-    for (int t = 1; t < threads; t++) {
-        if (started[t]) pthread_join(tid[t], NULL);
+    /* One job per thread of torch's OpenMP pool (gru_backward_step.c says why not pthreads of our own). */
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+    for (int t = 0; t < threads; t++) run_job(&jobs[t]);
+    int status = 0;
+    for (int t = 0; t < threads; t++)
         if (jobs[t].failed) status = 2;
-    }
     return status;
 }
