@@ -146,7 +146,7 @@ def test_the_c_sources_are_shipped_with_the_package():
 
     conf = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "plcql_bench.algorithms.common.csrc" in conf["packages"]
-    assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c"]
+    assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c", "*.h"]
     assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c", "gru_backward_step.c",
                                                                  "gru_forward_step.c"]
 
@@ -161,6 +161,26 @@ def test_an_unwritable_cache_builds_in_the_temporary_folder(tmp_path, monkeypatc
     lib = native._build("cf_negative")
     assert lib.parent == tmp_path / "tmp" / f"plcql-bench-native-{os.getuid()}" and lib.exists()
     assert native._build("cf_negative") == lib  # found there next time
+
+
+def _count_steps(monkeypatch, kernel: str) -> list[bool]:
+    """Wrap native.KERNEL so that each call of the step function it returns appends whether the C form took
+    the step (True) or left it to the torch ops (False)."""
+    calls: list[bool] = []
+    real = getattr(native, kernel)
+
+    def spy():
+        step = real()
+        if step is None:
+            return None
+
+        def counted(*ops):
+            calls.append(step(*ops))
+            return calls[-1]
+        return counted
+
+    monkeypatch.setattr(native, kernel, spy)
+    return calls
 
 
 def _gru_grads(on: bool, packed: bool, dtype=torch.float32):
@@ -196,19 +216,7 @@ def test_native_gru_backward_step_matches_the_torch_form(packed, monkeypatch):
     """The GRU backward with its per-step elementwise part in C gives the torch ops' gradients (x, both
     weights and biases, h0) up to float rounding, and is what runs for float32 on the CPU; float64 takes
     the torch ops."""
-    calls = []
-    real = native.gru_backward_step_kernel
-
-    def spy():
-        step = real()
-
-        def counted(*ops):
-            took = step(*ops)
-            calls.append(took)
-            return took
-        return counted if step is not None else None
-
-    monkeypatch.setattr(native, "gru_backward_step_kernel", spy)
+    calls = _count_steps(monkeypatch, "gru_backward_step_kernel")
     monkeypatch.setattr(native, "gru_forward_step_kernel", lambda: None)  # this test: the backward step alone
     plain, native_ = _gru_grads(False, packed), _gru_grads(True, packed)
     assert calls and all(calls)  # every step of the native run took the C form
@@ -227,19 +235,7 @@ def test_native_gru_forward_step_matches_the_torch_form(packed, monkeypatch):
     """The GRU recurrence with its per-step elementwise part in C gives the torch ops' hidden states (and,
     through the saved gates, their gradients) up to float rounding, with and without autograd; float64
     takes the torch ops."""
-    calls = []
-    real = native.gru_forward_step_kernel
-
-    def spy():
-        step = real()
-
-        def counted(*ops):
-            took = step(*ops)
-            calls.append(took)
-            return took
-        return counted if step is not None else None
-
-    monkeypatch.setattr(native, "gru_forward_step_kernel", spy)
+    calls = _count_steps(monkeypatch, "gru_forward_step_kernel")
     g = torch.Generator().manual_seed(11)
     E, N, H, T, In = 3, 40, 16, 9, 12
     x, w_ih, b_ih = torch.randn(E, T * N, In, generator=g) * 3, torch.randn(E, In, 3 * H, generator=g), torch.randn(E, 1, 3 * H, generator=g)

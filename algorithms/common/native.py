@@ -117,7 +117,8 @@ def _build(name: str) -> Path:
     if not version:
         raise RuntimeError(f"no C compiler ({cc!r}; set CC)")
     flags = FLAGS + FILE_FLAGS.get(name, [])
-    key = hashlib.sha256("\0".join([src.read_text(), " ".join(flags), version, _cpu_flags(),
+    headers = "".join(h.read_text() for h in sorted(SOURCES.glob("*.h")))  # what the sources include
+    key = hashlib.sha256("\0".join([src.read_text(), headers, " ".join(flags), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     file = f"{name}-{key}.so"
     folders = [cache_dir(), Path(tempfile.gettempdir()) / f"plcql-bench-native-{os.getuid()}"]
@@ -205,53 +206,39 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
             and (t.shape[1] <= 1 or t.stride(1) == t.shape[2]))
 
 
-def gru_backward_step_kernel():
-    """A function (dhs, h_prev, gates, rec, dgi, dghn) -> bool computing one step of the GRU backward's
-    elementwise part in place (csrc/gru_backward_step.c states the formulas), or None when the native
-    kernel is off or cannot be built here. The function returns False for operands it cannot take (not
-    float32 rows on the CPU): the caller then runs the torch ops."""
+def _gru_step_kernel(name: str):
+    """The C function `name` of csrc/NAME.c, which takes the step's [E, k, ·] operands (pointers, then E, k,
+    H, then each operand's member stride, then the thread count), wrapped as ops -> bool; None when the
+    native kernels are off or NAME cannot be built here. The wrapper returns False for operands it cannot
+    take (not float32 rows on the CPU): the caller then runs the torch ops. H is the last operand's width."""
     if not enabled():
         return None
-    lib = library("gru_backward_step")
+    lib = library(name)
     if lib is None:
         return None
-    threads = torch.get_num_threads()
+    fn, threads = getattr(lib, name), torch.get_num_threads()
 
-    def step(dhs, h_prev, gates, rec, dgi, dghn) -> bool:
-        ops = (dhs, h_prev, gates, rec, dgi, dghn)
+    def step(*ops: torch.Tensor) -> bool:
         if not all(_rows_contiguous(t) for t in ops):
             return False
-        E, k, H = rec.shape
-        status = lib.gru_backward_step(*[ctypes.c_void_p(t.data_ptr()) for t in ops], E, k, H,
-                                       *[t.stride(0) for t in ops], threads)
+        E, k, H = ops[-1].shape
+        status = fn(*[ctypes.c_void_p(t.data_ptr()) for t in ops], E, k, H, *[t.stride(0) for t in ops], threads)
         if status != 0:
-            raise RuntimeError(f"native gru_backward_step failed (status {status}: bad sizes)")
+            raise RuntimeError(f"native {name} failed (status {status}: bad sizes)")
         return True
 
     return step
+
+
+def gru_backward_step_kernel():
+    """step(dhs, h_prev, gates, rec, dgi, dghn) -> bool: one step of the GRU backward's elementwise part,
+    in place (csrc/gru_backward_step.c states the formulas); None where the native kernel is not used
+    (`_gru_step_kernel`)."""
+    return _gru_step_kernel("gru_backward_step")
 
 
 def gru_forward_step_kernel():
-    """A function (gi, gates, h, h_out) -> bool computing one step of the GRU recurrence's elementwise part
-    (csrc/gru_forward_step.c states the formulas: r, z and n into `gates`, the new hidden state into
-    `h_out`), or None when the native kernel is off or cannot be built here. The function returns False
-    for operands it cannot take: the caller then runs the torch ops."""
-    if not enabled():
-        return None
-    lib = library("gru_forward_step")
-    if lib is None:
-        return None
-    threads = torch.get_num_threads()
-
-    def step(gi, gates, h, h_out) -> bool:
-        ops = (gi, gates, h, h_out)
-        if not all(_rows_contiguous(t) for t in ops):
-            return False
-        E, k, H = h_out.shape
-        status = lib.gru_forward_step(*[ctypes.c_void_p(t.data_ptr()) for t in ops], E, k, H,
-                                      *[t.stride(0) for t in ops], threads)
-        if status != 0:
-            raise RuntimeError(f"native gru_forward_step failed (status {status}: bad sizes)")
-        return True
-
-    return step
+    """step(gi, gates, h, h_out) -> bool: one step of the GRU recurrence's elementwise part (r, z and n into
+    `gates`, the new hidden state into `h_out`; csrc/gru_forward_step.c states the formulas); None where
+    the native kernel is not used (`_gru_step_kernel`)."""
+    return _gru_step_kernel("gru_forward_step")

@@ -9,36 +9,15 @@
  * written to g = [r, z, gh_n (kept), n] and to h'. tanh is 2σ(2x) − 1, as the torch form computes it.
  *
  * σ comes from one exp of a non-positive argument, e = exp(−|x|): σ(x) = 1/(1 + e) for x >= 0, e/(1 + e)
- * below; exp is the polynomial of cf_negative.c (relative error ~2e-7), so the gates equal torch's up to
+ * below; exp is the polynomial of exp_nonpos.h (relative error ~2e-7), so the gates equal torch's up to
  * float rounding. The rows are split over torch's OpenMP threads (see gru_backward_step.c). */
 #include <stdint.h>
-#include <string.h>
 
-/* exp(x) for x <= 0: 2^t with t = x·log2(e) = k + f (k = round(t), |f| <= 1/2), 2^f by a degree-6
- * polynomial, 2^k from the exponent bits; x below -87 is taken as -87 (exp = 1.6e-38, out of float32's
- * subnormal range, where arithmetic is slow). */
-static inline float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float t = x * 1.4426950408889634f;
-    const float k = __builtin_rintf(t);
-    const float f = t - k;
-    float p = 1.5403530393381606e-4f;
-    p = p * f + 1.3333558146428443e-3f;
-    p = p * f + 9.6181291076284772e-3f;
-    p = p * f + 5.5504108664821580e-2f;
-    p = p * f + 2.4022650695910071e-1f;
-    p = p * f + 6.9314718055994531e-1f;
-    p = p * f + 1.0f;
-    int32_t bits;
-    memcpy(&bits, &p, 4);
-    bits += ((int32_t)k) * (1 << 23);
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
+#include "exp_nonpos.h"
 
 static inline float sigmoid(float x) {
-    const float e = exp_nonpos(x < 0.0f ? x : -x);
+    float a = x < 0.0f ? x : -x; /* −|x|, taken as −87 below that: exp = 1.6e-38, out of the slow subnormals */
+    const float e = exp_nonpos(a < -87.0f ? -87.0f : a);
     return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
