@@ -41,10 +41,10 @@ ENV = "PLCQL_NATIVE"  # "0", "off" or "false": never build or call the native ke
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
          # the reductions over the embedding may be reassociated (vectorised); infinities and NaNs keep
          # their meaning (the masked softmax uses -inf), unlike with -ffast-math
-         "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
-# Flags of one file only. -fopenmp: its `omp parallel` loops run on the OpenMP runtime torch has loaded (the
-# library's libgomp.so.1 resolves to torch's own, already in the process), i.e. on torch's intra-op threads.
-FILE_FLAGS = {"cf_negative": ["-fopenmp"], "gru_backward_step": ["-fopenmp"], "gru_forward_step": ["-fopenmp"]}
+         "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+         # the kernels' `omp parallel` loops run on the OpenMP runtime torch has loaded (the library's
+         # libgomp.so.1 resolves to torch's own, already in the process), i.e. on torch's intra-op threads
+         "-fopenmp"]
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _LOCK = threading.Lock()
 _ON = True
@@ -116,9 +116,8 @@ def _build(name: str) -> Path:
     version = _compiler_version(cc)
     if not version:
         raise RuntimeError(f"no C compiler ({cc!r}; set CC)")
-    flags = FLAGS + FILE_FLAGS.get(name, [])
     headers = "".join(h.read_text() for h in sorted(SOURCES.glob("*.h")))  # what the sources include
-    key = hashlib.sha256("\0".join([src.read_text(), headers, " ".join(flags), version, _cpu_flags(),
+    key = hashlib.sha256("\0".join([src.read_text(), headers, " ".join(FLAGS), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     file = f"{name}-{key}.so"
     folders = [cache_dir(), Path(tempfile.gettempdir()) / f"plcql-bench-native-{os.getuid()}"]
@@ -130,7 +129,7 @@ def _build(name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, "-o", tmp, str(src), "-lpthread", "-lm"],
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(src), "-lm"],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed on {src.name}: {(done.stderr or done.stdout).strip()[:500]}")
