@@ -30,7 +30,7 @@ from torch import nn
 from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean
 from plcql_bench.algorithms.common.discrete_critics import (
-    TwinAgentQ, clipped_exp_weights, policy_expectation)
+    TwinAgentQ, clipped_exp_weights, obs_rows, policy_expectation, step_rows)
 from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.algorithms.iql_discrete import weighted_bc_loss
 from plcql_bench.suite.core.spec import TaskSpec
@@ -84,7 +84,7 @@ class AWACDiscrete(DiscreteAlgorithm):
     def values(self, batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(V [B, T+1, n] = the policy's expected target Q, Q'(a_data) [B, T, n])."""
         T = batch.max_t
-        tq = self.target_critic(batch.state, batch.obs)  # [B, T+1, n, A]
+        tq = self.target_critic(batch.state, batch.obs, obs_rows(batch))  # [B, T+1, n, A]
         v = policy_expectation(logits, tq, batch.avail)
         return v, tq[:, :T].gather(-1, batch.actions.unsqueeze(-1))[..., 0]
 
@@ -100,7 +100,7 @@ class AWACDiscrete(DiscreteAlgorithm):
         adv = tq - v
         # Q: one-step targets from the policy's expected target Q at o_{t+1}
         y = batch.rewards.unsqueeze(-1) + c.gamma * (1.0 - batch.terminals.unsqueeze(-1)) * next_v
-        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T])
+        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T], step_rows(batch))
         q_taken = [q.gather(-1, act)[..., 0] for q in qs]
         q_loss = sum(masked_mean((qt - y).pow(2), m) for qt in q_taken) / len(qs)
         self.critic_opt.zero_grad(set_to_none=True)

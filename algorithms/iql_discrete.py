@@ -34,7 +34,7 @@ from plcql_bench.algorithms.base import register
 from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_log_softmax, masked_mean)
 from plcql_bench.algorithms.common.discrete_critics import (
-    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss)
+    AgentMLP, TwinAgentQ, clipped_exp_weights, expectile_loss, obs_rows, step_rows)
 from plcql_bench.algorithms.common.nets import polyak_
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -108,17 +108,18 @@ class IQLDiscrete(DiscreteAlgorithm):
         T = batch.max_t
         m = batch.mask.unsqueeze(-1).expand(-1, -1, self.n)  # [B, T, n]
         act = batch.actions.unsqueeze(-1)
+        steps = step_rows(batch)  # the critics compute the real rows only (fused path; discrete_critics.py)
         # V: expectile of the target Q at the data action
-        v_all = self.value(batch.state, batch.obs)[..., 0]  # [B, T+1, n]
+        v_all = self.value(batch.state, batch.obs, obs_rows(batch))[..., 0]  # [B, T+1, n]
         v, next_v = v_all[:, :T], v_all[:, 1:].detach()
         with torch.no_grad():
-            tq = self.target_critic(batch.state[:, :T], batch.obs[:, :T]).gather(-1, act)[..., 0]  # [B, T, n]
+            tq = self.target_critic(batch.state[:, :T], batch.obs[:, :T], steps).gather(-1, act)[..., 0]  # [B, T, n]
         adv = tq - v
         v_loss = masked_mean(expectile_loss(adv, c.expectile), m)
         v_gn = self._step(v_loss, self.value, self.value_opt)
         # Q: one-step targets from V(o_{t+1})
         y = batch.rewards.unsqueeze(-1) + c.gamma * (1.0 - batch.terminals.unsqueeze(-1)) * next_v
-        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T])
+        qs = self.critic.both(batch.state[:, :T], batch.obs[:, :T], steps)
         q_taken = [q.gather(-1, act)[..., 0] for q in qs]
         q_loss = sum(masked_mean((qt - y).pow(2), m) for qt in q_taken) / len(qs)
         q_gn = self._step(q_loss, self.critic, self.critic_opt)

@@ -46,7 +46,7 @@ from plcql_bench.algorithms.common.discrete import (
     td_lambda_targets)
 from plcql_bench.algorithms.common.nets import hard_update_
 from plcql_bench.algorithms.common.discrete_critics import (
-    AgentMLP, batch_softmax_weights, obs_mask, policy_expectation)
+    AgentMLP, batch_softmax_weights, obs_mask, obs_rows, policy_expectation, step_rows)
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -131,7 +131,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         T = batch.max_t
         if logits is None:
             logits = self.actor.unroll(batch)
-        tq = self.target_critic(batch.state, batch.obs)  # [B, T+1, n, A]
+        tq = self.target_critic(batch.state, batch.obs, obs_rows(batch))  # [B, T+1, n, A]
         acts = torch.cat([batch.actions, batch.actions.new_zeros(batch.actions[:, :1].shape)], 1)  # [B, T+1, n]
         q_data = tq.gather(-1, acts.unsqueeze(-1))[..., 0]
         q_pi = policy_expectation(logits, tq, batch.avail)
@@ -166,7 +166,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         logits = self.actor.unroll(batch)  # [B, T+1, n, A]
         y, w_q = self.compute_target(batch, logits.detach())
         # critic + mixer
-        q = self.critic(batch.state[:, :T], batch.obs[:, :T])  # [B, T, n, A]
+        q = self.critic(batch.state[:, :T], batch.obs[:, :T], step_rows(batch))  # [B, T, n, A]
         q_tot = self.mixer(q.gather(-1, batch.actions.unsqueeze(-1))[..., 0], batch.state[:, :T])
         td = masked_mean((q_tot - y).pow(2), batch.mask)
         with torch.no_grad():

@@ -48,7 +48,7 @@ from plcql_bench.algorithms.common.discrete import (
     DiscreteAlgorithm, RNNAgent, masked_argmax, masked_log_softmax, masked_logsumexp, masked_mean,
     masked_softmax)
 from plcql_bench.algorithms.common.nets import hard_update_
-from plcql_bench.algorithms.common.discrete_critics import TwinAgentQ, per_agent_td_lambda
+from plcql_bench.algorithms.common.discrete_critics import TwinAgentQ, obs_rows, per_agent_td_lambda, step_rows
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -110,7 +110,7 @@ class OMARDiscrete(DiscreteAlgorithm):
         """y [B, T, n]: min over the twins of per-agent TD(λ) returns at the target policy's greedy
         available action."""
         a_next = masked_argmax(self.target_actor.unroll(batch), batch.avail)  # [B, T+1, n]
-        tq1, tq2 = self.target_critic.both(batch.state, batch.obs)  # [B, T+1, n, A]
+        tq1, tq2 = self.target_critic.both(batch.state, batch.obs, obs_rows(batch))  # [B, T+1, n, A]
         c = self.cfg
         ys = [per_agent_td_lambda(batch, tq.gather(-1, a_next.unsqueeze(-1))[..., 0], c.gamma, c.td_lambda)
               for tq in (tq1, tq2)]
@@ -162,7 +162,7 @@ class OMARDiscrete(DiscreteAlgorithm):
         m = batch.mask.unsqueeze(-1).expand(-1, -1, self.n)
         avail = batch.avail[:, :T]
         y = self.compute_target(batch)
-        q1, q2 = self.critic.both(batch.state[:, :T], batch.obs[:, :T])  # [B, T, n, A]
+        q1, q2 = self.critic.both(batch.state[:, :T], batch.obs[:, :T], step_rows(batch))  # [B, T, n, A]
         td, cql = 0.0, 0.0
         for q in (q1, q2):  # the two twins
             q_taken = q.gather(-1, batch.actions.unsqueeze(-1))[..., 0]

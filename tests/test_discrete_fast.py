@@ -7,8 +7,9 @@ kernels.fused_kernels(False), the runner's PLCQL_KERNELS=plain), which are the c
     hidden state, the gradients of every parameter and of h0, with and without h0, one step and many;
   * counterfactual_mix vs the materialised [rows, n, A, embed] mixer (StackedQMixer / QMixer), with
     a tiny block size so that several blocks and a ragged last one run;
-  * whole update rounds of CFCQL, MACQL, SPaCQL and PLCQL (discrete), fused vs plain from the same
-    seed: every parameter after three rounds and the logged metrics agree within float tolerance.
+  * the per-agent MLP critics on packed rows (discrete_critics.py, `rows=`) vs the padded ones;
+  * whole update rounds of every discrete algorithm, fused vs plain from the same seed: every parameter
+    after three rounds and the logged metrics agree within float tolerance.
 """
 
 from __future__ import annotations
@@ -194,10 +195,22 @@ ENSEMBLE = {"n_critics": 3}
 def test_update_rounds_match_the_plain_kernels(name, temp, monkeypatch):
     """Three update rounds from the same seed: fused and plain give the same parameters (Adam, clipping,
     target copies and the random draws all included) and the same metrics, within float32 tolerance."""
+    _check_fused_rounds_match_plain(name, {"softmax_temp": temp}, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["iql", "awac", "omar"])
+def test_update_rounds_match_the_plain_kernels_bootstrapping_timeouts(name, monkeypatch):
+    """As above with timeouts bootstrapped: the critics' value at an episode's final next observation
+    (the last real row of the packed [B, T+1] layout) then enters the targets."""
+    assert "bootstrap_timeouts" in get_algorithm(name, discrete=True).Config.__dataclass_fields__
+    _check_fused_rounds_match_plain(name, {"bootstrap_timeouts": True}, monkeypatch)
+
+
+def _check_fused_rounds_match_plain(name, extra, monkeypatch):
     monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)  # several counterfactual blocks per round
     cls = get_algorithm(name, discrete=True)
     fields = set(cls.Config.__dataclass_fields__)
-    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8, "softmax_temp": temp}.items() if k in fields}
+    cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8, **extra}.items() if k in fields}
     arrays = ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4))
     runs = {}
     for plain in (False, True):
@@ -477,3 +490,41 @@ def test_packed_unroll_matches_the_padded_unroll(lens, members):
     _close(got, exp)
     q = net.unroll(batch)
     assert (q * ~real == 0).all() and (q * real != 0).any()
+
+
+@pytest.mark.parametrize("layout", ["steps", "obs"])
+@pytest.mark.parametrize("kind", ["value", "dueling", "twin", "twin-shared-head"])
+def test_packed_critics_match_the_padded_critics(layout, kind):
+    """The per-agent MLP critics with `rows=` (discrete_critics.py): the real rows' values equal the
+    padded plain path's (float64), the padding is exactly 0, and a loss that ignores the padding has the
+    same gradient for every parameter. Without `rows`, or when every row is real, the fused path
+    computes all rows (in-place sums and ReLUs) and equals the plain one everywhere."""
+    from plcql_bench.algorithms.common.discrete_critics import AgentMLP, TwinAgentQ, obs_rows, step_rows
+
+    batch = EpisodeSampler(ragged(lens=(5, 2, 4, 1, 3, 5, 2, 4)), 0, "cpu")(8)
+    T, n, S, o, A = batch.max_t, SPEC.n_agents, SPEC.state_dim, SPEC.obs_dim, SPEC.act_dim
+    L, rows = (T, step_rows(batch)) if layout == "steps" else (T + 1, obs_rows(batch))
+    last = 0 if layout == "obs" else -1
+    real = (torch.arange(L)[None] <= batch.lengths[:, None] + last)[:, :, None, None]  # [B, L, 1, 1]
+    assert 0 < rows.numel() < real.numel() and int(real.sum()) == rows.numel()
+    torch.manual_seed(0)
+    if kind.startswith("twin"):
+        net = TwinAgentQ(S, o, n, A, hidden=16, dueling=True, shared_head=kind.endswith("head")).double()
+        run = lambda *a: net.both(*a)  # noqa: E731
+    else:
+        net = AgentMLP(S, o, n, 1 if kind == "value" else A, hidden=16, dueling=kind == "dueling").double()
+        run = lambda *a: (net(*a),)  # noqa: E731
+    state, obs = batch.state[:, :L].double(), batch.obs[:, :L].double()
+    params = list(net.parameters())
+
+    def masked_grads(out):
+        return _grads([torch.where(real, y, torch.zeros_like(y)) for y in out], params)
+
+    got, exp = _run_both(net, lambda: run(state, obs, rows))
+    for g, e in zip(got, exp):
+        assert g.shape == e.shape == (8, L, n, e.shape[-1])
+        assert (g.masked_select(~real) == 0).all()
+    _close([torch.where(real, g, 0.0) for g in got], [torch.where(real, e, 0.0) for e in exp])
+    _close(*_run_both(net, lambda: masked_grads(run(state, obs, rows))))
+    for args in ((state, obs), (state, obs, torch.arange(8 * L))):  # nothing to skip: every row computed
+        _close(*_run_both(net, lambda: [*run(*args), *_grads(run(*args), params)]))
