@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
+from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean, masked_uniform_sample
 from plcql_bench.algorithms.common.discrete_ensemble import SINGLE_LEGACY_KEYS, BackboneConfig, CFCQLBackbone
 from plcql_bench.suite.core.spec import TaskSpec
@@ -66,9 +67,18 @@ class MACQLDiscrete(DiscreteAlgorithm):
         E, B, T, n, A = q.shape
         M = self.cfg.n_sampled_actions
         joint = masked_uniform_sample(batch.avail[:, :T], M, self.gen)  # [B, T, n, M], available only
-        q_s = q.gather(-1, joint.unsqueeze(0).expand(E, -1, -1, -1, -1)).transpose(-1, -2)  # [E, B, T, M, n]
-        q_tot_s = self.backbone.mixers.mix_many(q_s, batch.state[:, :T], mix_w)  # [E, B, T, M]
+        state = batch.state[:, :T]
+        real = fast.real_rows(batch.lengths, T, last=-1)  # the transitions 0..len − 1, flat b·T + t
+        if self.backbone.mixers.fused and mix_w is not None and len(real) < B * T:
+            # the fused path mixes the real steps' samples only (the padding is masked out of the
+            # penalty; the same draws as the plain path): rows b·T + t -> the R real ones
+            q, joint = q.reshape(E, B * T, n, A).index_select(1, real), joint.reshape(B * T, n, M).index_select(0, real)
+            state, mix_w = state.reshape(B * T, -1).index_select(0, real), tuple(x.index_select(0, real) for x in mix_w)
+        q_s = q.gather(-1, joint.unsqueeze(0).expand(E, *joint.shape)).transpose(-1, -2)  # [E, *L, M, n]
+        q_tot_s = self.backbone.mixers.mix_many(q_s, state, mix_w)  # [E, *L, M]
         neg = torch.logsumexp(q_tot_s, -1)
+        if neg.shape[1:] != (B, T):  # back to [E, B, T], zeros on the padding
+            neg = fast.scatter_rows(neg, real, B * T).view(E, B, T)
         return neg - q_tot, {"cql/negative": masked_mean(neg.detach(), batch.mask)}
 
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:
