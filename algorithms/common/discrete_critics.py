@@ -11,8 +11,9 @@ Packed rows (the fused path, on unless PLCQL_KERNELS=plain): an episode batch is
 episode, and every consumer of a critic's output masks the padded indices. Given `rows` (the flat
 indices of the real ones, `step_rows` / `obs_rows`), the critics compute those rows only and return
 zeros on the padding (on smax-2s3z medium ~63 % of the padded rows are real); on that path the
-first layer's sums and the ReLUs are also taken in place where autograd allows it cheaply. Same function on the real rows; `tests/test_discrete_fast.py` checks
-values and gradients against the padded plain path.
+first layer's sums and the ReLUs are also taken in place where autograd allows it cheaply. Same
+function on the real rows; `tests/test_discrete_fast.py` checks values and gradients against the
+padded plain path.
 
 Public API
   networks: SplitInputLinear, AgentMLP (Q over actions, optional dueling a + v head, or a scalar V),
