@@ -68,16 +68,16 @@ class MACQLDiscrete(DiscreteAlgorithm):
         M = self.cfg.n_sampled_actions
         joint = masked_uniform_sample(batch.avail[:, :T], M, self.gen)  # [B, T, n, M], available only
         state = batch.state[:, :T]
-        real = fast.real_rows(batch.lengths, T, last=-1)  # the transitions 0..len − 1, flat b·T + t
-        if self.backbone.mixers.fused and mix_w is not None and len(real) < B * T:
-            # the fused path mixes the real steps' samples only (the padding is masked out of the
+        packed = self.backbone.mixers.fused and mix_w is not None and fast.has_padding(batch.lengths, T + 1)
+        if packed:  # the fused path mixes the real steps' samples only (the padding is masked out of the
             # penalty; the same draws as the plain path): rows b·T + t -> the R real ones
+            real = fast.real_rows(batch.lengths, T, last=-1)  # the transitions 0..len − 1
             q, joint = q.reshape(E, B * T, n, A).index_select(1, real), joint.reshape(B * T, n, M).index_select(0, real)
             state, mix_w = state.reshape(B * T, -1).index_select(0, real), tuple(x.index_select(0, real) for x in mix_w)
         q_s = q.gather(-1, joint.unsqueeze(0).expand(E, *joint.shape)).transpose(-1, -2)  # [E, *L, M, n]
         q_tot_s = self.backbone.mixers.mix_many(q_s, state, mix_w)  # [E, *L, M]
         neg = torch.logsumexp(q_tot_s, -1)
-        if neg.shape[1:] != (B, T):  # back to [E, B, T], zeros on the padding
+        if packed:  # back to [E, B, T], zeros on the padding
             neg = fast.scatter_rows(neg, real, B * T).view(E, B, T)
         return neg - q_tot, {"cql/negative": masked_mean(neg.detach(), batch.mask)}
 

@@ -46,19 +46,19 @@ def obs_rows(batch: EpisodeBatch) -> torch.Tensor:
 
 
 def pack_inputs(state: torch.Tensor, obs: torch.Tensor,
-                rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """(state [R, S], obs [R, n, o], B·L) at `rows` of state [B, L, S], obs [B, L, n, o]; None when
-    there is nothing to skip (no rows given, or every row is real)."""
+                rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(state [R, S], obs [R, n, o]) at `rows` of state [B, L, S], obs [B, L, n, o]; None when there is
+    nothing to skip (no rows given, or every row is real)."""
     BL = state.shape[0] * state.shape[1]
     if rows is None or rows.numel() == BL:
         return None
     return (state.reshape(BL, -1).index_select(0, rows),
-            obs.reshape(BL, *obs.shape[2:]).index_select(0, rows), BL)
+            obs.reshape(BL, *obs.shape[2:]).index_select(0, rows))
 
 
-def unpack_output(y: torch.Tensor, rows: torch.Tensor, BL: int, like: torch.Tensor) -> torch.Tensor:
-    """y [R, n, out] back to [B, L, n, out] (the layout of `like` [B, L, ...]), zeros on the padding."""
-    return fast.scatter_rows(y.unsqueeze(0), rows, BL)[0].view(*like.shape[:2], *y.shape[1:])
+def unpack_output(y: torch.Tensor, rows: torch.Tensor, lead: torch.Size) -> torch.Tensor:
+    """y [R, n, out] back to [B, L, n, out] (lead = (B, L)), zeros on the padding."""
+    return fast.scatter_rows(y.unsqueeze(0), rows, lead[0] * lead[1])[0].view(*lead, *y.shape[1:])
 
 
 class SplitInputLinear(nn.Module):
@@ -119,8 +119,7 @@ class AgentMLP(nn.Module):
         packed = pack_inputs(state, obs, rows) if self.fused else None
         if packed is None:
             return self.out(self.trunk(state, obs), self.head, self.head_v)
-        s, o, BL = packed
-        return unpack_output(self.out(self.trunk(s, o), self.head, self.head_v), rows, BL, state)
+        return unpack_output(self.out(self.trunk(*packed), self.head, self.head_v), rows, state.shape[:2])
 
 
 class TwinAgentQ(nn.Module):
@@ -150,9 +149,7 @@ class TwinAgentQ(nn.Module):
         packed = pack_inputs(state, obs, rows) if self.fused else None
         if packed is None:
             return self._both(state, obs)
-        s, o, BL = packed
-        q1, q2 = self._both(s, o)
-        return unpack_output(q1, rows, BL, state), unpack_output(q2, rows, BL, state)
+        return tuple(unpack_output(q, rows, state.shape[:2]) for q in self._both(*packed))
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         return torch.minimum(*self.both(state, obs, rows))
