@@ -8,7 +8,8 @@
 #   IMAGE=localhost/plcql-bench:ci-1 RM_IMAGE=1 bash containers/image_test.sh   # what .ci/run does
 #
 # Exit status: 0 = IMAGE-TEST OK; 1 = the image failed to build or to run (a real failure);
-# 3 = this machine cannot build images (not root, no apt, tools not installable): nothing was tested.
+# 3 = this machine cannot build images (not root, no apt, tools not installable, or too little free
+# disk: under MIN_FREE_GB before the build, or full during it): nothing was tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -20,6 +21,10 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WORK=${WORK:-$ROOT/build/image-test}
 ONLY=${ONLY:-algo=bc,seed=0}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-1500}         # seconds for one build attempt
+# The build needs a few GiB: the torch layer is ~1 GiB, written once to podman's storage and once
+# more, as a tar, to buildah's temporary folder while the layer is committed.
+MIN_FREE_GB=${MIN_FREE_GB:-6}
+RECLAIM=${RECLAIM:-1}                        # 0: never prune podman's storage when the disk is low
 
 log() { printf '\n== %s\n' "$*"; }
 cannot() { echo "IMAGE-TEST NOT RUN: $*" >&2; exit 3; }
@@ -35,6 +40,37 @@ retry() {
 
 # ---------------------------------------------------------------------------- tools
 [ "$(id -u)" = 0 ] || cannot "needs root (podman/buildah as root, debootstrap)"
+
+# One image test at a time on a machine (they share the base image and podman's storage).
+mkdir -p "$WORK"
+exec 9>/tmp/plcql-image-test.lock
+flock 9
+
+# ---------------------------------------------------------------------------- disk
+# A machine whose disk is (nearly) full cannot test the image; that is the machine's state, not the
+# image's, so it is reported as "not run" (exit 3) rather than as a failed build. Checked on podman's
+# storage, buildah's temporary folder and $WORK, after reclaiming what earlier builds left behind.
+nearest() { local d=$1; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d"; }
+free_gb() { df -Pk "$(nearest "$1")" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+STORE=$(podman info --format '{{.Store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
+BUILD_TMP=${TMPDIR:-/var/tmp}
+low_disk() {
+  local dir
+  for dir in "$STORE" "$BUILD_TMP" "$WORK"; do
+    if [ "$(free_gb "$dir")" -lt "$MIN_FREE_GB" ]; then echo "$dir ($(free_gb "$dir") GiB free)"; return 0; fi
+  done
+  return 1
+}
+if where=$(low_disk); then
+  if [ "$RECLAIM" = 1 ]; then
+    echo "-- low disk: $where; removing leftover build containers and dangling images" >&2
+    buildah rm --all >/dev/null 2>&1 || true
+    podman image prune -f >/dev/null 2>&1 || true
+    where=$(low_disk) || where=
+  fi
+  [ -z "$where" ] || cannot "too little free disk: $where, needs $MIN_FREE_GB GiB (MIN_FREE_GB)"
+fi
+
 need=()
 for tool in podman buildah runc debootstrap; do command -v "$tool" >/dev/null || need+=("$tool"); done
 if ((${#need[@]})); then
@@ -45,11 +81,6 @@ if ((${#need[@]})); then
     podman buildah runc debootstrap debian-archive-keyring ca-certificates >/dev/null \
     || cannot "apt-get install podman buildah runc debootstrap failed"
 fi
-
-# One image test at a time on a machine (they share the base image and podman's storage).
-mkdir -p "$WORK"
-exec 9>/tmp/plcql-image-test.lock
-flock 9
 
 # ---------------------------------------------------------------- podman configuration
 # runc, not crun (crun fails on cgroup v1 hybrid hosts), and ulimits within this machine's hard
@@ -117,16 +148,22 @@ cleanup() { [ "$RM_IMAGE" = 1 ] && podman rmi -f "$IMAGE" >/dev/null 2>&1; true;
 trap cleanup EXIT
 
 # Docker image format: the OCI format cannot hold the Dockerfile's SHELL (buildah warns and drops it).
+# --force-rm: a failed build leaves no working container (a full one holds GiBs).
 # --layers: unchanged steps come from podman's layer cache (the Dockerfiles put the per-commit
 # labels last, so a new commit rebuilds only the package layer).
 build() {
-  timeout "$BUILD_TIMEOUT" buildah bud --isolation chroot --format docker --layers "${volumes[@]}" "${build_args[@]}" \
+  timeout "$BUILD_TIMEOUT" buildah bud --isolation chroot --format docker --layers --force-rm "${volumes[@]}" "${build_args[@]}" \
     -f "$WORK/context/containers/Dockerfile.cpu" -t "$IMAGE" "$WORK/context" >"$WORK/build.log" 2>&1 \
     || { echo "-- build failed; last lines of $WORK/build.log:" >&2; tail -n 30 "$WORK/build.log" >&2; return 1; }
 }
 log "build $IMAGE (buildah bud --isolation chroot)"
 t0=$SECONDS
-retry build
+if ! retry build; then
+  if grep -q "no space left on device" "$WORK/build.log"; then
+    cannot "the disk filled during the build ($(low_disk || echo "now $(free_gb "$BUILD_TMP") GiB free in $BUILD_TMP"))"
+  fi
+  exit 1
+fi
 tail -n 5 "$WORK/build.log"
 echo "build: $((SECONDS - t0)) s"
 podman image inspect "$IMAGE" --format '{{json .Config.Labels}}'

@@ -188,6 +188,23 @@ def test_image_test_reports_a_machine_that_cannot_build_images(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.skipif(shutil.which("df") is None, reason="needs df")
+def test_image_test_reports_a_full_disk_as_not_run(tmp_path):
+    """Too little free disk (here: a threshold no disk meets) is the machine's state, not a failed
+    image: exit 3, with the folder and its free space named, before any tool is installed."""
+    import os  # noqa: PLC0415
+
+    if os.geteuid() != 0:
+        pytest.skip("the disk check comes after the root check")
+    env = {"PATH": os.environ["PATH"], "WORK": str(tmp_path / "w"), "MIN_FREE_GB": "100000000", "RECLAIM": "0"}
+    proc = subprocess.run(["bash", str(CONTAINERS / "image_test.sh")], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert re.search(r"IMAGE-TEST NOT RUN: too little free disk: /\S* \(\d+ GiB free\), needs 100000000 GiB",
+                     proc.stderr), proc.stderr
+    assert "installing" not in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_per_build_labels_come_last_and_are_cache_safe(variant):
     """GIT_COMMIT/BUILD_DATE are declared after the heavy steps (so a rebuild reuses them from the
