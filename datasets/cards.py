@@ -87,6 +87,61 @@ def committed_entry(profile: str, task_id: str, tier: str) -> dict[str, Any] | N
     return entry if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and "file" in entry else None
 
 
+# A rebuild of a committed card's dataset on another machine: the same recipe (every field below equal), but
+# bytes that differ because the floating-point kernels do. torch, numpy and XLA choose their kernels by the
+# CPU's instruction set (AVX2 and AVX-512 sum in different orders), so a policy's actions differ in the
+# last bits and the sha256 with them (measured 2026-11-28: CN random rebuilt on an AVX2-only EPYC, returns
+# within 5e-8 relative of its card; PP expert, whose prey is a learned policy too, within 1e-4).
+RECIPE_FIELDS = ("task_id", "quality", "profile", "file", "format_version", "behaviour_policy_id",
+                 "generator_version", "generator_seed", "env_versions", "n_episodes", "n_transitions",
+                 "source", "input_sha256")
+REBUILD_STATS = ("return_mean", "return_std", "return_min", "return_max", "win_rate")
+REBUILD_RTOL = 1e-3  # far below a recipe change's effect (a policy, seed or tier moves these by > 1 %)
+# The reference returns normalise every score: a run's score must follow from its card's to 1e-6 (the
+# leaderboard checks it), so a rebuild's may differ only by rounding (measured: <= 5e-8 relative).
+REBUILD_REFS = ("ref_return_random", "ref_return_expert")
+REBUILD_REF_RTOL = 1e-7
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(1.0, abs(a), abs(b))
+
+
+def rebuild_difference(entry: dict[str, Any], card: dict[str, Any]) -> float | None:
+    """How far a built dataset's summary statistics are from a committed card of the same recipe: the
+    largest of |a - b| / max(1, |a|, |b|) over REBUILD_STATS. None when it is not a rebuild of that card:
+    the recipe differs (any RECIPE_FIELDS value), a statistic is recorded on one side only, or a reference
+    return differs by more than REBUILD_REF_RTOL."""
+    if any(entry.get(f) != card.get(f) for f in RECIPE_FIELDS):
+        return None
+    worst = 0.0
+    for stat in REBUILD_STATS + REBUILD_REFS:
+        a, b = entry.get(stat), card.get(stat)
+        if (a is None) != (b is None):
+            return None
+        if a is None:
+            continue
+        if stat in REBUILD_REFS and _rel(a, b) > REBUILD_REF_RTOL:
+            return None
+        worst = max(worst, _rel(a, b))
+    return worst
+
+
+def dataset_identity(entry: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The sha256 that names a built dataset in run identities, and the rebuild record when it is not the
+    file's own. A file whose sha256 is its committed card's is that card's dataset. A rebuild of the card's
+    recipe whose statistics are within REBUILD_RTOL of the card's takes the card's sha256, so the committed
+    runs on that card stay this dataset's runs on any machine; the record ({"card_sha256", "file_sha256",
+    "max_rel_diff"}) goes into each run's final.json. Anything else is a dataset of its own."""
+    card = committed_entry(str(entry.get("profile")), str(entry.get("task_id")), str(entry.get("quality")))
+    if card is None or card["sha256"] == entry["sha256"]:
+        return entry["sha256"], None
+    diff = rebuild_difference(entry, card)
+    if diff is None or diff > REBUILD_RTOL:
+        return entry["sha256"], None
+    return card["sha256"], {"card_sha256": card["sha256"], "file_sha256": entry["sha256"], "max_rel_diff": diff}
+
+
 def tier_order_ok(entries: dict[str, dict[str, Any]]) -> bool | None:
     """expert > medium > random by mean return (tiers present among the three); None if < 2."""
     means = [entries[t]["return_mean"] for t in ("expert", "medium", "random") if t in entries]

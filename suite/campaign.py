@@ -178,11 +178,13 @@ def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
             ticker.join()
 
 
-def _all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None) -> list[str]:
+def _all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None,
+                 finish_within: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
            str(results_dir), "all", "--profile", profile]
     for spec in specs:
         cmd += ["--queue", spec]
+    cmd += ["--finish-within", finish_within] if finish_within else []
     return cmd + (["--jobs", str(jobs)] if jobs else [])
 
 
@@ -201,9 +203,19 @@ def campaign() -> None:
 @click.option("--publish-every", type=click.FloatRange(min=1), default=120, show_default=True,
               help="Seconds between two looks for newly finished runs to publish.")
 @click.option("--no-publish", is_flag=True, help="Do not copy finished runs anywhere.")
+@click.option("--finish-within", default=None, metavar="DURATION",
+              help="Passed to `all`: start only the cells expected to finish within this time (e.g. 2h30m), "
+                   "the first that fits in queue order; the rest wait for the next campaign.")
 @click.pass_obj
-def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_publish) -> None:
+def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_publish, finish_within) -> None:
     """Run the stages as one priority queue (resumable); publish finished runs as they land."""
+    if finish_within is not None:
+        from plcql_bench.suite.matrix import parse_duration
+
+        try:
+            parse_duration(finish_within)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--finish-within") from None
     camp = load_campaign(file)
     known = {s.name for s in camp.stages}
     unknown = sorted(set(only_stages) - known)
@@ -225,7 +237,8 @@ def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_pub
         if n:
             click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
 
-    rc = _run_queue(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, [s.only for s in stages], jobs),
+    rc = _run_queue(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, [s.only for s in stages], jobs,
+                                 finish_within),
                     publish_every, None if no_publish else publish_new)
     if not no_publish:  # the ticker has stopped: one last look
         n = publish(obj["results_dir"], prof.name, publish_to)

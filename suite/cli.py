@@ -212,21 +212,32 @@ class _Progress:
 @click.option("--stack", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train up to this many seeds of a cell in one process as stacked models (continuous "
                    "CFCQL, MACQL, SPaCQL, PLCQL; others alone). Each seed keeps its own run (docs/runner.md).")
+@click.option("--finish-within", "finish_within", default=None, metavar="DURATION",
+              help="Start a cell only if `plan` expects it to finish within this time of the start "
+                   "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
+                   "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
 @click.pass_obj
 def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, device, per_gpu, executor,
-            ray_address, rerun_failed, force, stack) -> None:
+            ray_address, rerun_failed, force, stack, finish_within) -> None:
     """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
     cell's job), skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
     a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
     dataset is damaged or a config does not resolve."""
+    import time
     import uuid
 
     from plcql_bench.suite import preflight
     from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
-    from plcql_bench.suite.matrix import cell_state
+    from plcql_bench.suite.matrix import cell_state, parse_duration
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
+    deadline = None
+    if finish_within is not None:
+        try:
+            deadline = time.monotonic() + parse_duration(finish_within)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--finish-within") from None
     prof, cells = _select(obj, profile, only, shard, queue)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
@@ -247,7 +258,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         click.echo(f"{len(deferred)} dataset(s) not built yet: each is built just before its first cell trains")
     token = uuid.uuid4().hex
     counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0,
-              "user_error": 0}
+              "user_error": 0, "deferred": 0}
     todo = []
     for cell in cells:
         if (cell.task, cell.tier) in deferred:  # done or not is known once its dataset exists (the key holds its sha256)
@@ -277,6 +288,8 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],
                     build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token)
                 for g in stack_groups(todo, stack)]
+    if deadline is not None:
+        _set_estimates(job_list, prof, obj)
     progress = _Progress(len(todo), f"all ({prof.name})")
 
     def report(o: dict) -> None:
@@ -289,6 +302,9 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         elif o["state"] == "busy":
             counts["busy"] += 1
             progress.echo(f"busy, skipped: {o['error']}", err=True)
+        elif o["state"] == "deferred":
+            counts["deferred"] += 1
+            progress.echo(f"left for later: {cell.label()}: {o['error']}", err=True)
         else:
             counts["failed"] += 1
             counts["user_error"] += bool(o.get("user_error"))
@@ -301,12 +317,28 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
     try:
         run_jobs(job_list, executor=executor, workers=jobs, device=dev, n_gpus=n_gpus, per_gpu=per_gpu,
-                 ray_address=ray_address, on_outcome=report, echo=progress.bar is None, threads=threads)
+                 ray_address=ray_address, on_outcome=report, echo=progress.bar is None, threads=threads,
+                 deadline=deadline)
     finally:
         progress.close()
         preflight.forget_build_failures(data_root, token)
     _all_summary(prof, cells, counts, problems, cells_per=lambda key: sum(
         (c.task, c.tier) == key for c in cells))
+
+
+def _set_estimates(job_list, prof, obj) -> None:
+    """Each job's estimate for --finish-within: `plan`'s seconds for its cell (a seed stack: its slowest
+    seed's); 0 for a cell already done on its card's dataset (the job only builds the dataset and skips it)."""
+    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
+    from plcql_bench.suite.matrix import estimate_cells, resolve
+
+    calib = load_calibration(DEFAULT_MACHINE) if DEFAULT_MACHINE in known_machines() else None
+    cells = [c for job in job_list for c in job.cells()]
+    left = {e.cell: e.seconds for e in estimate_cells(resolve(cells, prof, obj["data_dir"], obj["results_dir"]),
+                                                      obj["results_dir"], prof, calib)}
+    for job in job_list:
+        secs = [left[c] for c in job.cells() if c in left]  # a cell not in left is done
+        job.estimate_s = None if None in secs else max(secs, default=0.0)
 
 
 def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
@@ -316,6 +348,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
     extra = f" ({counts['no_dataset']} without their dataset)" if counts["no_dataset"] else ""
     extra += f", failed earlier and skipped {counts['failed_skipped']}" if counts["failed_skipped"] else ""
     extra += f", busy elsewhere {counts['busy']}" if counts["busy"] else ""
+    extra += f", left for later {counts['deferred']} (--finish-within)" if counts.get("deferred") else ""
     click.echo(f"all ({prof.name}): {len(cells)} cells: trained {counts['trained']}, "
                f"skipped {counts['skipped']} (done), failed {counts['failed']}{extra}")
     for key, problem in problems.items():

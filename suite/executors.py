@@ -44,6 +44,7 @@ class Job:
     stack: list = field(default_factory=list)  # more seeds of `cell`'s cell, trained with it as one stack
     build_dataset: bool = False  # the cell's dataset was missing when `all` started: build it first (preflight)
     build_token: str = ""  # the `all` invocation, for preflight.ensure_dataset's failure records
+    estimate_s: float | None = None  # seconds it still needs (`plan`'s estimate), read under a deadline
 
     def cells(self) -> list:
         return [self.cell, *self.stack]
@@ -262,28 +263,62 @@ def _init_worker(threads: int | None) -> None:
 def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device: str = "cpu",
              n_gpus: int = 0, per_gpu: int = 1, ray_address: str | None = None,
              on_outcome: Callable[[dict], None] = lambda o: None, echo: bool = True,
-             threads: int = DEFAULT_THREADS) -> list[dict]:
+             threads: int = DEFAULT_THREADS, deadline: float | None = None) -> list[dict]:
     """Run every job, each with `threads` torch threads; calls on_outcome as each finishes;
-    returns the outcomes in finish order."""
+    returns the outcomes in finish order. Under a deadline (time.monotonic() seconds) a job starts only
+    when it is expected to finish before it (next_job); the others get a "deferred" outcome."""
     if not jobs:
         return []
     for job in jobs:
         job.threads = threads
     on_outcome = _per_cell(on_outcome)
     if executor == "ray":
+        if deadline is not None:
+            raise BenchError("--finish-within: works with the local executor (Ray schedules the jobs itself)")
         return _flat(_run_ray(jobs, workers, device, per_gpu, ray_address, on_outcome))
     if executor != "local":
         raise BenchError(f"--executor {executor!r}: expected local or ray")
     slots = _device_slots(device, n_gpus, per_gpu, workers)[: len(jobs)]  # no idle workers
+    queue = list(jobs)
     if len(slots) == 1 and device == "cpu":
         outcomes = []
-        for job in jobs:  # in this process: no start-up cost, log lines also on the console
-            job.echo = echo
+        while (job := next_job(queue, deadline)) is not None:  # in this process: no start-up cost,
+            job.echo = echo                                      # log lines also on the console
             outcome = run_job(job)
             outcomes.append(outcome)
             on_outcome(outcome)
-        return _flat(outcomes)
-    return _flat(_run_pool(jobs, slots, on_outcome, threads))
+    else:
+        outcomes = _run_pool(queue, slots, on_outcome, threads, deadline)
+    for job in queue:  # what the deadline left for a later `all`
+        outcomes.append(_deferred(job))
+        on_outcome(outcomes[-1])
+    return _flat(outcomes)
+
+
+# A job starts under a deadline only if FINISH_MARGIN x its estimate fits in the time left: the estimates
+# (suite/calibration.py) are within ~15 % of measured runs on a quiet machine, and a run cut off by the
+# deadline's end of session is worth nothing there.
+FINISH_MARGIN = 1.2
+
+
+def next_job(queue: list[Job], deadline: float | None, now: Callable[[], float] = time.monotonic) -> Job | None:
+    """Take the next job to start from queue: the first, without a deadline; under one, the first in queue
+    order expected to finish before it (a job without an estimate never is). None when none can start."""
+    if deadline is None:
+        return queue.pop(0) if queue else None
+    left = deadline - now()
+    for i, job in enumerate(queue):
+        if job.estimate_s is not None and job.estimate_s * FINISH_MARGIN <= left:
+            return queue.pop(i)
+    return None
+
+
+def _deferred(job: Job) -> dict:
+    """Outcome of a job not started because it would not finish before the deadline (one per seed)."""
+    est = "no estimate" if job.estimate_s is None else f"estimate {job.estimate_s:.0f} s"
+    outcomes = [{"cell": c, "state": "deferred", "score": None, "seconds": 0.0,
+                 "error": f"not started: would not finish before the deadline ({est})"} for c in job.cells()]
+    return outcomes[0] if len(outcomes) == 1 else {**outcomes[0], "stack_outcomes": outcomes}
 
 
 def _flat(outcomes: list[dict]) -> list[dict]:
@@ -306,12 +341,12 @@ def _device_slots(device: str, n_gpus: int, per_gpu: int, workers: int) -> list[
     return ["cpu"] * max(1, workers)
 
 
-def _run_pool(jobs: list[Job], slots: list[str], on_outcome, threads: int) -> list[dict]:
+def _run_pool(queue: list[Job], slots: list[str], on_outcome, threads: int, deadline: float | None = None) -> list[dict]:
     """Spawned worker processes (never fork: no inherited torch/CUDA/thread state), at most
     len(slots) jobs in flight, each with its slot's device. A worker that dies (SIGKILL, OOM,
-    segfault) fails only the jobs it was running; the pool is rebuilt for the rest."""
+    segfault) fails only the jobs it was running; the pool is rebuilt for the rest. Takes the jobs
+    from queue (next_job); what is left in it when nothing more can start is the caller's."""
     ctx = multiprocessing.get_context("spawn")
-    queue = list(jobs)
     free = list(slots)
     outcomes: list[dict] = []
     pool = ProcessPoolExecutor(max_workers=len(slots), mp_context=ctx, initializer=_init_worker,
@@ -319,11 +354,12 @@ def _run_pool(jobs: list[Job], slots: list[str], on_outcome, threads: int) -> li
     running: dict = {}
     try:
         while queue or running:
-            while queue and free:
-                job = queue.pop(0)
+            while queue and free and (job := next_job(queue, deadline)) is not None:
                 slot = free.pop(0)
                 job.device = slot
                 running[pool.submit(run_job, job)] = (job, slot)
+            if not running:  # nothing left that can start before the deadline
+                break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             broken = False
             for fut in done:

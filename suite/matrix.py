@@ -331,6 +331,16 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
     return out
 
 
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as 90m, 2h30m, 1.5h or 45s (units s, m, h; at least one); ValueError otherwise."""
+    import re
+
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise ValueError(f"{text!r}: expected a duration such as 90m, 2h30m, 1.5h or 45s")
+    return sum(float(n) * {"s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
+
+
 def format_seconds(s: float) -> str:
     s = int(round(s))
     if s < 60:

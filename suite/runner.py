@@ -28,6 +28,7 @@ from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_conf
 from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
+from plcql_bench.datasets.cards import dataset_identity
 from plcql_bench.suite import protocol
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
@@ -58,9 +59,11 @@ class RunPlan:
     profile: Profile
     config: Any
     dataset_path: Path
-    dataset_sha256: str
+    dataset_sha256: str  # what names the dataset in the run's identity (its committed card's, for a rebuild)
     run_key: str
     run_dir: Path
+    file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
+    dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
 
     @property
     def final_path(self) -> Path:
@@ -108,10 +111,13 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     if entry is None:
         raise BenchError(f"dataset {cell.task}/{cell.tier} is not built in {data_root} (run: "
                          f"plcql-bench datasets build {cell.task} {cell.tier} --profile {profile.name})")
-    key = run_key_of(run_identity(cell, profile, config, entry["sha256"]))
+    # A rebuild of a committed card's dataset on another CPU keeps the card's name (datasets/cards.py)
+    dataset_sha256, rebuild = dataset_identity(entry)
+    key = run_key_of(run_identity(cell, profile, config, dataset_sha256))
     run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
                / f"seed{cell.seed}-{key[:10]}")
-    return RunPlan(cell, profile, config, data_root / entry["file"], entry["sha256"], key, run_dir)
+    return RunPlan(cell, profile, config, data_root / entry["file"], dataset_sha256, key, run_dir,
+                   file_sha256=entry["sha256"], dataset_rebuild=rebuild)
 
 
 def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str) -> dict:
@@ -190,7 +196,7 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
 def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
     check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
-    return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.dataset_sha256)
+    return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
 
 
 def check_dataset_identity(path: Path, task: str, tier: str) -> None:
@@ -524,6 +530,7 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
                **({"devices": state["devices"]} if len(state.get("devices", [])) > 1 else {})},
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),
+        **({"dataset_rebuild": plan.dataset_rebuild} if plan.dataset_rebuild else {}),
     )
     return record
 

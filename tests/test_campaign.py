@@ -279,3 +279,65 @@ def test_a_curve_the_metrics_do_not_reproduce_is_published_as_it_is(tmp_path):
         out = tmp_path / "board" / run.relative_to(tmp_path / "results") / "final.json"
         assert out.read_bytes() == (run / "final.json").read_bytes()
         assert _without_curve(out) is None  # nothing it could leave out
+
+
+def test_durations_parse_to_seconds_and_bad_ones_are_refused():
+    from plcql_bench.suite.matrix import parse_duration
+
+    assert [parse_duration(t) for t in ("90m", "2h30m", "1.5h", "45s", "1h0m30s")] == [5400, 9000, 5400, 45, 3630]
+    for bad in ("90", "m", "2x", "", "2h 30m", "-5m"):
+        with pytest.raises(ValueError, match="expected a duration"):
+            parse_duration(bad)
+
+
+def test_under_a_deadline_the_first_job_that_fits_starts_in_queue_order():
+    """A job starts only if 1.2 x its estimate fits in the time left; a longer one ahead of it waits (it is not
+    dropped: a later call, with more time, takes it first); a job without an estimate never starts."""
+    from plcql_bench.suite.executors import FINISH_MARGIN, Job, next_job
+
+    def job(name, est):
+        return Job(cell=name, profile=None, data_dir=Path("."), results_dir=Path("."), estimate_s=est)
+
+    assert FINISH_MARGIN == 1.2
+    queue = [job("long", 100.0), job("fits", 10.0), job("unknown", None), job("edge", 20.0)]
+    clock = lambda: 1000.0  # noqa: E731
+    assert next_job(queue, 1030.0, clock).cell == "fits"
+    assert next_job(queue, 1023.9, clock) is None  # 1.2 x 20 s does not fit in 23.9 s
+    assert next_job(queue, 1024.1, clock).cell == "edge"
+    assert next_job(queue, 1030.0, clock) is None and [j.cell for j in queue] == ["long", "unknown"]
+    assert next_job(queue, 1200.0, clock).cell == "long"
+    assert next_job(queue, 1e9, clock) is None  # "unknown" never fits a deadline
+    assert next_job(queue, None).cell == "unknown" and next_job(queue, None) is None  # no deadline: in order
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_all_leaves_what_cannot_finish_for_later_and_trains_what_can(tmp_path, monkeypatch, jobs):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    base = ["--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "results"), "all", "--profile",
+            str(tmp_path / "p.yaml"), "--only", "algo=bc,dataset=random", "--jobs", jobs]
+    runner = CliRunner()
+    none = runner.invoke(cli, base + ["--finish-within", "0s"])
+    assert none.exit_code == 0, none.output
+    assert none.output.count("left for later: bc mpe-cn/random seed") == 2 and "would not finish before the deadline" in none.output
+    assert "trained 0" in none.output and "left for later 2 (--finish-within)" in none.output
+    assert not list((tmp_path / "results").rglob("final.json"))
+    both = runner.invoke(cli, base + ["--finish-within", "1h"])
+    assert both.exit_code == 0 and "trained 2" in both.output and "left for later" not in both.output, both.output
+    bad = runner.invoke(cli, base + ["--finish-within", "soon"])
+    assert bad.exit_code == 2 and "--finish-within" in bad.output and "expected a duration" in bad.output
+
+
+def test_the_campaign_passes_its_deadline_to_all(tmp_path, monkeypatch):
+    from plcql_bench.suite import campaign as camp
+
+    f = _write(tmp_path, "  - {name: first, only: 'algo=bc,dataset=random,seed=0'}\n")
+    seen = []
+    monkeypatch.setattr(camp, "_run_queue", lambda cmd, every_s, on_tick: seen.append(cmd) or 0)
+    base = ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"), "campaign", "run", str(f),
+            "--no-publish"]
+    r = CliRunner().invoke(cli, base + ["--finish-within", "2h30m"])
+    assert r.exit_code == 0, r.output
+    assert seen[0][seen[0].index("--finish-within") + 1] == "2h30m"
+    bad = CliRunner().invoke(cli, base + ["--finish-within", "150"])
+    assert bad.exit_code == 2 and "expected a duration" in bad.output and len(seen) == 1

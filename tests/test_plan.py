@@ -316,3 +316,42 @@ def test_runs_done_on_a_dataset_not_built_here_count_by_its_committed_card(tmp_p
     # a card of another dataset (another sha256) plans other run keys: the runs do not count
     (tmp_path / "cards" / "plantest" / "mpe-cn" / "random.json").write_text(json.dumps({**entry, "sha256": "0" * 64}))
     assert [r[4] for r in plan_rows() if r[2] == "random"] == ["todo"] * 3
+
+
+def test_a_rebuild_of_a_cards_recipe_on_another_cpu_keeps_the_cards_name(tmp_path, profile, monkeypatch):
+    """Another CPU's floating-point kernels give a rebuild other bytes (another sha256) but the same recipe and,
+    to rounding, the same statistics: its runs take the committed card's sha256 as the dataset's name (so the
+    committed runs on that card stay done), load the file by its own sha256, and record both in final.json.
+    A different recipe, statistics further off than REBUILD_RTOL, or reference returns off by more than
+    rounding make a dataset of its own."""
+    from plcql_bench.datasets import cards, manifest
+
+    build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
+    entry = manifest.lookup(tmp_path / "data" / "plantest", "mpe-cn", "random")
+    monkeypatch.setattr(cards, "CARDS_DIR", tmp_path / "cards")
+    card_file = tmp_path / "cards" / "plantest" / "mpe-cn" / "random.json"
+    card_file.parent.mkdir(parents=True)
+    cell = Cell("bc", "mpe-cn", "random", 0)
+
+    def plan_with_card(**changes):
+        card_file.write_text(json.dumps({**entry, "sha256": "c" * 64, **changes}))
+        return plan_run(cell, profile, tmp_path / "data", tmp_path / "results")
+
+    own = plan_run(cell, profile, tmp_path / "data", tmp_path / "results")
+    assert own.dataset_sha256 == entry["sha256"] and own.dataset_rebuild is None  # no card here yet
+    rebuilt = plan_with_card(return_mean=entry["return_mean"] * (1 + 1e-5),
+                             ref_return_expert=entry["ref_return_expert"] * (1 + 5e-8))
+    assert rebuilt.dataset_sha256 == "c" * 64 and rebuilt.file_sha256 == entry["sha256"]
+    assert rebuilt.run_key != own.run_key and 0 < rebuilt.dataset_rebuild["max_rel_diff"] < 1e-4
+    execute(rebuilt, log=lambda *_: None)  # loads: the file is checked against its own sha256
+    final = json.loads(rebuilt.final_path.read_text())
+    assert final["dataset_sha256"] == "c" * 64 and final["dataset_rebuild"] == {
+        "card_sha256": "c" * 64, "file_sha256": entry["sha256"], "max_rel_diff": rebuilt.dataset_rebuild["max_rel_diff"]}
+    assert plan_with_card().is_done()  # the card's runs count as done for the rebuild
+    for other in ({"return_mean": entry["return_mean"] * 1.01},         # statistics off: other data
+                  {"ref_return_expert": entry["ref_return_expert"] * (1 + 1e-6)},  # refs off by more than rounding
+                  {"generator_seed": 1}, {"behaviour_policy_id": "matd3:other"}, {"n_episodes": 7}):
+        p = plan_with_card(**other)
+        assert (p.dataset_sha256, p.dataset_rebuild, p.run_key) == (entry["sha256"], None, own.run_key), other
+    card_file.write_text(json.dumps(entry))  # the card's own file: no rebuild
+    assert plan_run(cell, profile, tmp_path / "data", tmp_path / "results").dataset_rebuild is None
