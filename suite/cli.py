@@ -229,7 +229,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
     from plcql_bench.suite import preflight
     from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
-    from plcql_bench.suite.matrix import cell_state, parse_duration
+    from plcql_bench.suite.matrix import cell_state, parse_duration, plan_on_card
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
     deadline = None
@@ -254,15 +254,19 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     # the queue's first cells do not wait for every dataset of the selection.
     problems, deferred = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof, data_root,
                                                     build_missing, click.echo)
-    if deferred:
-        click.echo(f"{len(deferred)} dataset(s) not built yet: each is built just before its first cell trains")
     token = uuid.uuid4().hex
     counts = {"trained": 0, "skipped": 0, "failed": 0, "busy": 0, "failed_skipped": 0, "no_dataset": 0,
               "user_error": 0, "deferred": 0}
     todo = []
     for cell in cells:
-        if (cell.task, cell.tier) in deferred:  # done or not is known once its dataset exists (the key holds its sha256)
-            todo.append(cell)
+        if (cell.task, cell.tier) in deferred:
+            # Done on its committed card's dataset (what a build here reproduces, or rebuilds to rounding:
+            # datasets/cards.py): skipped without building it. Else done or not is known once it is built.
+            on_card = None if force else plan_on_card(cell, prof, obj["data_dir"], obj["results_dir"])
+            if on_card is not None and cell_state(on_card) == "done":
+                counts["skipped"] += 1
+            else:
+                todo.append(cell)
             continue
         problem = problems.get((cell.task, cell.tier))
         if problem is not None:  # fails alone: recorded now, retried by the next `all`
@@ -283,6 +287,9 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
                        f"({plan.run_dir / 'status.json'})", err=True)
         else:
             todo.append(cell)
+    to_build = {(c.task, c.tier) for c in todo} & set(deferred)
+    if to_build:
+        click.echo(f"{len(to_build)} dataset(s) not built yet: each is built just before its first cell trains")
     from plcql_bench.suite.stacking import stack_groups
 
     job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],

@@ -163,12 +163,12 @@ def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[
                 missing = manifest.lookup(root, cell.task, cell.tier) is None
             except (BenchError, DatasetError):
                 missing = False
-            out.append(Resolved(cell, _plan_on_card(cell, profile, data_dir, results_dir) if missing else None,
+            out.append(Resolved(cell, plan_on_card(cell, profile, data_dir, results_dir) if missing else None,
                                 " ".join(str(exc).split()), missing))
     return out
 
 
-def _plan_on_card(cell, profile: Profile, data_dir: Path, results_dir: Path):
+def plan_on_card(cell, profile: Profile, data_dir: Path, results_dir: Path):
     """A cell whose dataset is not built here, planned on its committed card's sha256 (the dataset a
     build reproduces), so the runs already done on it count; None without a card."""
     from plcql_bench.datasets.cards import committed_entry

@@ -313,6 +313,10 @@ def test_runs_done_on_a_dataset_not_built_here_count_by_its_committed_card(tmp_p
     assert all("dataset not built yet" in " ".join(r) for r in rows if r[2] == "expert")
     items = resolve([Cell("bc", "mpe-cn", "random", 0)], profile, tmp_path / "data", tmp_path / "results")
     assert items[0].dataset_missing and items[0].plan.dataset_sha256 == entry["sha256"]
+    # `all` skips them without building the dataset (a fresh clone builds only what it trains on)
+    done = _invoke(tmp_path, "all", "--profile", str(tmp_path / "p.yaml"), "--only", "algo=bc,dataset=random")
+    assert done.exit_code == 0 and "trained 0, skipped 3 (done)" in done.output, done.output
+    assert "not built yet" not in done.output and not (tmp_path / "data").exists()
     # a card of another dataset (another sha256) plans other run keys: the runs do not count
     (tmp_path / "cards" / "plantest" / "mpe-cn" / "random.json").write_text(json.dumps({**entry, "sha256": "0" * 64}))
     assert [r[4] for r in plan_rows() if r[2] == "random"] == ["todo"] * 3
