@@ -168,6 +168,8 @@ def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.cards import dataset_identity
     from plcql_bench.datasets.format import load_dataset
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import configure_process, data_profile_dir
@@ -206,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{path}: dataset not built (plcql-bench datasets build {task_id} {args.tier} "
                          f"--profile {prof.name})")
     dataset = load_dataset(path)
+    # named as the suite's runs name it: a rebuild of the committed card's dataset by the card's sha256
+    entry = manifest.lookup(data_profile_dir(args.data_dir, prof), task_id, args.tier)
+    dataset_sha256, rebuild = dataset_identity(entry) if entry and entry["sha256"] == dataset.sha256 else (dataset.sha256, None)
     rounds = args.rounds if args.rounds is not None else prof.updates_for(task_id, args.tier)
     final_episodes = args.final_episodes or prof.train_budget(task_id, args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     rec = {"schema": official.SCHEMA, "code": kind, "repo": official.CODES[kind][0], "commit": checkout_commit(checkout),
            "task": task_id, "tier": args.tier, "seed": args.seed, "profile": prof.name, "rounds": rounds,
-           "dataset_sha256": dataset.sha256, "final_episodes": final_episodes, "score": s, "return_mean": ret,
+           "dataset_sha256": dataset_sha256, **({"dataset_rebuild": rebuild} if rebuild else {}),
+           "final_episodes": final_episodes, "score": s, "return_mean": ret,
            "curve": curve, "cql_alpha": float(agent.cql_alpha),
            "settings": {**official_settings(kind, task_id),
                         "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
