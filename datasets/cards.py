@@ -150,9 +150,11 @@ def tier_order_ok(entries: dict[str, dict[str, Any]]) -> bool | None:
     return all(a > b for a, b in zip(means, means[1:]))
 
 
-def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
+def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str, echo=lambda line: None) -> list[Path]:
     """Write every manifest entry's card (`<task>/<tier>.md`) and entry (`<task>/<tier>.json`)
-    to out_dir, plus an index README. Returns the files written."""
+    to out_dir, plus an index README. Returns the files written. A card already in out_dir that the built
+    dataset is a rebuild of (another CPU's bytes, dataset_identity) is kept: replacing it would orphan
+    every run named by it."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     entries = manifest.read_manifest(data_dir)
     if not entries:
@@ -162,8 +164,13 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str) -> lis
     written: list[Path] = []
     by_task: dict[str, dict[str, dict[str, Any]]] = {}
     for entry in entries.values():
-        by_task.setdefault(entry["task_id"], {})[entry["quality"]] = entry
         base = out_dir / entry["task_id"] / entry["quality"]
+        kept = _card_it_rebuilds(entry, base.with_suffix(".json"))
+        by_task.setdefault(entry["task_id"], {})[entry["quality"]] = kept or entry
+        if kept is not None:
+            echo(f"kept {base.with_suffix('.json')}: {entry['task_id']}/{entry['quality']} here is a rebuild of it "
+                 f"(sha256 {entry['sha256'][:12]}, the card's {kept['sha256'][:12]})")
+            continue
         base.parent.mkdir(parents=True, exist_ok=True)
         record = {k: v for k, v in entry.items() if k != "created"}  # stable across rebuilds
         atomic_write_bytes(base.with_suffix(".md"), card_markdown(entry).encode())
@@ -172,6 +179,17 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str) -> lis
     index = out_dir / "README.md"
     atomic_write_bytes(index, _index(by_task, profile).encode())
     return written + [index]
+
+
+def _card_it_rebuilds(entry: dict[str, Any], card_file: Path) -> dict[str, Any] | None:
+    try:
+        card = json.loads(card_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict) or card.get("sha256") == entry["sha256"]:
+        return None
+    diff = rebuild_difference(entry, card)
+    return card if diff is not None and diff <= REBUILD_RTOL else None
 
 
 def _index(by_task: dict[str, dict[str, dict[str, Any]]], profile: str) -> str:

@@ -123,7 +123,7 @@ def datasets_cards(obj, profile, out) -> None:
 
     prof = load_profile(profile)
     dest = out or str(CARDS_DIR / prof.data_profile)
-    files = export_cards(data_profile_dir(obj["data_dir"], prof), dest, prof.data_profile)
+    files = export_cards(data_profile_dir(obj["data_dir"], prof), dest, prof.data_profile, echo=click.echo)
     click.echo(f"{len(files)} files written to {dest} (index: {dest}/README.md)")
 
 

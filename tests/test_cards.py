@@ -35,6 +35,25 @@ def test_export_writes_cards_entries_and_an_index_with_the_tier_order(tmp_path):
     assert f"mpe-cn: expert > medium > random by mean return: **{expected}**" in index
 
 
+def test_export_keeps_a_card_the_build_is_another_cpus_rebuild_of(tmp_path):
+    """Exporting the cards of a rebuild (same recipe, statistics within rounding, another sha256) keeps the
+    committed card, which names the committed runs; a card of another recipe is replaced."""
+    data = tmp_path / "data"
+    build_dataset("mpe-cn", "expert", 4, data, profile="cardtest")
+    export_cards(data, tmp_path / "cards", "cardtest")
+    card_file = tmp_path / "cards" / "mpe-cn" / "expert.json"
+    built = json.loads(card_file.read_text())
+    committed = {**built, "sha256": "c" * 64, "return_mean": built["return_mean"] * (1 + 1e-6)}
+    card_file.write_text(json.dumps(committed))
+    said = []
+    files = export_cards(data, tmp_path / "cards", "cardtest", echo=said.append)
+    assert json.loads(card_file.read_text()) == committed and card_file not in files
+    assert len(said) == 1 and "is a rebuild of it" in said[0]
+    card_file.write_text(json.dumps({**committed, "generator_seed": 7}))  # another recipe: replaced
+    export_cards(data, tmp_path / "cards", "cardtest")
+    assert json.loads(card_file.read_text())["sha256"] == built["sha256"]
+
+
 def test_tier_order_check():
     e = lambda r: {"return_mean": r}  # noqa: E731
     assert tier_order_ok({"expert": e(3), "medium": e(2), "random": e(1)}) is True
