@@ -221,7 +221,10 @@ def test_native_gru_backward_step_matches_the_torch_form(packed, monkeypatch):
     plain, native_ = _gru_grads(False, packed), _gru_grads(True, packed)
     assert calls and all(calls)  # every step of the native run took the C form
     for a, b in zip(plain, native_, strict=True):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), float((a - b).abs().max())
+        # rounding relative to the gradient's scale: a weight gradient sums T x N terms, and where they cancel
+        # the float32 error is the terms' (1e-6 of |grad|max), not the small sum's (3.8e-6 on an AVX2 EPYC)
+        scale = float(a.abs().max())
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, scale)), (float((a - b).abs().max()), scale)
     calls.clear()
     wide = _gru_grads(True, packed, torch.float64)
     assert calls and not any(calls)  # float64: the torch ops
