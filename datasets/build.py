@@ -187,6 +187,14 @@ def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.r
     return collect(task, behaviour.make(rng), seeds)
 
 
+def _built_on() -> dict:
+    import platform
+
+    from plcql_bench.suite.core.schema import cpu_isa, hardware_info
+
+    return {"cpu": hardware_info("cpu")["cpu"], "cpu_isa": cpu_isa(), "machine": platform.machine()}
+
+
 def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, profile: str,
                   generator_seed: int = 0) -> dict:
     """Collect, validate, write atomically and record in the manifest. Returns the entry."""
@@ -230,7 +238,9 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     path.parent.mkdir(parents=True, exist_ok=True)
     sha = fmt.write_dataset(path, arrays, attrs)
     fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads
-    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile)
+    # where it was built (manifest only, not in the file: its bytes must not depend on it); another CPU's
+    # build may differ in the last bits (datasets/cards.py, dataset_identity)
+    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile, built_on=_built_on())
     manifest.record(data_dir, entry)
     write_card(data_dir, entry)
     return entry

@@ -61,6 +61,9 @@ def card_markdown(entry: dict[str, Any]) -> str:
         ("file", f"`{entry['file']}` ({entry.get('size_bytes', 0) / 2**20:.1f} MiB)"),
         ("sha256", f"`{entry['sha256']}`"),
     ]
+    built = entry.get("built_on")
+    if isinstance(built, dict):  # the bytes depend on the CPU's instruction set (dataset_identity)
+        rows.append(("built on", f"{built.get('cpu', '?')} ({built.get('cpu_isa') or 'instruction set not recorded'})"))
     if str(entry.get("task_id", "")).startswith("smax-"):  # how the tier was chosen, the reference's
         from plcql_bench.datasets.smax_tiers import card_rows
 

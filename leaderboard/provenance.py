@@ -81,6 +81,7 @@ def _hardware(rec) -> str:
     h = rec.hardware or {}
     if h:
         where = h.get("gpu") or h.get("cpu") or "?"
+        where += f" ({h['cpu_isa']})" if h.get("cpu_isa") and not h.get("gpu") else ""
         label = f"{h.get('device', '?')}: {where}" + (f", {h['torch_threads']} torch thread(s)" if h.get("torch_threads") else "")
         return label + _device_changes(rec.train.get("devices") or [])
     torch = rec.versions.get("torch", "")

@@ -10,6 +10,7 @@ import pytest
 
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.datasets.cards import export_cards, tier_order_ok
+from plcql_bench.datasets.format import read_attrs
 from plcql_bench.suite.core.errors import BenchError
 
 
@@ -20,6 +21,12 @@ def test_build_writes_a_card_with_the_manifest_numbers(tmp_path):
     assert f"{entry['return_mean']:.2f} ± {entry['return_std']:.2f}" in card
     assert f"{entry['return_min']:.2f} / {entry['return_max']:.2f}" in card
     assert entry["sha256"] in card
+    # where it was built, in the manifest and card only (not in the file, whose bytes it must not change)
+    import torch
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    assert entry["built_on"]["cpu_isa"] == isa and f"| built on | {entry['built_on']['cpu']} ({isa}) |" in card
+    assert "built_on" not in json.dumps(read_attrs(tmp_path / "mpe-cn" / "expert.h5"), default=str)
 
 
 def test_export_writes_cards_entries_and_an_index_with_the_tier_order(tmp_path):

@@ -344,6 +344,16 @@ def enforce_strict(damaged: Iterable[Damaged], strict: bool, echo=None) -> None:
                          f"(--strict); first: {damaged[0].path}: {damaged[0].reason}")
 
 
+def cpu_isa() -> str | None:
+    """The instruction set torch's CPU kernels use here (e.g. AVX2, AVX512), or None where torch cannot say."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def hardware_info(device: str) -> dict:
     """Where a run trained (the ``hardware`` field): device, CPU model and count, torch threads,
     and the GPU's name on CUDA."""
@@ -361,6 +371,9 @@ def hardware_info(device: str) -> dict:
     except OSError:
         pass
     info = {"device": device, "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    isa = cpu_isa()
+    if isa:  # torch's kernels by instruction set: AVX2 and AVX-512 round differently (docs/datasets.md)
+        info["cpu_isa"] = isa
     if str(device).startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
