@@ -120,9 +120,9 @@ def rebuild_difference(entry: dict[str, Any], card: dict[str, Any]) -> float | N
     worst = 0.0
     for stat in REBUILD_STATS + REBUILD_REFS:
         a, b = entry.get(stat), card.get(stat)
-        if (a is None) != (b is None):
+        if (a is None) != (b is None) or (a is not None and math.isnan(a) != math.isnan(b)):
             return None
-        if a is None:
+        if a is None or math.isnan(a):  # NaN on both sides: not defined for this task (SMAX references)
             continue
         if stat in REBUILD_REFS and _rel(a, b) > REBUILD_REF_RTOL:
             return None

@@ -76,3 +76,15 @@ def test_cards_without_datasets_is_a_one_line_error(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "manifest.json: no datasets built" in proc.stderr
+
+
+def test_a_rebuild_compares_undefined_statistics_as_equal_only_when_both_are():
+    from plcql_bench.datasets.cards import rebuild_difference
+
+    card = {"task_id": "smax-2s3z", "quality": "medium", "return_mean": 0.98, "win_rate": 0.13,
+            "ref_return_random": float("nan"), "ref_return_expert": float("nan")}
+    assert rebuild_difference(dict(card), card) == 0.0
+    assert rebuild_difference({**card, "return_mean": 0.98 + 1e-4}, card) == pytest.approx(1e-4)
+    assert rebuild_difference({**card, "ref_return_expert": 1.0}, card) is None  # defined on one side only
+    assert rebuild_difference({k: v for k, v in card.items() if k != "win_rate"}, card) is None
+    assert rebuild_difference({**card, "quality": "expert"}, card) is None
