@@ -228,22 +228,25 @@ log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none 
 # adopt` copies them into RESULTS, so `all` skips their cells; they are not packed for the trip back.
 "${BENCH[@]}" campaign adopt --profile "$PROFILE" --from leaderboard/results 2>&1 | tail -1
 
-# Datasets first, one process per tier, then each one's sha256 against its committed card: a run on a
-# dataset that differs from the card's would not be the committed cell (its run key would differ).
+# Datasets first, one process per tier, then each one against its committed card: a run on a dataset
+# that is neither the card's file nor a rebuild of it (another CPU's rounding, datasets/cards.py) would not be
+# the committed cell (its run key would differ).
 if [[ -n "$PREBUILD" ]]; then
   for tt in $PREBUILD; do
     "${BENCH[@]}" datasets build --profile "$PROFILE" "${tt%%:*}" "${tt#*:}" > "$OUT/build.${tt//[:\/]/_}.tmp" 2>&1 &
   done
   wait
   cat "$OUT"/build.*.tmp > "$OUT/build.log"; rm -f "$OUT"/build.*.tmp
-  python3 - "$DATA/$PROFILE/manifest.json" "datasets/cards/$PROFILE" <<'PY' | tee -a "$OUT/build.log"
+  python3 - "$DATA/$PROFILE/manifest.json" <<'PY' | tee -a "$OUT/build.log"
 import json, sys
 from pathlib import Path
-manifest, cards = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-for key, entry in sorted(manifest.items()):
-    card = cards / f"{key}.json"
-    want = json.loads(card.read_text()).get("sha256") if card.exists() else None
-    verdict = "sha ok" if want == entry["sha256"] else f"SHA DIFFERS from {card}" if want else "no card"
+from plcql_bench.datasets.cards import committed_entry, dataset_identity
+for key, entry in sorted(json.loads(Path(sys.argv[1]).read_text()).items()):
+    card = committed_entry(entry["profile"], entry["task_id"], entry["quality"])
+    name, rebuild = dataset_identity(entry)
+    verdict = ("no card" if card is None else "sha ok" if card["sha256"] == entry["sha256"] else
+               f"rebuild of the card (statistics within {rebuild['max_rel_diff']:.1e})" if rebuild else
+               f"SHA DIFFERS from the card's {card['sha256'][:12]}")
     print(f"{key}: {verdict} {entry['sha256'][:12]}")
 PY
   log "datasets built"
