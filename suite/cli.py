@@ -309,9 +309,12 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         elif o["state"] == "busy":
             counts["busy"] += 1
             progress.echo(f"busy, skipped: {o['error']}", err=True)
-        elif o["state"] == "deferred":
+        elif o["state"] == "deferred":  # the first few named; a long queue's rest only counted
             counts["deferred"] += 1
-            progress.echo(f"left for later: {cell.label()}: {o['error']}", err=True)
+            if counts["deferred"] <= DEFERRED_SHOWN:
+                progress.echo(f"left for later: {cell.label()}: {o['error']}", err=True)
+            elif counts["deferred"] == DEFERRED_SHOWN + 1:
+                progress.echo("left for later: more cells (counted below)", err=True)
         else:
             counts["failed"] += 1
             counts["user_error"] += bool(o.get("user_error"))
@@ -331,6 +334,9 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         preflight.forget_build_failures(data_root, token)
     _all_summary(prof, cells, counts, problems, cells_per=lambda key: sum(
         (c.task, c.tier) == key for c in cells))
+
+
+DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
 
 
 def _set_estimates(job_list, prof, obj) -> None:
