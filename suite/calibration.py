@@ -62,6 +62,14 @@ def load_calibration(name_or_path: str) -> dict:
     return calib
 
 
+def calibration_for(machine: str | None = None) -> dict | None:
+    """The calibration an estimate comes from: `machine` (a committed name or a file) when given, else
+    the default machine's; None for an install that ships no calibrations."""
+    if machine is None and DEFAULT_MACHINE not in known_machines():
+        return None
+    return load_calibration(machine or DEFAULT_MACHINE)
+
+
 def save_calibration(calib: dict, path: Path) -> None:
     """Write (merging into an existing file: new measurements replace old ones per algo x task)."""
     path = Path(path)

@@ -34,6 +34,7 @@ from pathlib import Path
 import click
 import yaml
 
+from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 
 # metrics.jsonl is published gzipped (.gz), and final.json without its curve where the metrics hold the same points
@@ -179,12 +180,12 @@ def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
 
 
 def _all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None,
-                 finish_within: str | None = None) -> list[str]:
+                 finish_within: float | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
            str(results_dir), "all", "--profile", profile]
     for spec in specs:
         cmd += ["--queue", spec]
-    cmd += ["--finish-within", finish_within] if finish_within else []
+    cmd += ["--finish-within", f"{finish_within:.0f}s"] if finish_within is not None else []
     return cmd + (["--jobs", str(jobs)] if jobs else [])
 
 
@@ -203,19 +204,12 @@ def campaign() -> None:
 @click.option("--publish-every", type=click.FloatRange(min=1), default=120, show_default=True,
               help="Seconds between two looks for newly finished runs to publish.")
 @click.option("--no-publish", is_flag=True, help="Do not copy finished runs anywhere.")
-@click.option("--finish-within", default=None, metavar="DURATION",
+@click.option("--finish-within", type=DURATION, default=None, metavar="DURATION",
               help="Passed to `all`: start only the cells expected to finish within this time (e.g. 2h30m), "
                    "the first that fits in queue order; the rest wait for the next campaign.")
 @click.pass_obj
 def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_publish, finish_within) -> None:
     """Run the stages as one priority queue (resumable); publish finished runs as they land."""
-    if finish_within is not None:
-        from plcql_bench.suite.matrix import parse_duration
-
-        try:
-            parse_duration(finish_within)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--finish-within") from None
     camp = load_campaign(file)
     known = {s.name for s in camp.stages}
     unknown = sorted(set(only_stages) - known)
@@ -259,14 +253,11 @@ def campaign_status(obj, file, jobs, machine) -> None:
     """Per stage: how many of its cells are done, partial, running, failed or still to do, and the
     time its cells still need (serial, as `plan` estimates it); then the whole queue's wall clock with
     --jobs runs taking the cells in queue order."""
-    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration, makespan
+    from plcql_bench.suite.calibration import calibration_for, makespan
     from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve
 
     camp = load_campaign(file)
-    if machine is None and DEFAULT_MACHINE not in known_machines():
-        calib = None
-    else:
-        calib = load_calibration(machine or DEFAULT_MACHINE)
+    calib = calibration_for(machine)
     total: dict[str, int] = {}
     stages = []  # (stage, its cells, their states)
     first: dict = {}  # cell -> its resolved item, at the first stage that selects it (the queue's order)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 
 DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
@@ -212,7 +213,7 @@ class _Progress:
 @click.option("--stack", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train up to this many seeds of a cell in one process as stacked models (continuous "
                    "CFCQL, MACQL, SPaCQL, PLCQL; others alone). Each seed keeps its own run (docs/runner.md).")
-@click.option("--finish-within", "finish_within", default=None, metavar="DURATION",
+@click.option("--finish-within", "finish_within", type=DURATION, default=None, metavar="DURATION",
               help="Start a cell only if `plan` expects it to finish within this time of the start "
                    "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
                    "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
@@ -229,15 +230,10 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
     from plcql_bench.suite import preflight
     from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
-    from plcql_bench.suite.matrix import cell_state, parse_duration, plan_on_card
+    from plcql_bench.suite.matrix import cell_state, plan_on_card
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
-    deadline = None
-    if finish_within is not None:
-        try:
-            deadline = time.monotonic() + parse_duration(finish_within)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--finish-within") from None
+    deadline = None if finish_within is None else time.monotonic() + finish_within
     prof, cells = _select(obj, profile, only, shard, queue)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
@@ -341,14 +337,15 @@ DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per lin
 
 def _set_estimates(job_list, prof, obj) -> None:
     """Each job's estimate for --finish-within: `plan`'s seconds for its cell (a seed stack: its slowest
-    seed's); 0 for a cell already done on its card's dataset (the job only builds the dataset and skips it)."""
-    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
+    seed's). An estimate priced only from the algorithm's runs on other tasks (Estimate.weak) counts as
+    none: such a job never starts under a deadline, rather than being cut off by the session's end."""
+    from plcql_bench.suite.calibration import calibration_for
     from plcql_bench.suite.matrix import estimate_cells, resolve
 
-    calib = load_calibration(DEFAULT_MACHINE) if DEFAULT_MACHINE in known_machines() else None
     cells = [c for job in job_list for c in job.cells()]
-    left = {e.cell: e.seconds for e in estimate_cells(resolve(cells, prof, obj["data_dir"], obj["results_dir"]),
-                                                      obj["results_dir"], prof, calib)}
+    left = {e.cell: None if e.weak else e.seconds
+            for e in estimate_cells(resolve(cells, prof, obj["data_dir"], obj["results_dir"]),
+                                    obj["results_dir"], prof, calibration_for())}
     for job in job_list:
         secs = [left[c] for c in job.cells() if c in left]  # a cell not in left is done
         job.estimate_s = None if None in secs else max(secs, default=0.0)
@@ -390,7 +387,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
     here can build them."""
-    from plcql_bench.suite.calibration import DEFAULT_MACHINE, known_machines, load_calibration
+    from plcql_bench.suite.calibration import calibration_for
     from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
     from plcql_bench.suite.preflight import check_buildable
     from plcql_bench.suite.core.schema import Damaged
@@ -430,10 +427,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
             bad.append(item)
         if show_cells:
             click.echo(f"{c.algo:<12} {c.task:<24} {c.tier:<13} {c.seed:>4}  {state:<8} {step:>11}  {note}")
-    if machine is None and DEFAULT_MACHINE not in known_machines():  # an install without calibrations
-        calib = {"machine": "(no calibration)", "costs": {}}
-    else:
-        calib = load_calibration(machine or DEFAULT_MACHINE)
+    calib = calibration_for(machine) or {"machine": "(no calibration)", "costs": {}}
     rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
@@ -495,7 +489,10 @@ def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
         est += f"; {proxies} cell(s) from stand-in measurements (the calibration's \"proxy\" entries)"
     recorded = sum(r.source == "recorded" for r in known)
     if recorded:
-        est += f"; {recorded} cell(s) from recorded runtimes (no calibration for their algo x task)"
+        weak = sum(r.weak for r in known)
+        est += (f"; {recorded} cell(s) from recorded runtimes (no calibration for their algo x task"
+                + (f"; {weak} only from other tasks' runs, which --finish-within does not start" if weak else "")
+                + ")")
     missing = [r for r in rows if r.seconds is None]
     if missing:
         pairs = sorted({f"{r.cell.algo}/{r.cell.task}" for r in missing})

@@ -288,6 +288,14 @@ def _recorded_rates(results_dir: Path, profile_name: str) -> dict[tuple, list[fl
     return per_update
 
 
+# The recorded runtimes a "recorded" estimate can come from, closest first: runs of the same cell
+# (algo, task, tier), of the algorithm on the task, of the algorithm on any task, of anything.
+RECORDED_BASES = ("cell", "task", "algo", "any")
+# Bases too far from the cell to bet a session's deadline on: one algorithm's per-update cost on MPE
+# says little about it on SMAX (IQL on smax-6h_vs_8z was priced at a minute from its MPE runs).
+WEAK_BASES = ("algo", "any")
+
+
 @dataclass
 class Estimate:
     cell: object
@@ -295,6 +303,12 @@ class Estimate:
     source: str  # "calibration" | "proxy" (a stand-in measurement) | "recorded" | "none"
     rounds_s: float = 0.0
     eval_s: float = 0.0
+    basis: str | None = None  # for "recorded": which runs it came from (RECORDED_BASES)
+
+    @property
+    def weak(self) -> bool:
+        """Priced only from other tasks' runs: good enough for a total, not to start a job under a deadline."""
+        return self.source == "recorded" and self.basis in WEAK_BASES
 
 
 def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
@@ -302,7 +316,8 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
     and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
     else from recorded runtimes: the median seconds per update of the profile's finished runs with
-    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left.
+    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left
+    (the level used is the estimate's `basis`).
     A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
     recorded here say nothing about it, so its unmeasured cells are not counted."""
     from plcql_bench.suite.calibration import cell_cost
@@ -324,10 +339,11 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
             out.append(Estimate(c, cost.seconds, "proxy" if cost.proxy else "calibration", cost.rounds_s,
                                 cost.eval_s))
             continue
-        rate = next((statistics.median(per_update[k]) for k in
-                     ((c.algo, c.task, c.tier), (c.algo, c.task), (c.algo,), ()) if k in per_update), None)
-        out.append(Estimate(c, None, "none") if rate is None
-                   else Estimate(c, rate * max(updates - reached, 1), "recorded"))
+        keys = ((c.algo, c.task, c.tier), (c.algo, c.task), (c.algo,), ())
+        basis, key = next(((b, k) for b, k in zip(RECORDED_BASES, keys) if k in per_update), (None, None))
+        out.append(Estimate(c, None, "none") if key is None else
+                   Estimate(c, statistics.median(per_update[key]) * max(updates - reached, 1), "recorded",
+                            basis=basis))
     return out
 
 

@@ -359,3 +359,39 @@ def test_a_rebuild_of_a_cards_recipe_on_another_cpu_keeps_the_cards_name(tmp_pat
         assert (p.dataset_sha256, p.dataset_rebuild, p.run_key) == (entry["sha256"], None, own.run_key), other
     card_file.write_text(json.dumps(entry))  # the card's own file: no rebuild
     assert plan_run(cell, profile, tmp_path / "data", tmp_path / "results").dataset_rebuild is None
+
+
+def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_deadline(tmp_path, monkeypatch):
+    """An estimate from recorded runtimes says which runs it came from (the same cell, the algorithm on the task,
+    the algorithm elsewhere, anything); --finish-within gives a job priced only from other tasks no estimate,
+    so it is left for later instead of being started and cut off."""
+    from plcql_bench.suite import calibration, cli as cli_module
+    from plcql_bench.suite.executors import Job
+    from plcql_bench.suite.matrix import estimate_cells, resolve
+
+    (tmp_path / "p.yaml").write_text(PROFILE.replace("tasks: [mpe-cn]", "tasks: [mpe-cn, mpe-pp]"))
+    prof = load_profile(str(tmp_path / "p.yaml"))
+    data, results = tmp_path / "data", tmp_path / "results"
+    build_dataset("mpe-cn", "random", 6, data / "plantest", profile="plantest")
+    execute(plan_run(Cell("bc", "mpe-cn", "random", 0), prof, data, results), log=lambda *_: None)
+    empty = {"machine": "empty", "costs": {}}
+    cells = {"cell": Cell("bc", "mpe-cn", "random", 1), "task": Cell("bc", "mpe-cn", "expert", 0),
+             "algo": Cell("bc", "mpe-pp", "random", 0), "any": Cell("cfcql", "mpe-pp", "expert", 0)}
+    estimates = {e.cell: e for e in estimate_cells(resolve(list(cells.values()), prof, data, results), results, prof, empty)}
+    assert {basis: estimates[c].basis for basis, c in cells.items()} == {b: b for b in cells}
+    assert all(estimates[c].source == "recorded" and estimates[c].seconds > 0 for c in cells.values())
+    assert [basis for basis, c in cells.items() if estimates[c].weak] == ["algo", "any"]
+
+    monkeypatch.setattr(calibration, "calibration_for", lambda machine=None: empty)
+    jobs = [Job(cell=c, profile=prof, data_dir=data, results_dir=results) for c in cells.values()]
+    cli_module._set_estimates(jobs, prof, {"data_dir": data, "results_dir": results})
+    priced = {basis: job.estimate_s is not None for basis, job in zip(cells, jobs)}
+    assert priced == {"cell": True, "task": True, "algo": False, "any": False}
+    out = _invoke(tmp_path, "plan", "--profile", str(tmp_path / "p.yaml"), "--machine", str(_empty_calibration(tmp_path))).output
+    assert "only from other tasks' runs, which --finish-within does not start" in out, out
+
+
+def _empty_calibration(tmp: Path) -> Path:
+    path = tmp / "empty.json"  # a machine calibration that knows nothing: recorded runtimes only
+    path.write_text(json.dumps({"machine": "empty", "costs": {}}))
+    return path
