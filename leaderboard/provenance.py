@@ -13,6 +13,7 @@ from pathlib import Path
 from plcql_bench.leaderboard import paper as pp
 from plcql_bench.leaderboard.cells import Cell, format_score
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
+from plcql_bench.suite.core.schema import run_seconds
 
 __all__ = ["load_cards", "dataset_cards", "run_rows", "build_provenance", "short_commit"]
 
@@ -162,13 +163,6 @@ def hardware_label(hardware: dict | None) -> str:
         return f"GPU {hardware.get('gpu', 'unknown')}"
     return (f"CPU {hardware.get('cpu', 'unknown')}, {hardware.get('cpu_count', '?')} cores, "
             f"{hardware.get('torch_threads', '?')} torch thread(s) per run")
-
-
-def run_seconds(train: dict) -> float:
-    """A run's time: `train_s`, its training time summed over every process that trained it (a resumed
-    run's earlier sessions included), or `wall_clock_s`, the last process's wall clock (which also holds
-    the final evaluation), whichever is longer."""
-    return max(float(train.get("train_s") or 0.0), float(train.get("wall_clock_s") or 0.0))
 
 
 def compute_spent(runs: list) -> list[dict]:

@@ -260,27 +260,29 @@ def cell_state(plan) -> str:
 
 
 def recorded_runtimes(results_dir: Path) -> list[dict]:
-    """(algo, task, tier, profile, updates, seconds) of every valid finished run under results_dir
-    (damaged files are skipped: the read commands report them)."""
-    from plcql_bench.suite.core.schema import scan_records
+    """(algo, task, tier, profile, updates, seconds, devices) of every valid finished run under results_dir:
+    seconds as schema.run_seconds counts them (every process of a resumed run), devices the kinds it trained
+    on (damaged files are skipped: the read commands report them)."""
+    from plcql_bench.suite.core.schema import device_kinds, run_seconds, scan_records
 
     out = []
     records, _damaged = scan_records(Path(results_dir)) if Path(results_dir).is_dir() else ([], [])
     for _path, rec in records:
-        updates, seconds = rec.train.get("updates"), rec.train.get("wall_clock_s", 0.0)
-        if not isinstance(updates, int) or not isinstance(seconds, (int, float)):
+        updates = rec.train.get("updates")
+        if not isinstance(updates, int):
             continue
         out.append({"algo": rec.algo, "task": rec.task, "tier": rec.dataset, "profile": rec.profile,
-                    "updates": updates, "seconds": float(seconds)})
+                    "updates": updates, "seconds": run_seconds(rec.train), "devices": device_kinds(rec)})
     return out
 
 
-def _recorded_rates(results_dir: Path, profile_name: str) -> dict[tuple, list[float]]:
-    """Seconds per update of the profile's finished runs (another profile's batch sizes and
-    evaluation budgets differ), keyed (algo, task, tier), (algo, task), (algo,), ()."""
+def _recorded_rates(results_dir: Path, profile_name: str, device: str = "cpu") -> dict[tuple, list[float]]:
+    """Seconds per update of the profile's finished runs trained wholly on this kind of device (another
+    profile's batch sizes and evaluation budgets differ; a run trained partly on a GPU says nothing about a
+    CPU's cost, nor one whose device was not recorded), keyed (algo, task, tier), (algo, task), (algo,), ()."""
     per_update: dict[tuple, list[float]] = {}
     for r in recorded_runtimes(results_dir):
-        if r["profile"] != profile_name:
+        if r["profile"] != profile_name or r["devices"] != {device}:
             continue
         rate = r["seconds"] / max(r["updates"], 1)
         for key in ((r["algo"], r["task"], r["tier"]), (r["algo"], r["task"]), (r["algo"],), ()):
@@ -315,15 +317,16 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
                    calib: dict | None = None) -> list[Estimate]:
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
     and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
-    else from recorded runtimes: the median seconds per update of the profile's finished runs with
-    the same (algo, task, tier), else (algo, task), else algo, else any run, times the updates left
-    (the level used is the estimate's `basis`).
+    else from recorded runtimes: the median seconds per update of the profile's finished runs trained
+    wholly on the calibration's kind of device, with the same (algo, task, tier), else (algo, task),
+    else algo, else any run, times the updates left (the level used is the estimate's `basis`).
     A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
     recorded here say nothing about it, so its unmeasured cells are not counted."""
     from plcql_bench.suite.calibration import cell_cost
 
     fallback = calib is None or calib.get("recorded_fallback", True)
-    per_update = _recorded_rates(results_dir, profile.name) if fallback else {}
+    device = str((calib or {}).get("device", "cpu")).split(":")[0]
+    per_update = _recorded_rates(results_dir, profile.name, device) if fallback else {}
     out = []
     for item in items:
         c = item.cell

@@ -395,3 +395,31 @@ def _empty_calibration(tmp: Path) -> Path:
     path = tmp / "empty.json"  # a machine calibration that knows nothing: recorded runtimes only
     path.write_text(json.dumps({"machine": "empty", "costs": {}}))
     return path
+
+
+def test_recorded_runtimes_count_a_resumed_run_whole_and_skip_runs_trained_on_another_device(tmp_path, profile):
+    """A resumed run's cost is all its processes' training time (train_s), not its last process's wall clock;
+    a run trained partly on a GPU, or with no device recorded, does not price a CPU's cells."""
+    from plcql_bench.suite.matrix import _recorded_rates, recorded_runtimes
+
+    data, results = tmp_path / "data", tmp_path / "results"
+    build_dataset("mpe-cn", "random", 6, data / "plantest", profile="plantest")
+    runs = {}
+    for seed in (0, 1, 2):
+        plan = plan_run(Cell("bc", "mpe-cn", "random", seed), profile, data, results)
+        execute(plan, log=lambda *_: None)
+        runs[seed] = plan.final_path
+    edits = {0: {"train_s": 100.0, "wall_clock_s": 10.0},  # resumed: its last process ran 10 s of 100
+             1: {"train_s": 1.0, "wall_clock_s": 1.0, "devices": [{"from_update": 0, "device": "cuda:0"},
+                                                                  {"from_update": 1, "device": "cpu"}]},
+             2: {"train_s": 1.0, "wall_clock_s": 1.0}}
+    for seed, edit in edits.items():
+        raw = json.loads(runs[seed].read_text())
+        raw["train"].update(edit)
+        if seed == 2:
+            raw.pop("hardware")
+        runs[seed].write_text(json.dumps(raw))
+    recorded = sorted((sorted(r["devices"]), r["seconds"]) for r in recorded_runtimes(results))
+    assert recorded == [([], 1.0), (["cpu"], 100.0), (["cpu", "cuda"], 1.0)]
+    assert _recorded_rates(results, "plantest")[("bc", "mpe-cn", "random")] == [100.0 / 2]  # 2 updates
+    assert _recorded_rates(results, "plantest", "cuda") == {}

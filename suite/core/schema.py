@@ -344,6 +344,22 @@ def enforce_strict(damaged: Iterable[Damaged], strict: bool, echo=None) -> None:
                          f"(--strict); first: {damaged[0].path}: {damaged[0].reason}")
 
 
+def run_seconds(train: dict) -> float:
+    """A run's time: `train_s`, its training time summed over every process that trained it (a resumed
+    run's earlier sessions included), or `wall_clock_s`, the last process's wall clock (which also holds
+    the final evaluation), whichever is longer."""
+    return max(float(train.get("train_s") or 0.0), float(train.get("wall_clock_s") or 0.0))
+
+
+def device_kinds(record: RunRecord) -> set[str]:
+    """The kinds of device ("cpu", "cuda") a run trained on: each process of a resumed run
+    (train.devices), else its hardware record's; empty for a run written before either was recorded."""
+    devices = [d.get("device", "") for d in record.train.get("devices") or [] if isinstance(d, dict)]
+    if not devices and record.hardware:
+        devices = [record.hardware.get("device", "")]
+    return {str(d).split(":")[0].split(" ")[0] for d in devices if d}
+
+
 def cpu_isa() -> str | None:
     """The instruction set torch's CPU kernels use here (e.g. AVX2, AVX512), or None where torch cannot say."""
     import torch
