@@ -169,7 +169,7 @@ def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.cards import dataset_identity
+    from plcql_bench.datasets.cards import card_scoring, dataset_identity
     from plcql_bench.datasets.format import load_dataset
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import configure_process, data_profile_dir
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     # named as the suite's runs name it: a rebuild of the committed card's dataset by the card's sha256
     entry = manifest.lookup(data_profile_dir(args.data_dir, prof), task_id, args.tier)
     dataset_sha256, rebuild = dataset_identity(entry) if entry and entry["sha256"] == dataset.sha256 else (dataset.sha256, None)
+    dataset = card_scoring(dataset, rebuild)  # scored as the suite's runs on it are: with the card's references
     rounds = args.rounds if args.rounds is not None else prof.updates_for(task_id, args.tier)
     final_episodes = args.final_episodes or prof.train_budget(task_id, args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)

@@ -28,7 +28,7 @@ from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_conf
 from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
-from plcql_bench.datasets.cards import dataset_identity
+from plcql_bench.datasets.cards import card_scoring, dataset_identity
 from plcql_bench.suite import protocol
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
@@ -196,7 +196,8 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
 def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
     check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
-    return fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
+    dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
+    return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
 
 
 def check_dataset_identity(path: Path, task: str, tier: str) -> None:

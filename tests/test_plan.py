@@ -325,9 +325,9 @@ def test_runs_done_on_a_dataset_not_built_here_count_by_its_committed_card(tmp_p
 def test_a_rebuild_of_a_cards_recipe_on_another_cpu_keeps_the_cards_name(tmp_path, profile, monkeypatch):
     """Another CPU's floating-point kernels give a rebuild other bytes (another sha256) but the same recipe and,
     to rounding, the same statistics: its runs take the committed card's sha256 as the dataset's name (so the
-    committed runs on that card stay done), load the file by its own sha256, and record both in final.json.
-    A different recipe, statistics further off than REBUILD_RTOL, or reference returns off by more than
-    rounding make a dataset of its own."""
+    committed runs on that card stay done), load the file by its own sha256, record both in final.json, and
+    score with the card's reference returns (they drift in the last bits too). A different recipe, or
+    statistics or reference returns further off than REBUILD_RTOL, make a dataset of its own."""
     from plcql_bench.datasets import cards, manifest
 
     build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
@@ -343,17 +343,23 @@ def test_a_rebuild_of_a_cards_recipe_on_another_cpu_keeps_the_cards_name(tmp_pat
 
     own = plan_run(cell, profile, tmp_path / "data", tmp_path / "results")
     assert own.dataset_sha256 == entry["sha256"] and own.dataset_rebuild is None  # no card here yet
-    rebuilt = plan_with_card(return_mean=entry["return_mean"] * (1 + 1e-5),
-                             ref_return_expert=entry["ref_return_expert"] * (1 + 5e-8))
+    lo, hi = entry["ref_return_random"], entry["ref_return_expert"]
+    card_hi = hi + 1e-4 * abs(hi)  # far more than rounding, so a score from the build's refs would differ
+    rebuilt = plan_with_card(return_mean=entry["return_mean"] * (1 + 1e-5), ref_return_expert=card_hi)
     assert rebuilt.dataset_sha256 == "c" * 64 and rebuilt.file_sha256 == entry["sha256"]
-    assert rebuilt.run_key != own.run_key and 0 < rebuilt.dataset_rebuild["max_rel_diff"] < 1e-4
+    assert rebuilt.run_key != own.run_key and 0 < rebuilt.dataset_rebuild["max_rel_diff"] < 2e-4
     execute(rebuilt, log=lambda *_: None)  # loads: the file is checked against its own sha256
     final = json.loads(rebuilt.final_path.read_text())
     assert final["dataset_sha256"] == "c" * 64 and final["dataset_rebuild"] == {
-        "card_sha256": "c" * 64, "file_sha256": entry["sha256"], "max_rel_diff": rebuilt.dataset_rebuild["max_rel_diff"]}
+        "card_sha256": "c" * 64, "file_sha256": entry["sha256"], "max_rel_diff": rebuilt.dataset_rebuild["max_rel_diff"],
+        "card_refs": {"ref_return_random": lo, "ref_return_expert": card_hi},
+        "file_refs": {"ref_return_random": lo, "ref_return_expert": hi}}
+    ret = final["final_eval"]["return_mean"]
+    assert final["score"] == pytest.approx(100 * (ret - lo) / (card_hi - lo), rel=1e-12)
+    assert final["score"] != pytest.approx(100 * (ret - lo) / (hi - lo), rel=1e-7)
     assert plan_with_card().is_done()  # the card's runs count as done for the rebuild
     for other in ({"return_mean": entry["return_mean"] * 1.01},         # statistics off: other data
-                  {"ref_return_expert": entry["ref_return_expert"] * (1 + 1e-6)},  # refs off by more than rounding
+                  {"ref_return_expert": hi * 1.01},                      # reference returns off: other policies
                   {"generator_seed": 1}, {"behaviour_policy_id": "matd3:other"}, {"n_episodes": 7}):
         p = plan_with_card(**other)
         assert (p.dataset_sha256, p.dataset_rebuild, p.run_key) == (entry["sha256"], None, own.run_key), other
