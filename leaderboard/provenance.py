@@ -13,7 +13,7 @@ from pathlib import Path
 from plcql_bench.leaderboard import paper as pp
 from plcql_bench.leaderboard.cells import Cell, format_score
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
-from plcql_bench.suite.core.schema import run_seconds
+from plcql_bench.suite.core.schema import device_kind, run_seconds
 
 __all__ = ["load_cards", "dataset_cards", "run_rows", "build_provenance", "short_commit"]
 
@@ -159,7 +159,7 @@ def hardware_label(hardware: dict | None) -> str:
     core count and torch threads; runs written before results recorded their hardware are "unrecorded"."""
     if not hardware:
         return "unrecorded"
-    if str(hardware.get("device", "cpu")).startswith("cuda"):
+    if device_kind(hardware.get("device", "cpu")) == "cuda":
         return f"GPU {hardware.get('gpu', 'unknown')}"
     return (f"CPU {hardware.get('cpu', 'unknown')}, {hardware.get('cpu_count', '?')} cores, "
             f"{hardware.get('torch_threads', '?')} torch thread(s) per run")

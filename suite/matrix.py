@@ -323,9 +323,10 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
     A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
     recorded here say nothing about it, so its unmeasured cells are not counted."""
     from plcql_bench.suite.calibration import cell_cost
+    from plcql_bench.suite.core.schema import device_kind
 
     fallback = calib is None or calib.get("recorded_fallback", True)
-    device = str((calib or {}).get("device", "cpu")).split(":")[0]
+    device = device_kind((calib or {}).get("device", "cpu"))
     per_update = _recorded_rates(results_dir, profile.name, device) if fallback else {}
     out = []
     for item in items:

@@ -351,13 +351,18 @@ def run_seconds(train: dict) -> float:
     return max(float(train.get("train_s") or 0.0), float(train.get("wall_clock_s") or 0.0))
 
 
+def device_kind(device: object) -> str:
+    """The kind of a device name as runs record it: "cuda:0" and "cuda (NVIDIA H200)" are "cuda", "cpu" is "cpu"."""
+    return str(device).split(":")[0].split(" ")[0]
+
+
 def device_kinds(record: RunRecord) -> set[str]:
     """The kinds of device ("cpu", "cuda") a run trained on: each process of a resumed run
     (train.devices), else its hardware record's; empty for a run written before either was recorded."""
     devices = [d.get("device", "") for d in record.train.get("devices") or [] if isinstance(d, dict)]
     if not devices and record.hardware:
         devices = [record.hardware.get("device", "")]
-    return {str(d).split(":")[0].split(" ")[0] for d in devices if d}
+    return {device_kind(d) for d in devices if d}
 
 
 def cpu_isa() -> str | None:
