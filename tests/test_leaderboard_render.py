@@ -177,14 +177,20 @@ def test_aggregates_hidden_below_three_runs(tmp_path):
 
 def test_a_run_on_a_rebuild_of_its_card_says_so(tmp_path):
     """A run trained on another CPU's rebuild of the card's dataset sits in the card's cell, and its provenance
-    row says it was rebuilt, with the file's own sha256."""
+    row says it was rebuilt, with the file's own sha256, and (runs since card_refs were recorded) that it was scored
+    with the card's reference returns."""
     res = tmp_path / "r"
     write_run(res, "cfcql", "mpe-cn", "expert", 0, 50.0)
     write_run(res, "cfcql", "mpe-cn", "expert", 1, 52.0,
               dataset_rebuild={"card_sha256": "a" * 64, "file_sha256": "f" * 64, "max_rel_diff": 4.96e-08})
+    refs = {"ref_return_random": 0.0, "ref_return_expert": 100.0}
+    write_run(res, "cfcql", "mpe-cn", "expert", 2, 51.0,
+              dataset_rebuild={"card_sha256": "a" * 64, "file_sha256": "e" * 64, "max_rel_diff": 1.7e-05,
+                               "card_refs": refs, "file_refs": {**refs, "ref_return_expert": 100.00001}})
     html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
-    assert html.count("rebuilt on another CPU") == 1
-    assert f"file sha256 {'f' * 64}; statistics within 5.0e-08 of the card" in html
+    assert html.count("rebuilt on another CPU") == 2
+    assert f"file sha256 {'f' * 64}; statistics within 5.0e-08 of the card's (docs" in html  # before card_refs
+    assert f"file sha256 {'e' * 64}; statistics within 1.7e-05 of the card's; scored with the card's reference" in html
 
 
 # ------------------------------------------------------------------ curves, downloads, escaping
