@@ -96,9 +96,11 @@ def committed_entry(profile: str, task_id: str, tier: str) -> dict[str, Any] | N
 # last bits and the sha256 with them (measured 2026-11-28: CN random rebuilt on an AVX2-only EPYC, returns
 # within 5e-8 relative of its card; PP expert, whose prey is a learned policy too, within 1e-4).
 RECIPE_FIELDS = ("task_id", "quality", "profile", "file", "format_version", "behaviour_policy_id",
-                 "generator_version", "generator_seed", "env_versions", "n_episodes", "n_transitions",
-                 "source", "input_sha256")
-REBUILD_STATS = ("return_mean", "return_std", "return_min", "return_max", "win_rate")
+                 "generator_version", "generator_seed", "env_versions", "n_episodes", "source", "input_sha256")
+# The transition count is the episodes' total length, an outcome of the rollouts like the returns: SMAX's
+# float32 physics can end an episode a step later on another CPU (6h_vs_8z expert, built 2026-11-28 on an
+# AVX2 EPYC: 149,475 transitions against the card's 149,474, every return statistic within 5e-9).
+REBUILD_STATS = ("return_mean", "return_std", "return_min", "return_max", "win_rate", "n_transitions")
 REBUILD_RTOL = 1e-3  # far below a recipe change's effect (a policy, seed or tier moves these by > 1 %)
 # The reference returns are statistics of the expert and random policies' evaluation, so they drift in the
 # last bits too (measured: 5e-8 relative on CN random, 1.04e-7 on World expert) and take the same tolerance.
