@@ -88,3 +88,21 @@ def test_a_rebuild_compares_undefined_statistics_as_equal_only_when_both_are():
     assert rebuild_difference({**card, "ref_return_expert": 1.0}, card) is None  # defined on one side only
     assert rebuild_difference({k: v for k, v in card.items() if k != "win_rate"}, card) is None
     assert rebuild_difference({**card, "quality": "expert"}, card) is None
+
+
+def test_a_rebuilds_return_statistics_drift_on_the_returns_scale():
+    """A mean near zero of widely spread returns is compared relative to the spread: World medium-replay's
+    rebuild (mean 2.8060 against 2.8078, std 14.67) is within REBUILD_RTOL, a shift by 1 % of the std is not."""
+    from plcql_bench.datasets.cards import REBUILD_RTOL, rebuild_difference
+
+    card = {"task_id": "mpe-world", "quality": "medium-replay", "return_mean": 2.8077635963074865,
+            "return_std": 14.677380636299027, "return_min": -40.0, "return_max": 60.0, "win_rate": float("nan"),
+            "n_transitions": 1_000_000, "ref_return_random": -5.0, "ref_return_expert": 30.0}
+    rebuild = {**card, "return_mean": 2.8059757191953913, "return_std": 14.67446504045133}
+    mean_drift, std_drift = 0.0017878771 / 14.677380636299027, 0.0029155958 / 14.677380636299027
+    assert rebuild_difference(rebuild, card) == pytest.approx(max(mean_drift, std_drift))  # not 6.4e-4, the mean's own
+    assert rebuild_difference({**rebuild, "return_std": card["return_std"]}, card) == pytest.approx(mean_drift)
+    assert rebuild_difference(rebuild, card) < REBUILD_RTOL
+    assert rebuild_difference({**card, "return_mean": card["return_mean"] + 0.15}, card) > REBUILD_RTOL
+    assert rebuild_difference({**card, "n_transitions": 1_000_000 + 2_000}, card) > REBUILD_RTOL  # counts keep their own scale
+    assert rebuild_difference({**card, "ref_return_expert": 30.0 + 0.1}, card) > REBUILD_RTOL  # and the references
