@@ -300,8 +300,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
         cell = o["cell"]
         if o["state"] in ("trained", "skipped"):
             counts["trained" if o["state"] == "trained" else "skipped"] += 1
-            score = f"{o['score']:.2f}" if o["score"] is not None else "n/a"
-            progress.echo(f"{cell.label()}: score {score} ({o['seconds']:.1f}s)")
+            progress.echo(outcome_line(o))
         elif o["state"] == "busy":
             counts["busy"] += 1
             progress.echo(f"busy, skipped: {o['error']}", err=True)
@@ -333,6 +332,16 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
 
 DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
+
+
+def outcome_line(o: dict) -> str:
+    """A trained or skipped cell's line in `all`'s output. A resumed run's line gives its training time in all
+    (final.json's train_s) too: this process's seconds are only the part after the checkpoint."""
+    score = f"{o['score']:.2f}" if o["score"] is not None else "n/a"
+    took = f"{o['seconds']:.1f}s"
+    if o["state"] == "trained" and o.get("resumed") and o.get("run_seconds") is not None:
+        took += f"; resumed, {o['run_seconds']:.1f}s training in all"
+    return f"{o['cell'].label()}: score {score} ({took})"
 
 
 def _set_estimates(job_list, prof, obj) -> None:

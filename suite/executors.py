@@ -123,12 +123,13 @@ def run_job(job: Job) -> dict:
             out.update(state="skipped", score=_score(plan))
             return out
         log = _RunLog(plan.run_dir, echo=job.echo)
+        out["resumed"] = _resumable(plan, job)
         try:
             result = execute(plan, device=device, log=log, fresh=job.fresh)
         except RunBusy as exc:
             out.update(state="busy", error=str(exc))
             return out
-        out.update(state="trained", score=result["score"])
+        out.update(state="trained", score=result["score"], run_seconds=result["train"]["train_s"])
     except Exception as exc:  # isolate: the caller records it and goes on with the others
         from plcql_bench.datasets.format import DatasetError
 
@@ -193,11 +194,12 @@ def _run_stack_job(job: Job) -> dict:
             return {"stack_outcomes": outs}
         plans = [plan_run(c, job.profile, job.data_dir, job.results_dir, job.overrides) for c in cells]
         for o, plan in zip(outs, plans):
-            o["run_dir"] = str(plan.run_dir)
+            o.update(run_dir=str(plan.run_dir), resumed=_resumable(plan, job))
         logs = [_RunLog(plan.run_dir, echo=job.echo) for plan in plans]
         for o, plan, res in zip(outs, plans, execute_stack(plans, device=device, logs=logs, fresh=job.fresh)):
             o.update(state=res["state"], error=res.get("error", ""),
-                     score=res["result"]["score"] if res["result"] else None)
+                     score=res["result"]["score"] if res["result"] else None,
+                     run_seconds=res["result"]["train"]["train_s"] if res["result"] else None)
     except Exception as exc:  # isolate, as run_job
         from plcql_bench.datasets.format import DatasetError
 
@@ -209,6 +211,11 @@ def _run_stack_job(job: Job) -> dict:
         for o in outs:
             o["seconds"] = time.time() - started
     return {"stack_outcomes": outs}
+
+
+def _resumable(plan, job: Job) -> bool:
+    """Whether the run picks up from a checkpoint an earlier process wrote (for `all`'s outcome line)."""
+    return not job.fresh and (plan.run_dir / "ckpt.pt").exists()
 
 
 def _score(plan) -> float | None:

@@ -136,3 +136,34 @@ def test_a_stop_mid_round_checkpoints_every_seed_of_a_stack(setup, handlers, mon
         assert o["state"] == "trained"
         assert o["result"]["score"] == a["score"] and o["result"]["curve"] == a["curve"]
         assert _metrics(plan) == _metrics(whole_plan)
+
+
+def test_a_resumed_runs_outcome_line_gives_its_whole_training_time(setup, handlers, monkeypatch):
+    """`all` prints a run's seconds in this process; a resumed run's line adds its training time in all, the
+    part before the checkpoint included (here 5 rounds slowed to 0.4 s each)."""
+    import time
+
+    from plcql_bench.suite.cli import outcome_line
+    from plcql_bench.suite.executors import Job, run_job
+
+    tmp, profile = setup
+    plan = _plan(tmp, profile, "cfcql", "b")
+    cls = runner.get_algorithm("cfcql")
+    real = cls.update
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.4)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "update", slow)
+    signal_on_call(monkeypatch, cls, "update", 5)
+    with pytest.raises(KeyboardInterrupt, match="end of round 5"):
+        execute(plan, log=lambda *_: None)
+    monkeypatch.setattr(cls, "update", real)
+    out = run_job(Job(plan.cell, profile, tmp / "data", tmp / "b"))
+    assert out["state"] == "trained", out["error"]
+    assert out["resumed"] and out["run_seconds"] > 2.0
+    assert outcome_line(out).endswith(f"({out['seconds']:.1f}s; resumed, {out['run_seconds']:.1f}s training in all)")
+    fresh = run_job(Job(plan.cell, profile, tmp / "data", tmp / "c"))
+    assert fresh["state"] == "trained" and not fresh["resumed"] and fresh["run_seconds"] < 2.0
+    assert outcome_line(fresh).endswith(f"({fresh['seconds']:.1f}s)")
