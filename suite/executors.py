@@ -308,16 +308,36 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
 FINISH_MARGIN = 1.2
 
 
-def next_job(queue: list[Job], deadline: float | None, now: Callable[[], float] = time.monotonic) -> Job | None:
+def next_job(queue: list[Job], deadline: float | None, now: Callable[[], float] = time.monotonic,
+             build_left: Callable[[Job], float] | None = None) -> Job | None:
     """Take the next job to start from queue: the first, without a deadline; under one, the first in queue
-    order expected to finish before it (a job without an estimate never is). None when none can start."""
+    order expected to finish before it, its dataset's build included while that is still to be done
+    (`build_left`, default build_left_s); a job without an estimate never is. None when none can start."""
     if deadline is None:
         return queue.pop(0) if queue else None
+    build_left = build_left or build_left_s
     left = deadline - now()
     for i, job in enumerate(queue):
-        if job.estimate_s is not None and job.estimate_s * FINISH_MARGIN <= left:
+        if job.estimate_s is not None and (job.estimate_s + build_left(job)) * FINISH_MARGIN <= left:
             return queue.pop(i)
     return None
+
+
+def build_left_s(job: Job) -> float:
+    """The seconds the job's dataset build still costs: its estimate (preflight.build_estimate) when `all`
+    left the dataset to be built and no worker has built it yet, else 0."""
+    if not job.build_dataset:
+        return 0.0
+    from plcql_bench.datasets import manifest
+    from plcql_bench.suite import preflight
+    from plcql_bench.suite.runner import data_profile_dir
+
+    try:
+        if manifest.lookup(data_profile_dir(job.data_dir, job.profile), job.cell.task, job.cell.tier) is not None:
+            return 0.0
+    except Exception:  # an unreadable manifest: the worker's build reports it; here, price the build
+        pass
+    return preflight.build_estimate(job.cell.task)
 
 
 def _deferred(job: Job) -> dict:

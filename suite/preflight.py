@@ -28,6 +28,19 @@ NO_DATASET_DIR = "no-dataset"
 _EXTRAS = {"mpe-": "mpe", "mamujoco-": "mamujoco", "smax-": "smax"}
 
 
+# Seconds to build one tier at the paper size on one core, about twice what was measured on the 2-core
+# development machine under a running campaign (2026-11-28/29: an MPE tier ~26 s, SMAX 2s3z medium 120 s,
+# Half-Cheetah ~17 s + 0.07 s an episode, ~90 s for 1,000): `all --finish-within` adds it to a job whose
+# dataset is still to be built when the job would start, so the build does not carry a run past the deadline.
+BUILD_ESTIMATE_S = {"mpe-": 60.0, "mamujoco-": 180.0, "smax-": 300.0}
+BUILD_ESTIMATE_OTHER_S = 600.0  # a task family not measured (SMAC in its container)
+
+
+def build_estimate(task: str) -> float:
+    """Seconds a build of one of the task's tiers is expected to take (BUILD_ESTIMATE_S)."""
+    return next((s for prefix, s in BUILD_ESTIMATE_S.items() if task.startswith(prefix)), BUILD_ESTIMATE_OTHER_S)
+
+
 @dataclass(frozen=True)
 class DatasetProblem:
     task: str

@@ -310,6 +310,32 @@ def test_under_a_deadline_the_first_job_that_fits_starts_in_queue_order():
     assert next_job(queue, None).cell == "unknown" and next_job(queue, None) is None  # no deadline: in order
 
 
+def test_under_a_deadline_a_dataset_still_to_be_built_is_priced_with_its_job(tmp_path):
+    """A job whose dataset `all` left to be built needs the build's time too, until a worker has built it
+    (the manifest has it); its other jobs then need only their own."""
+    from types import SimpleNamespace
+
+    from plcql_bench.datasets import manifest
+    from plcql_bench.suite import preflight
+    from plcql_bench.suite.executors import Job, build_left_s, next_job
+    from plcql_bench.suite.runner import Cell
+
+    profile = SimpleNamespace(data_profile="paper")
+    cell = Cell("bc", "smax-2s3z", "medium", 0)
+    job = Job(cell=cell, profile=profile, data_dir=tmp_path, results_dir=tmp_path, estimate_s=100.0, build_dataset=True)
+    assert build_left_s(job) == preflight.build_estimate("smax-2s3z") == 300.0
+    assert preflight.build_estimate("mpe-world") == 60.0 and preflight.build_estimate("smac-2s3z") == 600.0
+    clock = lambda: 0.0  # noqa: E731
+    assert next_job([job], 1.2 * 399.0, clock) is None  # 100 s + the 300 s build do not fit
+    assert next_job([job], 1.2 * 400.0, clock) is job
+    assert build_left_s(Job(cell=cell, profile=profile, data_dir=tmp_path, results_dir=tmp_path)) == 0.0  # built before `all`
+    manifest.record(tmp_path / "paper", {"task_id": "smax-2s3z", "quality": "medium", "file": "smax-2s3z/medium.h5",
+                                         "sha256": "0" * 64, "size_bytes": 1, "format_version": 1,
+                                         "n_transitions": 1, "n_episodes": 1})
+    assert build_left_s(job) == 0.0  # another worker built it meanwhile
+    assert next_job([job], 1.2 * 100.0, clock) is job
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_all_leaves_what_cannot_finish_for_later_and_trains_what_can(tmp_path, monkeypatch, jobs):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
