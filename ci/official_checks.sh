@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The official-code checks the leaderboard shows beside our cells (leaderboard/official/, docs/leaderboard.md):
 # the reference's own code trained on this suite's dataset and scored by this suite (suite/reference_score.py).
-# Runs the listed checks that have no result file yet, one after another (1 torch thread each; a CN or PP
+# Runs the listed checks that have no result file yet, one after another (1 torch thread each; a CN, PP or World
 # check is 10-20 minutes on one core). Resumable: rerun it and it goes on with the missing ones.
 #
 #   CFCQL=/path/to/thu-rllab/CFCQL OMAR=/path/to/ling-pan/OMAR DATA=data bash ci/official_checks.sh
@@ -23,7 +23,8 @@ macql mpe-pp expert 0 1 2
 cfcql mpe-cn expert 0 1 2
 cfcql mpe-cn medium 0 1 2
 omar mpe-cn expert 0 1 2
-omar mpe-pp expert 0 1 2"
+omar mpe-pp expert 0 1 2
+omar mpe-world expert 0 1 2"
 
 while read -r code task tier seeds; do
   case $code in

@@ -1,5 +1,5 @@
-"""The official OMAR, CFCQL or MACQL code trained on this suite's CN or PP dataset and scored with this suite's
-protocol.
+"""The official OMAR, CFCQL or MACQL code trained on this suite's CN, PP or World dataset and scored with this
+suite's protocol.
 
     python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
     python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
@@ -8,7 +8,8 @@ protocol.
 It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
 with the CPU shims of `reference_speed` (nothing of it is copied into this project). The official agent
-is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag)
+is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag,
+mpe-world: simple_world)
 and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map` and every other setting
 is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS below, with main.py's
 per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
@@ -22,15 +23,20 @@ on minibatches of 1,024 transitions drawn from the tier's dataset by its own `Re
 
 for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
 evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
-final.json is. The team reward is every agent's reward (simple_spread's; on simple_tag every predator's).
+final.json is. The team reward is every agent's reward (simple_spread's; on simple_tag and simple_world every
+predator's).
 At the profile's full budget (rounds and final episodes) the result is recorded as a check file the
 leaderboard shows beside our cell (`--record-to`, default leaderboard/official; suite/core/official.py).
 
-Predator-prey (mpe-pp): the official code trains only the predators, offline, and never queries its
+Predator-prey (mpe-pp, and World, its 3 predators against 1 prey): the official code trains only the
+predators, offline, and never queries its
 pretrained prey while training (its main.py loads the prey for its own evaluation rollouts). So it trains
 here on this suite's PP data as on CN, and is scored in this suite's task, against this suite's prey
 (docs/datasets.md): the same environment and prey as every run of this suite on that tier. Its prey
-networks are built by `init_from_env` (one prey, as simple_tag) and never used.
+networks are built by `init_from_env` (one prey, as simple_tag and simple_world) and never used.
+CFCQL's main.py also sets steps_per_update 20 for simple_world (100 otherwise): that sets how many updates
+its run makes for its env-step count, not what an update does (its `t` only times its logging), and the
+check trains the profile's rounds like every other.
 """
 
 from __future__ import annotations
@@ -62,10 +68,11 @@ CFCQL_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=True, lse_temp=1.0, 
 CFCQL_CA_RATIO = 5  # --ca_ratio 5
 BATCH = 1024
 # The suite's tasks the official code runs on: its scenario name, its prey count, and the lr its main.py sets
-# per scenario (CFCQL: simple_spread overrides --lr 0.001 with 0.01).
+# per scenario (CFCQL: simple_spread overrides --lr 0.001 with 0.01; OMAR keeps 0.01 on all three).
 SCENARIOS = {
     "mpe-cn": dict(env_id="simple_spread", preys=0, cfcql_lr=0.01),
     "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001),
+    "mpe-world": dict(env_id="simple_world", preys=1, cfcql_lr=0.001),
 }
 
 
@@ -91,7 +98,8 @@ def load_official_cfcql(path: Path):
 
 
 def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_dim: int, act_dim: int):
-    """The official agent for the task's scenario with `n` trained agents (the predators on simple_tag, listed
+    """The official agent for the task's scenario with `n` trained agents (the predators on simple_tag and
+    simple_world, listed
     first as in its environments, then its prey), built by its own `init_from_env`."""
     sc = SCENARIOS[task_id]
     box = types.SimpleNamespace
@@ -120,7 +128,7 @@ def train_round(kind: str, agent, rb, n: int, r: int) -> None:
         for i in range(n):
             agent.update(rb.sample(BATCH), i)
     else:
-        t = 100 * r  # steps_per_update = 100 (main.py's default for simple_spread and simple_tag)
+        t = 100 * r  # main.py's env-step clock (steps_per_update 100); only its logging reads it
         agent.update(rb.sample(BATCH), t)
         for j in range(CFCQL_CA_RATIO - 1):
             agent.update(rb.sample(BATCH), t + j + 1, only_critic=True)

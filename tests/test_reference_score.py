@@ -150,32 +150,33 @@ def test_reference_score_names_a_missing_dataset(tmp_path, fake_official):
                               str(tmp_path / "nothing")])
 
 
-def test_predator_prey_builds_the_official_simple_tag_agent_with_its_main_settings(tmp_path, fake_official, capsys,
-                                                                                  monkeypatch):
-    """mpe-pp: the official agent is built for simple_tag (predators first, then its one prey), with main.py's
-    lr for that scenario (CFCQL 0.001: only simple_spread overrides it; OMAR's default 0.01), trains on the PP
-    dataset's transitions and is scored in the suite's PP task. At the profile's full budget the result is
-    recorded as a check file the leaderboard reads (suite/core/official.py)."""
+@pytest.mark.parametrize("task, scenario", [("mpe-pp", "simple_tag"), ("mpe-world", "simple_world")])
+def test_predator_prey_builds_the_official_agent_for_its_scenario_with_its_main_settings(tmp_path, fake_official, capsys,
+                                                                                        monkeypatch, task, scenario):
+    """mpe-pp and mpe-world: the official agent is built for simple_tag / simple_world (predators first, then
+    their one prey), with main.py's lr for that scenario (CFCQL 0.001: only simple_spread overrides it; OMAR's
+    default 0.01), trains on the dataset's transitions and is scored in the suite's task. At the profile's
+    full budget the result is recorded as a check file the leaderboard reads (suite/core/official.py)."""
     from plcql_bench.suite.core import official
     kind, checkout = fake_official
-    spec = get_task("mpe-pp").spec
+    spec = get_task(task).spec
     arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=5, seed=3)
-    sha = write_dataset(tmp_path / "data" / "smoke" / "mpe-pp" / "random.h5", arrays, attrs)
-    record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--task", "mpe-pp", "--tier", "random",
+    sha = write_dataset(tmp_path / "data" / "smoke" / task / "random.h5", arrays, attrs)
+    record = run_recorded(monkeypatch, [f"--{kind}", str(checkout), "--task", task, "--tier", "random",
                                         "--profile", "smoke", "--data-dir", str(tmp_path / "data"), "--eval-every", "8",
                                         "--seed", "4", "--record-to", str(tmp_path / "official")])
     out = capsys.readouterr().out
     env_id, tier, kw, n_env = record["init"]
-    assert (env_id, tier, n_env) == ("simple_tag", "random", spec.n_agents + 1)
+    assert (env_id, tier, n_env) == (scenario, "random", spec.n_agents + 1)
     assert kw["lr"] == (0.01 if kind == "omar" else 0.001)
     rows = {tuple(r) for r in arrays["obs"][:, 1].round(5)}
     assert all(tuple(r) in rows for r in record["updates"][0][2].numpy().round(5))  # predators' own transitions
-    assert "on this suite's mpe-pp random" in out
+    assert f"on this suite's {task} random" in out
     lines = out.strip().splitlines()
     assert lines[-2].startswith("final (round 20, 10 episodes): normalised score ")  # smoke: 20 rounds, 10 episodes
-    check = official.read_check(tmp_path / "official" / "smoke" / kind / "mpe-pp" / "random" / "seed4.json")
-    assert lines[-1] == f"recorded: {tmp_path / 'official' / 'smoke' / kind / 'mpe-pp' / 'random' / 'seed4.json'}"
-    assert (check["code"], check["task"], check["tier"], check["seed"], check["rounds"]) == (kind, "mpe-pp", "random", 4, 20)
+    check = official.read_check(tmp_path / "official" / "smoke" / kind / task / "random" / "seed4.json")
+    assert lines[-1] == f"recorded: {tmp_path / 'official' / 'smoke' / kind / task / 'random' / 'seed4.json'}"
+    assert (check["code"], check["task"], check["tier"], check["seed"], check["rounds"]) == (kind, task, "random", 4, 20)
     assert check["dataset_sha256"] == sha and check["commit"] is None  # the stand-in is no git checkout
     assert [p["update"] for p in check["curve"]] == [0, 8, 16, 20]
     assert f"normalised score {check['score']:.1f}" in lines[-2] and check["curve"][-1]["score"] == check["score"]
