@@ -318,7 +318,9 @@ def next_job(queue: list[Job], deadline: float | None, now: Callable[[], float] 
     build_left = build_left or build_left_s
     left = deadline - now()
     for i, job in enumerate(queue):
-        if job.estimate_s is not None and (job.estimate_s + build_left(job)) * FINISH_MARGIN <= left:
+        if job.estimate_s is None or job.estimate_s * FINISH_MARGIN > left:
+            continue  # does not fit even without a build: no need to read the manifest
+        if (job.estimate_s + build_left(job)) * FINISH_MARGIN <= left:
             return queue.pop(i)
     return None
 

@@ -36,9 +36,14 @@ BUILD_ESTIMATE_S = {"mpe-": 60.0, "mamujoco-": 180.0, "smax-": 300.0}
 BUILD_ESTIMATE_OTHER_S = 600.0  # a task family not measured (SMAC in its container)
 
 
+def _for_task(table: dict, task: str, default=None):
+    """The value of `table` (task id prefix -> value) for the task's family."""
+    return next((v for prefix, v in table.items() if task.startswith(prefix)), default)
+
+
 def build_estimate(task: str) -> float:
     """Seconds a build of one of the task's tiers is expected to take (BUILD_ESTIMATE_S)."""
-    return next((s for prefix, s in BUILD_ESTIMATE_S.items() if task.startswith(prefix)), BUILD_ESTIMATE_OTHER_S)
+    return _for_task(BUILD_ESTIMATE_S, task, BUILD_ESTIMATE_OTHER_S)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ def diagnose(task: str, tier: str, exc: Exception, profile_name: str) -> Dataset
     if isinstance(exc, DatasetUnavailable):
         return DatasetProblem(task, tier, exc.reason, exc.fix)
     if isinstance(exc, ImportError):
-        extra = next((e for prefix, e in _EXTRAS.items() if task.startswith(prefix)), None)
+        extra = _for_task(_EXTRAS, task)
         if extra:
             return DatasetProblem(task, tier, cause, f"pip install 'plcql-bench[{extra}]' "
                                                      f"(in a clone: pip install -e '.[{extra}]')")

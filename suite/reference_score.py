@@ -9,9 +9,8 @@ It answers one question about a gap to the paper: is it our implementation's or 
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
 with the CPU shims of `reference_speed` (nothing of it is copied into this project). The official agent
 is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag,
-mpe-world: simple_world)
-and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map` and every other setting
-is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS below, with main.py's
+mpe-world: simple_world) and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map`
+and every other setting is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS below, with main.py's
 per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
 on minibatches of 1,024 transitions drawn from the tier's dataset by its own `ReplayBuffer.sample`:
 
@@ -29,9 +28,9 @@ At the profile's full budget (rounds and final episodes) the result is recorded 
 leaderboard shows beside our cell (`--record-to`, default leaderboard/official; suite/core/official.py).
 
 Predator-prey (mpe-pp, and World, its 3 predators against 1 prey): the official code trains only the
-predators, offline, and never queries its
-pretrained prey while training (its main.py loads the prey for its own evaluation rollouts). So it trains
-here on this suite's PP data as on CN, and is scored in this suite's task, against this suite's prey
+predators, offline, and never queries its pretrained prey while training (its main.py loads the prey for its
+own evaluation rollouts). So it trains here on this suite's PP and World data as on CN, and is scored in this
+suite's task, against this suite's prey
 (docs/datasets.md): the same environment and prey as every run of this suite on that tier. Its prey
 networks are built by `init_from_env` (one prey, as simple_tag and simple_world) and never used.
 CFCQL's main.py also sets steps_per_update 20 for simple_world (100 otherwise): that sets how many updates
@@ -99,8 +98,7 @@ def load_official_cfcql(path: Path):
 
 def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_dim: int, act_dim: int):
     """The official agent for the task's scenario with `n` trained agents (the predators on simple_tag and
-    simple_world, listed
-    first as in its environments, then its prey), built by its own `init_from_env`."""
+    simple_world, listed first as in its environments, then its prey), built by its own `init_from_env`."""
     sc = SCENARIOS[task_id]
     box = types.SimpleNamespace
     m = n + sc["preys"]
