@@ -26,7 +26,8 @@ omar mpe-cn expert 0 1 2
 omar mpe-pp expert 0 1 2
 omar mpe-world expert 0 1 2
 macql mpe-pp medium-replay 0 1 2
-macql mpe-world medium-replay 0 1 2"
+macql mpe-world medium-replay 0 1 2
+cfcql mpe-world random 0 1 2"
 
 while read -r code task tier seeds; do
   case $code in
