@@ -133,7 +133,10 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
 
 def claims(tables: list[Table], label) -> dict:
     """The paper's two headline claims recomputed on the rows of the main and SMAC tables where
-    every compared algorithm has >= 3 seeds (and PLCQL plus at least one other ran)."""
+    every compared algorithm has >= 3 seeds (and PLCQL plus at least one other ran). Each claim is
+    counted both ways, so a row that contradicts it shows as plainly as one that supports it:
+    below_best_sig = rows where PLCQL's mean is significantly below the row's best, behind(_sig) =
+    rows where the rival's mean is above PLCQL's (significantly)."""
     with_target, eligible, excluded = 0, [], []
     for t in tables:
         for row in t.rows:
@@ -148,7 +151,7 @@ def claims(tables: list[Table], label) -> dict:
                 excluded.append((row.label, ", ".join(f"{label(e.cell.algo)} n={e.stats.n}" for e in few)))
             else:
                 eligible.append((row, comp))
-    best = best_sig = beats = beats_sig = beats_of = 0
+    best = best_sig = below_best_sig = beats = beats_sig = behind = behind_sig = beats_of = 0
     algos = set()
     for row, comp in eligible:
         algos |= {e.cell.algo for e in comp}
@@ -156,15 +159,22 @@ def claims(tables: list[Table], label) -> dict:
         if target.mark.bold:
             best += 1
             best_sig += all(e.mark.p is not None and not e.mark.ns for e in comp if e is not target)
+        else:
+            below_best_sig += target.mark.p is not None and not target.mark.ns
         rival = next((e for e in comp if e.cell.algo == RIVAL), None)
         if rival is not None:
             beats_of += 1
+            p = welch_p(target.stats.values, rival.stats.values)
+            significant = p is not None and p < TIE_ALPHA
             if target.stats.mean > rival.stats.mean:
                 beats += 1
-                p = welch_p(target.stats.values, rival.stats.values)
-                beats_sig += p is not None and p < TIE_ALPHA
+                beats_sig += significant
+            elif rival.stats.mean > target.stats.mean:
+                behind += 1
+                behind_sig += significant
     return {"rows_with_target": with_target, "eligible": len(eligible), "excluded": excluded,
-            "best": best, "best_sig": best_sig, "beats": beats, "beats_sig": beats_sig, "beats_of": beats_of,
+            "best": best, "best_sig": best_sig, "below_best_sig": below_best_sig, "beats": beats,
+            "beats_sig": beats_sig, "behind": behind, "behind_sig": behind_sig, "beats_of": beats_of,
             "algos": sorted(label(a) for a in algos)}
 
 

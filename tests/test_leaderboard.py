@@ -186,13 +186,18 @@ def test_claims_only_on_rows_where_every_algorithm_has_3_seeds(tmp_path):
         write_run(res, "plcql", "mpe-cn", "medium", seed, p)
         write_run(res, "spacql", "mpe-cn", "medium", seed, s)
         write_run(res, "cfcql", "mpe-cn", "medium", seed, c)
+        write_run(res, "plcql", "mpe-pp", "medium", seed, p - 40.0)  # a row against both claims: SPaCQL best
+        write_run(res, "spacql", "mpe-pp", "medium", seed, s)
+        write_run(res, "cfcql", "mpe-pp", "medium", seed, c)
     for seed in range(3):
         write_run(res, "plcql", "mpe-cn", "expert", seed, 100.0 + seed)
     write_run(res, "spacql", "mpe-cn", "expert", 0, 120.0)  # n = 1: this row is left out
     html = build_quick(res, tmp_path / "s").index.read_text()
     claims = {r["view"]: r for r in json.loads((tmp_path / "s" / "tables" / "claims.json").read_text())["rows"]}
     c = claims["final-ours"]
-    assert (c["rows_with_target"], c["eligible"], c["best"], c["best_sig"], c["beats"], c["beats_of"]) == (2, 1, 1, 1, 1, 1)
+    assert (c["rows_with_target"], c["eligible"], c["best"], c["best_sig"], c["below_best_sig"]) == (3, 2, 1, 1, 1)
+    assert (c["beats"], c["beats_sig"], c["behind"], c["behind_sig"], c["beats_of"]) == (1, 1, 1, 1, 2)
+    assert "significantly below the row's best on 1" in html and "behind SPaCQL on 1, significantly on 1" in html
     assert "SPaCQL n=1" in c["excluded"]
     assert "26 of 32 strictly better (81%), 2 ties" in html and "the stated 84% does not follow from the table" in html
 
