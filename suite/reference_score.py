@@ -10,8 +10,8 @@ checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` co
 with the CPU shims of `reference_speed` (nothing of it is copied into this project). The official agent
 is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag,
 mpe-world: simple_world) and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map`
-and every other setting is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS below, with main.py's
-per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
+and every other setting is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS
+below, with main.py's per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
 on minibatches of 1,024 transitions drawn from the tier's dataset by its own `ReplayBuffer.sample`:
 
   OMAR   per round, each agent updates on its own minibatch, then all targets;
