@@ -68,7 +68,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         abl = ablation_table(cells, loaded.unfinished, paper, variants, view)
         comps = summary.comparisons([main, smac, abl], label, official, view)
         views.append({"view": view, "tables": [main, smac, abl], "comparisons": comps,
-                      "claims": summary.claims([main, smac], label), "findings": summary.findings(comps, label)})
+                      "claims": summary.claims([main, smac], label, paper), "findings": summary.findings(comps, label)})
     main, smac, abl = views[0]["tables"]  # VIEWS[0] is the default view
     aggs = [analysis.aggregates(t, label, TARGET, reps=reps, poi_reps=preps, salt=f"agg-{t.key}") for t in (main, smac)]
     par = analysis.par_diagnostics([main, smac, abl], results_dir, family | {TARGET}, label)

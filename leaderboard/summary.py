@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from plcql_bench.leaderboard import paper as pp
 from plcql_bench.leaderboard.cells import MIN_SEEDS
 from plcql_bench.leaderboard.stats import TIE_ALPHA, welch_p, welch_p_summary
-from plcql_bench.leaderboard.tables import RIVAL, TARGET, Table
+from plcql_bench.leaderboard.tables import RIVAL, TARGET, Table, mark_group
 
 __all__ = ["Comparison", "coverage", "comparisons", "claims", "findings", "verdict"]
 
@@ -131,16 +131,18 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
     return out
 
 
-def claims(tables: list[Table], label) -> dict:
+def claims(tables: list[Table], label, paper: dict | None = None) -> dict:
     """The paper's two headline claims recomputed on the rows of the main and SMAC tables where
-    every compared algorithm has >= 3 seeds (and PLCQL plus at least one other ran). Each claim is
-    counted both ways, so a row that contradicts it shows as plainly as one that supports it:
-    below_best_sig = rows where PLCQL's mean is significantly below the row's best, behind(_sig) =
-    rows where the rival's mean is above PLCQL's (significantly)."""
+    every compared algorithm has >= 3 seeds (and PLCQL plus at least one other ran). As in the paper,
+    a row's rivals are the columns of the paper's table (BC, on the board for MPE, is not one there).
+    Each claim is counted both ways, so a row that contradicts it shows as plainly as one that
+    supports it: below_best_sig = rows where PLCQL's mean is significantly below the row's best,
+    behind(_sig) = rows where the rival's mean is above PLCQL's (significantly)."""
     with_target, eligible, excluded = 0, [], []
     for t in tables:
+        columns = set(pp.table_columns(paper, PAPER_ROWS[t.key][0]))
         for row in t.rows:
-            comp = [e for tc in row.cells for e in tc.entries if e.compared]
+            comp = [e for tc in row.cells for e in tc.entries if e.compared and e.cell.algo in columns]
             if not any(e.cell.algo == TARGET for e in comp):
                 continue
             with_target += 1
@@ -150,17 +152,18 @@ def claims(tables: list[Table], label) -> dict:
             elif few:
                 excluded.append((row.label, ", ".join(f"{label(e.cell.algo)} n={e.stats.n}" for e in few)))
             else:
-                eligible.append((row, comp))
+                eligible.append(comp)
     best = best_sig = below_best_sig = beats = beats_sig = behind = behind_sig = beats_of = 0
     algos = set()
-    for row, comp in eligible:
+    for comp in eligible:
         algos |= {e.cell.algo for e in comp}
+        marks = dict(zip((e.cell.algo for e in comp), mark_group([e.stats for e in comp], [True] * len(comp))))
         target = next(e for e in comp if e.cell.algo == TARGET)
-        if target.mark.bold:
+        if marks[TARGET].bold:
             best += 1
-            best_sig += all(e.mark.p is not None and not e.mark.ns for e in comp if e is not target)
+            best_sig += all(m.p is not None and not m.ns for a, m in marks.items() if a != TARGET)
         else:
-            below_best_sig += target.mark.p is not None and not target.mark.ns
+            below_best_sig += marks[TARGET].p is not None and not marks[TARGET].ns
         rival = next((e for e in comp if e.cell.algo == RIVAL), None)
         if rival is not None:
             beats_of += 1
