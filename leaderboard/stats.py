@@ -27,7 +27,6 @@ __all__ = [
     "run_score_distribution",
     "improvement_probability",
     "score_matrix",
-    "headline_claims",
 ]
 
 
@@ -299,24 +298,3 @@ def score_matrix(per_task: Sequence[Sequence[float]]) -> tuple[np.ndarray, int]:
         return np.zeros((0, 0)), 0
     m = min(len(s) for s in per_task)
     return np.asarray([list(s)[:m] for s in per_task], dtype=np.float64).T.reshape(m, len(per_task)), m
-
-
-def headline_claims(rows: Sequence[dict], algo: str = "plcql", rival: str = "spacql") -> dict:
-    """The paper's two headline claims recomputed on our rows.
-
-    ``rows``: one dict per task row with ``{"means": {algo: mean}, "best": [algos]}`` over
-    the row's compared cells. Returns counts and percentages (None when undefined):
-    ``best``: rows where ``algo`` is (one of) the best among rows where it ran;
-    ``beats``: rows where ``algo``'s mean is strictly above ``rival``'s among rows where both ran."""
-    ran = [r for r in rows if algo in r["means"]]
-    best = sum(1 for r in ran if algo in r["best"])
-    both = [r for r in ran if rival in r["means"]]
-    beats = sum(1 for r in both if r["means"][algo] > r["means"][rival])
-    return {
-        "best": best,
-        "best_of": len(ran),
-        "best_pct": 100.0 * best / len(ran) if ran else None,
-        "beats": beats,
-        "beats_of": len(both),
-        "beats_pct": 100.0 * beats / len(both) if both else None,
-    }
