@@ -122,26 +122,48 @@ def with_par_collapse(results_dir: Path, path: str, rec: RunRecord, history: lis
 
 
 DIVERGENCE_KEY = "train/critic/td_loss"  # the critic's TD loss, as every critic-based algorithm logs it
-DIVERGENCE_FACTOR = 100.0  # late TD loss this many times the early one
+DIVERGENCE_FACTOR = 100.0  # ended diverged: late TD loss this many times the early one
 DIVERGENCE_SHARE = 0.2  # early = the first 20 % of the logged points, late = the last 20 %
+DIVERGENCE_PEAK_FACTOR = 3000.0  # diverged on the way: a stretch of TD loss this many times the early one
+DIVERGENCE_WINDOW = 5  # a stretch = the median of this many consecutive logged points (one spike is not one)
 
 
 def critic_divergence(history: list[dict]) -> dict | None:
-    """{"early", "late", "ratio"} when the critic's TD loss grew more than DIVERGENCE_FACTOR-fold between the
-    first and the last DIVERGENCE_SHARE of the logged points (medians, so one spike neither raises nor
-    hides it), else None. Runs without a TD loss, or with fewer than 10 points of it, are not judged.
-    Measured on the committed paper runs (2026-11-27, 109 runs judged): CFCQL on CN medium-replay ends at
-    2.6-3.1x its early median and no run that trained normally above 39x (OMAR, PP medium); the three
-    PLCQL CN medium-replay runs with Algorithm 1's defaults at 135x, 13,000x and 452,000x, and MACQL on CN
-    expert at 267x (score 45.7) and 11,000,000x (score -17.2) (docs/reproduction.md)."""
-    losses = [float(h[DIVERGENCE_KEY]) for h in history if isinstance(h.get(DIVERGENCE_KEY), (int, float))]
+    """{"early", "late", "ratio", "peak", "peak_ratio", "peak_update", "rule"} when the critic's TD loss
+    shows a divergence, else None. Early and late are the medians of the first and the last
+    DIVERGENCE_SHARE of the logged points; peak is the highest median of DIVERGENCE_WINDOW consecutive
+    points (medians, so one spike neither raises nor hides either). Two rules, either flags:
+      * "ended": late > DIVERGENCE_FACTOR x early (the critic is still diverged at the end);
+      * "peaked": peak > DIVERGENCE_PEAK_FACTOR x early (it ran away during training and came partly
+        back, as PLCQL's CN medium seed 2: TD loss 126 early, 3.1e6 around round 1,710, 79x at the end;
+        its Q at the data fell from 133 to -25 and its score from 67 to 4).
+    Runs without a TD loss, or with fewer than 10 points of it, are not judged. Measured on the committed
+    paper runs (2026-11-27, 109 runs judged): CFCQL on CN medium-replay ends at 2.6-3.1x its early median
+    and no run that trained normally above 39x (OMAR, PP medium); the three PLCQL CN medium-replay runs
+    with Algorithm 1's defaults at 135x, 13,000x and 452,000x, and MACQL on CN expert at 267x (score 45.7)
+    and 11,000,000x (score -17.2) (docs/reproduction.md). Peaks (2026-11-29, 280 runs judged): every run
+    the "ended" rule leaves alone peaks at most 690x (`plcql-k1`, CN medium-replay seed 1, score 55.9)
+    except that PLCQL run (24,900x); of the runs it flags, those whose score collapsed peak at 11,000x and
+    above."""
+    rows = [h for h in history if isinstance(h.get(DIVERGENCE_KEY), (int, float))]
+    losses = [float(h[DIVERGENCE_KEY]) for h in rows]
     if len(losses) < 10:
         return None
     n = max(1, int(len(losses) * DIVERGENCE_SHARE))
     early, late = statistics.median(losses[:n]), statistics.median(losses[-n:])
-    if not (early > 0 and late > DIVERGENCE_FACTOR * early):
+    if not early > 0:
         return None
-    return {"early": early, "late": late, "ratio": late / early}
+    w = DIVERGENCE_WINDOW
+    stretches = [statistics.median(losses[i:i + w]) for i in range(len(losses) - w + 1)]
+    start = max(range(len(stretches)), key=stretches.__getitem__)  # the first of equal peaks
+    peak = stretches[start]
+    info = {"early": early, "late": late, "ratio": late / early, "peak": peak, "peak_ratio": peak / early,
+            "peak_update": rows[start + w // 2].get("update")}
+    if late > DIVERGENCE_FACTOR * early:
+        return {**info, "rule": "ended"}
+    if peak > DIVERGENCE_PEAK_FACTOR * early:
+        return {**info, "rule": "peaked"}
+    return None
 
 
 def with_critic_check(results_dir: Path, path: str, rec: RunRecord, history: list[dict] | None = None) -> RunRecord:
@@ -153,8 +175,14 @@ def with_critic_check(results_dir: Path, path: str, rec: RunRecord, history: lis
     info = critic_divergence(_history(results_dir, path, history))
     if info is None:
         return rec
-    note = (f"{DIVERGED}: TD loss {info['late']:.3g} over the last {DIVERGENCE_SHARE:.0%} of training, "
-            f"{info['ratio']:.0f}x its early {info['early']:.3g} (metrics.jsonl, checked by the leaderboard)")
+    if info["rule"] == "ended":
+        note = (f"{DIVERGED}: TD loss {info['late']:.3g} over the last {DIVERGENCE_SHARE:.0%} of training, "
+                f"{info['ratio']:.0f}x its early {info['early']:.3g} (metrics.jsonl, checked by the leaderboard)")
+    else:
+        at = f" around round {info['peak_update']}" if info["peak_update"] is not None else ""
+        note = (f"{DIVERGED} during training: TD loss {info['peak']:.3g}{at} (median of {DIVERGENCE_WINDOW} "
+                f"logged points), {info['peak_ratio']:.0f}x its early {info['early']:.3g}; "
+                f"{info['ratio']:.0f}x at the end (metrics.jsonl, checked by the leaderboard)")
     return dataclasses.replace(rec, warnings=(*rec.warnings, note))
 
 

@@ -522,6 +522,30 @@ def test_a_diverged_critic_is_flagged_on_the_board(tmp_path):
     assert critic_divergence([{"train/critic/td_loss": 1.0}] * 9) is None  # too short to judge
     built = build_quick(root, tmp_path / "site")
     text = " ".join(built.index.read_text().split())
-    assert "1 run ended with a diverged critic" in text
+    assert "1 run had a diverged critic" in text
     assert "critic diverged 1/3" in text
     assert "critic diverged: TD loss 5e+04 over the last 20% of training, 1000x its early 50" in text
+
+
+def test_a_critic_that_ran_away_and_came_partly_back_is_flagged(tmp_path):
+    """A stretch of TD loss 10,000x its early median in mid-training marks the run even when it ends only 40x
+    above (under the "ended" rule's 100x); two consecutive spikes do not, nor does a stretch 1,000x up."""
+    from plcql_bench.leaderboard.load import critic_divergence
+
+    def history(excursion: float, length: int) -> list[dict]:
+        td = [50.0] * 20 + [50.0 * excursion] * length + [2000.0] * (30 - length)
+        return [{"update": 10 * i, "train/critic/td_loss": v} for i, v in enumerate(td)]
+
+    info = critic_divergence(history(1e4, 10))
+    assert info["rule"] == "peaked" and info["peak_ratio"] == 1e4 and info["ratio"] == 40.0
+    assert info["peak_update"] == 200  # the first 5-point window with a high median: points 18-22, centred on 20
+    assert critic_divergence(history(1e4, 2)) is None  # two spikes: every 5-point median stays low
+    assert critic_divergence(history(1e3, 10)) is None  # 1,000x during training, 40x at the end: not flagged
+
+    root = tmp_path / "res"
+    metrics = "".join(json.dumps(r) + "\n" for r in history(1e4, 10))
+    write_run(root, "plcql", "mpe-cn", "medium", 2, 23.7, metrics=metrics)
+    text = " ".join(build_quick(root, tmp_path / "site").index.read_text().split())
+    assert "critic diverged during training: TD loss 5e+05 around round 200" in text
+    assert "10000x its early 50; 40x at the end" in text
+    assert "1 run had a diverged critic" in text
