@@ -17,7 +17,7 @@ from pathlib import Path
 from plcql_bench.leaderboard import analysis, summary
 from plcql_bench.leaderboard import stats as st
 from plcql_bench.leaderboard.cells import critic_diverged, format_mean_std, group_cells
-from plcql_bench.leaderboard.load import archives, load
+from plcql_bench.leaderboard.load import DIVERGENCE_RULE, archives, load
 from plcql_bench.leaderboard.official import load_official, official_cells, official_rows
 from plcql_bench.leaderboard.paper import (algo_label, ablation_variants, load_paper_results, load_variants,
                                            paper_ablation_value, paper_claims_check, paper_value, reference_tables)
@@ -92,6 +92,7 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "unfinished_states": dict(Counter(u.state for u in loaded.unfinished)),
         "n_collapsed": sum(bool(r.rec.par_collapse) for r in loaded.runs),
         "n_diverged": sum(critic_diverged(r.rec) for r in loaded.runs),
+        "divergence_rule": DIVERGENCE_RULE,
         "profiles": sorted({c.profile for c in cells}), "non_paper_profiles": sorted({c.profile for c in cells} - {"paper"}),
         "show_protocol": len({c.protocol_version for c in cells}) > 1, "aggregates": aggs,
         "curves": analysis.learning_curves([main, smac, abl], label), "par": par, "compute": compute,

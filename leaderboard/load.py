@@ -126,6 +126,9 @@ DIVERGENCE_FACTOR = 100.0  # ended diverged: late TD loss this many times the ea
 DIVERGENCE_SHARE = 0.2  # early = the first 20 % of the logged points, late = the last 20 %
 DIVERGENCE_PEAK_FACTOR = 3000.0  # diverged on the way: a stretch of TD loss this many times the early one
 DIVERGENCE_WINDOW = 5  # a stretch = the median of this many consecutive logged points (one spike is not one)
+# The rule in words, for the page's badge and banner (the template reads these, never its own numbers)
+DIVERGENCE_RULE = {"factor": f"{DIVERGENCE_FACTOR:,.0f}", "share": f"{DIVERGENCE_SHARE:.0%}".replace("%", " %"),
+                   "peak_factor": f"{DIVERGENCE_PEAK_FACTOR:,.0f}", "window": DIVERGENCE_WINDOW}
 
 
 def critic_divergence(history: list[dict]) -> dict | None:
