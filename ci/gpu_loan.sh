@@ -16,18 +16,19 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
-# The recommended loan (issues 15 and 18; written 2026-11-28 after that morning's loan, docs/runner.md
-# "Fourth use"): finish the CN random study (6,001 rounds a run) on the GPU as stacks of 3 seeds, carrying
-# the home campaign's interrupted study runs, and the World/PP baselines on the cores. First, here, with
-# the home campaign paused (runs it is training are left out):
-#   bash ci/gpu_loan.sh --pack-partial /work/campaign/results 'plcql[-a-z0-9.]*/mpe-cn/random'
-# then, carrying [".wheels", "build/loan-ckpt"] (~50 PLCQL run-rounds a second over 16 runs; a run not
-# carried starts fresh there and wins only if it gets further than this machine's copy):
-#   LIMIT=500 PER_GPU=3 CPU_JOBS=7 STACK=3 \
-#   PREBUILD="mpe-cn:random mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
-#   GPU_ONLY='algo=plcql-k1,plcql-k2,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-w1,plcql-lcb,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2;algo=plcql,task=mpe-cn,dataset=random,seed=2,3,4' \
-#   CPU_ONLY='algo=cfcql,macql,omar,task=mpe-world,mpe-pp,seed=0,1,2' \
+# The recommended loan (issue 18; rewritten 2026-12-01, when the CN random study of the earlier loans was done):
+# the rest of phase 1 is PLCQL and SPaCQL on the four World rows (5,001 rounds a run, ~80 min each at 1 thread
+# on the development VM). On the GPU as stacks of 3 seeds (all 8 stacks at once), DoF on the MPE rows (phase 1's
+# next algorithm) on the cores. Carry no partial World run: a cell's seeds at different rounds train one stack
+# after the other, the lowest round first (suite/stacking.py), so a carried seed would wait behind its cell's
+# fresh ones; the loan trains all three from the start, and --take-back keeps whichever copy got further.
+# Carrying [".wheels"]:
+#   LIMIT=500 PER_GPU=4 CPU_JOBS=7 STACK=3 \
+#   PREBUILD="mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
+#   GPU_ONLY='algo=plcql,task=mpe-world,seed=0,1,2;algo=spacql,task=mpe-world,seed=0,1,2' \
+#   CPU_ONLY='algo=dof,task=mpe-cn,mpe-pp,mpe-world,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
+# The 2s3z medium ablation column (stage plcql-ablations-smax-2s3z) is the loan after that (below).
 # A second call on the warm machine (start it with `test -d results/paper || exit 3`, LIMIT ~265) resumes
 # from the machine's results/ folder; both use ~14 minutes. Back here: pause the home campaign,
 # `bash ci/gpu_loan.sh --take-back FILES_AT /work/campaign/results`, publish, resume.
