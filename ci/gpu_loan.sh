@@ -223,6 +223,14 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.i
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 # Fail fast (a lent minute is precious): the CLI and the MPE env must import.
 python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
+# PROFILE may be a built-in name or a .yaml path; runs and datasets live under the profile's own name.
+PROFILE_NAME=$(python3 -c 'import sys
+from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.core.errors import BenchError
+try:
+    print(load_profile(sys.argv[1]).name)
+except BenchError as exc:
+    sys.exit(f"PROFILE: {exc}")' "$PROFILE") || exit 2
 log "images: $(command -v podman docker buildah 2>/dev/null | tr '\n' ' ')(none listed = cannot build images here)"
 
 # The runs already published count as done here too (this machine sees only the working tree): `campaign
@@ -238,7 +246,7 @@ if [[ -n "$PREBUILD" ]]; then
   done
   wait
   cat "$OUT"/build.*.tmp > "$OUT/build.log"; rm -f "$OUT"/build.*.tmp
-  python3 - "$DATA/$PROFILE/manifest.json" <<'PY' | tee -a "$OUT/build.log"
+  python3 - "$DATA/$PROFILE_NAME/manifest.json" <<'PY' | tee -a "$OUT/build.log"
 import json, sys
 from pathlib import Path
 from plcql_bench.datasets.cards import committed_entry, dataset_identity

@@ -107,3 +107,15 @@ def test_pack_partial_with_nothing_to_carry_exits_nonzero(tmp_path):
 @pytest.mark.parametrize("mode", ["--take-back", "--pack-partial"])
 def test_modes_need_their_arguments(mode):
     assert _bash(mode).returncode != 0
+
+
+def test_a_loan_with_an_unknown_profile_stops_with_one_line_before_training(tmp_path):
+    import os
+    import sys
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PROFILE": str(tmp_path / "nope.yaml"), "DEVICE": "cpu", "OUT": str(tmp_path / "out"),
+           "RESULTS": str(tmp_path / "results"), "DATA": str(tmp_path / "data")}
+    done = _bash(env=env)
+    assert done.returncode == 2
+    assert "PROFILE: unknown profile" in done.stderr and "nope.yaml" in done.stderr
+    assert not any((tmp_path / "results").rglob("*"))  # nothing adopted, built or trained
