@@ -17,6 +17,7 @@ removes once the dataset exists.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +139,7 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
             except (OSError, ValueError, KeyError):
                 pass
             echo(f"building dataset {task}/{tier}")
+            started = time.monotonic()
             try:
                 build(task, tier, profile.episodes_for(task, tier), root, profile=profile.data_profile)
             except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
@@ -147,6 +149,8 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
                 atomic_write_json(failed, {"token": token, "cause": problem.cause, "fix": problem.fix})
                 return problem
             failed.unlink(missing_ok=True)
+            # Said, since the next line a worker prints is its run's score, an hour later on World.
+            echo(f"built dataset {task}/{tier} in {time.monotonic() - started:.0f}s; its cells train now")
             return None
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)

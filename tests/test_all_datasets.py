@@ -37,6 +37,7 @@ def test_medium_replay_builds_from_committed_checkpoints_and_trains(tmp_path, mo
     result = _invoke(tmp_path, "all", "--profile", _profile(tmp_path), "--only", "dataset=medium-replay")
     assert result.exit_code == 0, result.output
     assert "building dataset mpe-cn/medium-replay" in result.output
+    assert "built dataset mpe-cn/medium-replay in " in result.output  # the build's end is said too
     assert "trained 1, skipped 0 (done), failed 0" in result.output
     entry = json.loads((tmp_path / "data" / "dstest" / "manifest.json").read_text())["mpe-cn/medium-replay"]
     assert entry["behaviour_policy_id"].startswith("matd3:mpe-cn/replay-rollout-to-120000@")
