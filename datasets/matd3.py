@@ -75,6 +75,11 @@ _BUDGETS: dict[str, Budget] = {
                   eval_every=10_000, checkpoint_every=20_000),
     "paper": Budget(env_steps=1_000_000, num_envs=16, updates_per_step=0.1, batch_size=1024,
                     eval_every=20_000, checkpoint_every=50_000),
+    # The v2 dataset generation (datasets/generations.py): the `cpu` budget with a checkpoint every 5k
+    # env steps, so the early training that medium-replay replays is rebuilt from a finer sequence and
+    # the tiers' checkpoints can be chosen by their statistics (docs/datasets.md).
+    "v2": Budget(env_steps=500_000, num_envs=16, updates_per_step=0.25, batch_size=512,
+                 eval_every=5_000, checkpoint_every=20_000),
 }
 _TASK_OVERRIDES: dict[str, dict[str, Any]] = {
     # TD3's MuJoCo settings (hidden 256, batch 256, lr 3e-4, tau 0.005, gamma 0.99) with a 256-wide
@@ -83,7 +88,7 @@ _TASK_OVERRIDES: dict[str, dict[str, Any]] = {
                                  "tau": 0.005, "lr_actor": 3e-4, "lr_critic": 3e-4,
                                  "updates_per_step": 0.5, "num_envs": 4, "eval_episodes": 10},
 }
-_HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000}
+_HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000, "v2": 1_000_000}
 
 
 def budget_for(task_id: str, profile: str) -> Budget:
@@ -101,6 +106,14 @@ def budget_for(task_id: str, profile: str) -> Budget:
                         checkpoint_every=2000, eval_episodes=1)
         b = replace(b, env_steps=_HC_STEPS[profile], **over)
     return b
+
+
+def budget_prey(task_id: str, profile: str) -> str:
+    """The prey a budget's run trains against: the v2 budget's is the v2 generation's (OMAR's, for
+    PP/World), every other budget's the suite's."""
+    from plcql_bench.datasets.generations import prey_for
+
+    return prey_for(task_id, "v2" if profile == "v2" else "v1")
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -223,12 +236,13 @@ def training_env_seeds(seed: int, start: int, count: int) -> np.ndarray:
 
 class Trainer:
     def __init__(self, task_id: str, profile: str, out: str | Path, seed: int = 0,
-                 budget: Budget | None = None):
+                 budget: Budget | None = None, prey: str = "suite"):
         import torch
 
         from plcql_bench.suite.tasks import get_task
 
-        self.task = get_task(task_id)
+        self.prey = prey  # PP/World: the fixed prey the predators train against ("suite" or "omar")
+        self.task = get_task(task_id, prey=prey)
         self.spec = self.task.spec
         self.b = budget or budget_for(task_id, profile)
         self.profile, self.seed, self.out = profile, seed, Path(out)
@@ -267,10 +281,10 @@ class Trainer:
         # hyperparameter must match.
         same = {"critic_hidden": 0, **{k: v for k, v in blob["budget"].items() if k != "env_steps"}}
         mine = {k: v for k, v in asdict(self.b).items() if k != "env_steps"}
-        if same != mine or blob["task_id"] != self.spec.task_id:
+        if same != mine or blob["task_id"] != self.spec.task_id or blob.get("prey", "suite") != self.prey:
             from plcql_bench.suite.core.errors import BenchError
 
-            raise BenchError(f"{path}: written with another task or budget; use a new --out")
+            raise BenchError(f"{path}: written with another task, budget or prey; use a new --out")
         if blob["size"] > len(self.replay["rewards"]):
             self.replay = {k: np.zeros((blob["size"],) + v.shape[1:], v.dtype)
                            for k, v in self.replay.items()}
@@ -287,7 +301,7 @@ class Trainer:
         import torch
 
         blob = {
-            "task_id": self.spec.task_id, "seed": self.seed, "budget": asdict(self.b),
+            "task_id": self.spec.task_id, "seed": self.seed, "budget": asdict(self.b), "prey": self.prey,
             "nets": self.nets.state_dict(),
             "size": self.size, "env_steps": self.env_steps, "updates": self.updates,
             "episodes": self.episodes, "wall": self.wall, "log": self.log,
@@ -610,7 +624,7 @@ def train_behaviour(task_id: str, profile: str, out: str | Path | None = None, s
     budget = budget_for(task_id, profile)
     if env_steps is not None:
         budget = replace(budget, env_steps=int(env_steps))
-    trainer = Trainer(task_id, profile, out, seed=seed, budget=budget)
+    trainer = Trainer(task_id, profile, out, seed=seed, budget=budget, prey=budget_prey(task_id, profile))
     done = trainer.train(max_seconds=max_seconds, progress=progress)
     if not done:
         progress(f"{task_id}: stopped at {trainer.env_steps}/{trainer.b.env_steps} steps; "

@@ -58,10 +58,21 @@ def known_task_ids() -> list[str]:
     return ids + [f"smac-{t[len('smax-'):]}" for t in ids if t.startswith("smax-")]
 
 
+# Tasks whose fixed opponent (the prey) is a choice: "suite" (the shipped prey) or "omar" (OMAR's
+# pretrained prey, which the originals' data and the `v2` dataset generation use; suite/envs/prey.py).
+PREY_TASKS = ("mpe-pp", "mpe-world")
+
+
+def get_task(task_id: str, prey: str = "suite") -> Task:
+    """The task `task_id`; for PP and World with the prey `prey` ("suite" or "omar"; other tasks
+    have no prey and ignore it). One Task object per (task, prey) in a process."""
+    return _get_task(task_id, prey if task_id in PREY_TASKS else "suite")
+
+
 @cache
-def get_task(task_id: str) -> Task:
+def _get_task(task_id: str, prey: str) -> Task:
     factories = _factories()
     if task_id not in factories:
         raise UnknownTaskError(f"unknown task {task_id!r} (known: {', '.join(factories)})")
     module, factory, *args = factories[task_id]
-    return getattr(importlib.import_module(module), factory)(*args)
+    return getattr(importlib.import_module(module), factory)(*args, **({"prey": prey} if prey != "suite" else {}))

@@ -373,10 +373,12 @@ def _mpe2_version() -> str:
         return "not-installed"
 
 
-def _versions(physics: str, prey_path: Path | None) -> dict[str, str]:
+def _versions(physics: str, prey_path: Path | None, prey_version: str | None = None) -> dict[str, str]:
     v = {"mpe2": _mpe2_version(), "mpe_variant": "omar-2022", "mpe_physics": physics,
          "episode_limit": str(EPISODE_LIMIT)}
-    if prey_path is not None:
+    if prey_version is not None:
+        v["prey"] = prey_version
+    elif prey_path is not None:
         v["prey"] = f"{prey_path.name}:sha256={prey_mod.file_digest(prey_path)}"
     return v
 
@@ -386,29 +388,38 @@ _DESCRIPTIONS = {
     "mpe-pp": "MPE Predator-Prey (simple_tag): 3 learned predators vs a fixed prey, 2 obstacles",
     "mpe-world": "MPE World (OMAR simple_world): 3 predators vs a fixed prey; forests, food",
 }
+PREYS = ("suite", "omar")  # the shipped prey (datasets/assets/PREY.md) or OMAR's pretrained one
 
 
-def make_task(task_id: str, physics: str = "omar", prey_path: str | Path | None = None) -> Task:
-    """Build a Task. prey_path overrides the shipped prey (e.g. OMAR's pretrained_adv_model.pt)."""
+def make_task(task_id: str, physics: str = "omar", prey_path: str | Path | None = None,
+              prey: str = "suite") -> Task:
+    """Build a Task. prey (PP/World): "suite", the shipped prey, or "omar", OMAR's pretrained prey
+    (suite/envs/prey.py: omar_prey_path; found and checked when an env is made, so a task object
+    exists without the file). prey_path overrides the shipped prey with a file of OMAR's layout."""
+    if prey not in PREYS:
+        raise ValueError(f"prey must be one of {PREYS}, got {prey!r}")
     sc = SCENARIOS[task_id]
-    path = None
-    if sc.has_prey:
-        path = Path(prey_path) if prey_path is not None else prey_mod.default_prey_path(task_id)
+    find_prey, version = None, None
+    if sc.has_prey and prey == "omar":
+        find_prey, version = partial(prey_mod.omar_prey_path, task_id), prey_mod.omar_prey_version(task_id)
+    elif sc.has_prey:
+        find_prey = partial(Path, prey_path if prey_path is not None else prey_mod.default_prey_path(task_id))
+    description = _DESCRIPTIONS[task_id] + (" (OMAR's pretrained prey)" if version else "")
     spec = TaskSpec(
         task_id=task_id, domain="mpe", n_agents=N_LEARNERS, obs_dim=sc.obs_dim,
         state_dim=sc.state_dim, act_dim=2, discrete=False, episode_limit=EPISODE_LIMIT,
-        tiers=TIERS, description=_DESCRIPTIONS[task_id],
-        env_versions=partial(_versions, physics, path),
+        tiers=TIERS, description=description,
+        env_versions=partial(_versions, physics, None if version or not find_prey else find_prey(), version),
     )
-    factory = partial(_make_env, spec, sc, physics, path)
+    factory = partial(_make_env, spec, sc, physics, find_prey)
     return Task(spec=spec, make_env=factory)
 
 
-def _make_env(spec: TaskSpec, sc: Scenario, physics: str, prey_path: Path | None, num_envs: int,
+def _make_env(spec: TaskSpec, sc: Scenario, physics: str, find_prey: Callable[[], Path] | None, num_envs: int,
               backend: str = "numpy", prey: PreyFn | None = None) -> MPEEnv:
     """Task.make_env: num_envs -> env. `prey` (a callable) replaces the prey network, for tools."""
     if sc.has_prey and prey is None:
-        prey = _cached_prey(str(prey_path))
+        prey = _cached_prey(str(find_prey()))
     return MPEEnv(spec, sc, num_envs, backend=backend, physics=physics, prey=prey)
 
 

@@ -22,10 +22,13 @@ touches torch. torch is imported only to read or build networks.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from plcql_bench.suite.core.errors import BenchError
 
 HIDDEN = 64
 BN_EPS = 1e-5  # torch's BatchNorm1d default, which OMAR's MLPNetwork keeps
@@ -98,6 +101,81 @@ def load_prey(path: str | Path, prey_index: int | None = None, trusted: bool = F
 def file_digest(path: str | Path) -> str:
     """Short content hash, recorded in env_versions so results name the prey they ran with."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- OMAR's pretrained prey
+# The fixed DDPG prey that OMAR, CFCQL, MADiff and DoF collected and evaluated their PP and World data
+# with. It is fetched data, never committed: a user gives its folder (PLCQL_OMAR_PREY_DIR, or the CLI's
+# --omar-prey), else the first default folder that exists is read. Its sha256 is checked on every use.
+OMAR_PREY_ENV = "PLCQL_OMAR_PREY_DIR"
+OMAR_PREY_FILES: dict[str, tuple[str, str]] = {  # task -> (file name, sha256)
+    "mpe-pp": ("simple_tag_pretrained_adv_model.pt",
+               "b22b95f3397f41a21aa247810e385a8ecf85294f2e2ed8e523a954c633daf7a2"),
+    "mpe-world": ("simple_world_pretrained_adv_model.pt",
+                  "ed3170cfb9c3f6872305c9c795a7aed089fde7b5e5cc2bff5f7debfed37c2115"),
+}
+OMAR_PREY_SOURCE = ("instadeepai/og-marl (Apache-2.0) at commit f4eb8f03c0f1b8e2a0fa3479af92379afd0f83a9, "
+                    "og_marl/custom_environments/multiagent_particle_envs/multiagent/adversaries/"
+                    "<scenario>/pretrained_adv_model.pt, saved under the name above")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class PreyUnavailable(BenchError):
+    """OMAR's prey file is missing or is not the published file (one line: file, sha256, where to get it)."""
+
+
+def omar_prey_dirs() -> list[Path]:
+    """Where OMAR's prey is looked for, in order: $PLCQL_OMAR_PREY_DIR alone when set; else
+    ../shared/data/omar-prey/ beside the checkout and beside the working directory."""
+    given = os.environ.get(OMAR_PREY_ENV)
+    if given:
+        return [Path(given).expanduser()]
+    rel = Path("..") / "shared" / "data" / "omar-prey"
+    return list(dict.fromkeys([(_REPO_ROOT / rel).resolve(), (Path.cwd() / rel).resolve()]))
+
+
+def omar_prey_path(task_id: str) -> Path:
+    """The checked path of OMAR's prey for `task_id`; PreyUnavailable when it is missing or differs."""
+    name, want = OMAR_PREY_FILES[task_id]
+    dirs = omar_prey_dirs()
+    found = next((d / name for d in dirs if (d / name).is_file()), None)
+    if found is None:
+        raise PreyUnavailable(
+            f"{task_id}: OMAR's prey {name} (sha256 {want}) not found in {', '.join(map(str, dirs))}; get it from "
+            f"{OMAR_PREY_SOURCE} and set {OMAR_PREY_ENV} (or --omar-prey) to its folder")
+    got = _sha256_cached(found)
+    if got != want:
+        raise PreyUnavailable(f"{found}: sha256 {got}, expected OMAR's {name} {want}; "
+                              f"get the published file from {OMAR_PREY_SOURCE}")
+    return found
+
+
+def omar_prey_version(task_id: str) -> str:
+    """What datasets and results record as env_versions['prey'] for OMAR's prey (the full sha256)."""
+    name, sha = OMAR_PREY_FILES[task_id]
+    return f"omar:{name}:sha256={sha}"
+
+
+def prey_kind(env_versions: dict) -> str:
+    """'omar' when a dataset's env_versions name OMAR's prey (built here, or imported with its file),
+    else 'suite' (the shipped prey, or no prey)."""
+    v = str(env_versions.get("prey", ""))
+    if v.startswith("omar:"):
+        return "omar"
+    digest = v.rsplit("sha256=", 1)[-1] if "sha256=" in v else ""
+    known = [sha for _, sha in OMAR_PREY_FILES.values()]
+    return "omar" if len(digest) >= 16 and any(sha.startswith(digest) for sha in known) else "suite"
+
+
+_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256_cached(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        _SHA_CACHE[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _SHA_CACHE[key]
 
 
 def default_prey_path(task_id: str) -> Path:
