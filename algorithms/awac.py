@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register
 from plcql_bench.algorithms.common.independent import IndependentBase
 
 
@@ -43,7 +43,7 @@ class AWAC(IndependentBase):
         with torch.no_grad():
             pi_next, pi_now = self.actors(b.next_obs), self.actors(b.obs)
             q_next = self.target_critic(b.next_obs, pi_next).min(0).values
-            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
+            y = per_agent_rewards(b.rewards) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
             adv = self.target_critic(b.obs, b.actions).min(0).values - self.target_critic(b.obs, pi_now).min(0).values
             weight = torch.exp(c.beta * adv).clamp(max=c.max_weight)
         td, a_loss = self.advantage_weighted_round(b, y, weight)

@@ -11,9 +11,12 @@ The runner owns data loading, evaluation, seeding, checkpoints and results.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 # The batch types are the runner's (suite/core/batch.py); algorithms import them from here.
 from plcql_bench.suite.core.batch import Batch, BatchSampler, EpisodeBatch  # noqa: F401
@@ -28,6 +31,11 @@ class Algorithm(Protocol):
     # "episodes" -> sample(batch_size) returns an EpisodeBatch of whole padded episodes
     # (datasets/episodes.py: EpisodeSampler). Optional; absent means "transitions".
     batch_kind: ClassVar[str]
+    # The reward its Bellman targets use, following its reference (docs/algorithms/<name>.md): "team" (the
+    # dataset's `rewards`), "agent0" (agent 0's own reward, as CFCQL's central critic) or "per_agent"
+    # (each agent's own, [B, n], as OMAR's per-agent critics). Optional; absent means "team". On data
+    # without per-agent rewards (format v1) every choice is the team reward, [B].
+    reward: ClassVar[str]
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None: ...
 
@@ -48,6 +56,22 @@ class Algorithm(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+REWARDS = ("team", "agent0", "per_agent")
+
+
+def reward_kind(cls_or_algo: Any) -> str:
+    """"team" (default), "agent0" or "per_agent": the reward the algorithm's targets use."""
+    kind = getattr(cls_or_algo, "reward", "team")
+    if kind not in REWARDS:
+        raise ValueError(f"{getattr(cls_or_algo, 'name', cls_or_algo)}: unknown reward {kind!r} (known: {REWARDS})")
+    return kind
+
+
+def per_agent_rewards(rewards: "torch.Tensor") -> "torch.Tensor":
+    """A batch's rewards as a column per agent for per-agent critics: [B, n] as given, [B] as [B, 1]."""
+    return rewards if rewards.dim() == 2 else rewards.unsqueeze(1)
 
 
 def batch_kind(cls_or_algo: Any) -> str:

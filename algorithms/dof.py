@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from plcql_bench.algorithms.base import BatchSampler, register, register_variant
+from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register, register_variant
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndepCritics, clip_grad_norm_agents_
 from plcql_bench.algorithms.common.protocol import Checkpointable
@@ -127,6 +127,7 @@ class DoF(Checkpointable):
     name = "dof"
     Config = Config
     discrete = False
+    reward = "per_agent"  # per-agent critics, each on its agent's own reward (docs/algorithms/dof.md)
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
@@ -170,7 +171,7 @@ class DoF(Checkpointable):
         with torch.no_grad():
             a_next = self.ema.sample(b.next_obs, self.gen)
             q_next = self.target_critic(b.next_obs, a_next).min(0).values
-            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
+            y = per_agent_rewards(b.rewards) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
         q = self.critic(b.obs, b.actions)
         td = (q - y).pow(2).mean(1).sum()
         self.critic_opt.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register
 from plcql_bench.algorithms.common.independent import IndependentBase
 
 
@@ -54,7 +54,7 @@ class IQL(IndependentBase):
         v_loss.backward()
         self.value_opt.step()
         with torch.no_grad():
-            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * self.value(b.next_obs)[0]
+            y = per_agent_rewards(b.rewards) + c.gamma * (1 - b.terminals).unsqueeze(1) * self.value(b.next_obs)[0]
             adv = q_t - self.value(b.obs)[0]
             weight = torch.exp(c.beta * adv).clamp(max=c.max_weight)
         td, a_loss = self.advantage_weighted_round(b, y, weight)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register
 from plcql_bench.algorithms.common.independent import IndependentBase
 
 
@@ -41,7 +41,7 @@ class MATD3BC(IndependentBase):
         c, b = self.cfg, sample(self.cfg.batch_size)
         with torch.no_grad():
             q_next = self.target_critic(b.next_obs, self.target_actors(b.next_obs)).min(0).values
-            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
+            y = per_agent_rewards(b.rewards) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
         q = self.critic(b.obs, b.actions)
         td = (q - y).pow(2).mean(1).sum()
         self.critic_step(td)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from plcql_bench.algorithms.base import BatchSampler, register
+from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndependentBase
 from plcql_bench.suite.core.spec import TaskSpec
@@ -80,7 +80,7 @@ class OMAR(IndependentBase):
         c = self.cfg
         with torch.no_grad():
             q_next = self.target_critic(b.next_obs, self.target_actors(b.next_obs)).min(0).values  # [B, n]
-            y = b.rewards.unsqueeze(1) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
+            y = per_agent_rewards(b.rewards) + c.gamma * (1 - b.terminals).unsqueeze(1) * q_next
         q = self.critic(b.obs, b.actions)  # [T, B, n]
         td = (q - y).pow(2).mean(1).sum()  # sum over twins and agents of each agent's MSE
         B, n, M, A = b.size, self.n, c.n_sampled_actions, self.A

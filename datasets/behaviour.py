@@ -16,6 +16,10 @@ Lookup order for (task, tier), see `behaviour_for`:
 
 Tiers without any behaviour policy are listed as unavailable by `datasets list`, with the reason
 and the command that fixes it (`unavailable`).
+
+Every lookup takes the dataset generation (datasets/generations.py, default "v1"): the v2 generation
+reads `index-v2.json` (tiers chosen by the originals' statistics, each with its own noise), and its
+random tier is uniform actions for every continuous task.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from plcql_bench.datasets import scripted
+from plcql_bench.datasets.generations import generation
 from plcql_bench.suite.core.spec import Policy
 
 GENERATOR_VERSION = "plcql-bench-collect-1"
@@ -92,11 +97,11 @@ REFERENCES: dict[str, tuple[Behaviour, Behaviour]] = {
 }
 
 
-def _trained_index(task_id: str) -> tuple[dict, Path] | None:
+def _trained_index(task_id: str, gen: str | None = None) -> tuple[dict, Path] | None:
     from plcql_bench.datasets.matd3 import behaviour_dir
 
     d = behaviour_dir() / task_id
-    path = d / "index.json"
+    path = d / generation(gen).index_file
     if not path.is_file():
         return None
     index = json.loads(path.read_text())
@@ -109,17 +114,19 @@ def _file_tag(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def trained_behaviour(task_id: str, tier: str, noise: float = EXPLORATION_NOISE) -> Behaviour | None:
-    """The trained MATD3 behaviour for (task, tier), or None."""
-    found = _trained_index(task_id)
+def trained_behaviour(task_id: str, tier: str, noise: float | None = None, gen: str | None = None) -> Behaviour | None:
+    """The trained MATD3 behaviour for (task, tier), or None. noise: the Gaussian action noise; None
+    takes the tier's own (index entry "noise", else EXPLORATION_NOISE)."""
+    found = _trained_index(task_id, gen)
     if found is None:
         return None
     index, d = found
     if tier == "medium-replay":
         return _medium_replay(task_id, index.get("medium_replay") or {}, d)
     entry = index.get("tiers", {}).get(tier)
-    if entry is None:
+    if entry is None or "checkpoint" not in entry:
         return None
+    noise = float(entry.get("noise", EXPLORATION_NOISE)) if noise is None else noise
     ckpt = d / entry["checkpoint"]
 
     def make(rng: np.random.Generator, ckpt=ckpt) -> Policy:
@@ -170,9 +177,9 @@ def replay_part_policy(part: dict, noise: float, act_dim: int, rng: np.random.Ge
     return noisy_policy(load_actor(part["checkpoint"])[0], noise, rng)
 
 
-def unavailable(task_id: str, tier: str) -> tuple[str, str] | None:
+def unavailable(task_id: str, tier: str, gen: str | None = None) -> tuple[str, str] | None:
     """(why nothing can build task/tier, the command that fixes it), or None when it can be built."""
-    if available(task_id, tier):
+    if available(task_id, tier, gen):
         return None
     from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir
     from plcql_bench.suite.tasks import get_task
@@ -181,16 +188,17 @@ def unavailable(task_id: str, tier: str) -> tuple[str, str] | None:
     if spec.discrete:
         return (f"no behaviour policy for {tier}",
                 f"plcql-bench datasets import {task_id} {tier} <official dataset file>")
-    train = f"plcql-bench datasets train-behaviour {task_id} --profile cpu"
+    index_file = generation(gen).index_file
+    train = f"plcql-bench datasets train-behaviour {task_id} --profile {'v2' if index_file != 'index.json' else 'cpu'}"
     where = behaviour_dir() / task_id
     shown = where.relative_to(ASSETS_DIR.parents[2]) if where.is_relative_to(ASSETS_DIR.parents[2]) else where
-    if _trained_index(task_id) is None:
-        return f"no trained MATD3 behaviour policy in {shown}", train
+    if _trained_index(task_id, gen) is None:
+        return f"no trained MATD3 behaviour policy in {shown} ({index_file})", train
     if tier == "medium-replay":
-        return (f"{shown}/index.json has no checkpoint sequence for medium-replay (or a checkpoint "
+        return (f"{shown}/{index_file} has no checkpoint sequence for medium-replay (or a checkpoint "
                 "file is missing), and the training replay is not on this machine",
                 f"{train} (publishes the checkpoint sequence)")
-    return f"{shown}/index.json has no {tier} checkpoint", train
+    return f"{shown}/{index_file} has no {tier} checkpoint", train
 
 
 def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:
@@ -200,42 +208,50 @@ def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:
     return hook(task_id, tier) if hook else None
 
 
-def behaviour_for(task_id: str, tier: str) -> Behaviour | None:
+def behaviour_for(task_id: str, tier: str, gen: str | None = None) -> Behaviour | None:
+    if tier == "random" and generation(gen).uniform_random and _task_behaviour(task_id, tier) is None:
+        return _random(_act_dim(task_id))  # v2: the originals' random tiers are uniform joint actions
+    if generation(gen).index_file != generation(None).index_file:  # v2: its own index, no fallbacks
+        return trained_behaviour(task_id, tier, gen=gen) or _task_behaviour(task_id, tier)
     return (trained_behaviour(task_id, tier) or _task_behaviour(task_id, tier)
             or BEHAVIOURS.get((task_id, tier)))
 
 
-def references_for(task_id: str) -> tuple[Behaviour, Behaviour] | None:
+def _act_dim(task_id: str) -> int:
+    from plcql_bench.suite.tasks import get_task
+
+    return get_task(task_id).spec.act_dim
+
+
+def references_for(task_id: str, gen: str | None = None) -> tuple[Behaviour, Behaviour] | None:
     """(random reference, expert reference): uniform random, and the trained expert without
-    noise when a checkpoint exists, else the scripted expert."""
-    expert = trained_behaviour(task_id, "expert", noise=0.0)
+    noise when a checkpoint exists, else (v1 only) the scripted expert."""
+    expert = trained_behaviour(task_id, "expert", noise=0.0, gen=gen)
     if expert is not None:
-        from plcql_bench.suite.tasks import get_task
-
-        return _random(get_task(task_id).spec.act_dim), expert
-    return REFERENCES.get(task_id)
+        return _random(_act_dim(task_id)), expert
+    return REFERENCES.get(task_id) if generation(gen).index_file == generation(None).index_file else None
 
 
-def available(task_id: str, tier: str) -> str | None:
+def available(task_id: str, tier: str, gen: str | None = None) -> str | None:
     """The policy id that would generate (task, tier), or None when nothing can build it."""
-    b = behaviour_for(task_id, tier)
+    b = behaviour_for(task_id, tier, gen)
     if b is not None:
         return b.policy_id
     if tier == "mixed":
-        halves = [behaviour_for(task_id, t) for t in ("medium", "expert")]
+        halves = [behaviour_for(task_id, t, gen) for t in ("medium", "expert")]
         if None not in halves:
             return f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
     return None
 
 
-def stale(entry: dict | None, task_id: str, tier: str) -> str | None:
+def stale(entry: dict | None, task_id: str, tier: str, gen: str | None = None) -> str | None:
     """Why a built dataset's manifest entry no longer matches what this code would build (its
     behaviour-policy id changed, e.g. a new collection recipe), or None. Imported datasets (their
     entry names a ``source``) and tiers nothing can build are never stale. The old file stays
     usable: runs are keyed by its sha256, so their results remain valid for that data."""
     if not entry or entry.get("source"):
         return None
-    now = available(task_id, tier)
+    now = available(task_id, tier, gen)
     old = entry.get("behaviour_policy_id")
     if now is None or old is None or old == now:
         return None

@@ -18,6 +18,7 @@ import numpy as np
 from plcql_bench.datasets.cards import write_card
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
+from plcql_bench.datasets.generations import generation, prey_for
 from plcql_bench.datasets.recipes import recipe_for
 from plcql_bench.datasets.behaviour import (
     GENERATOR_VERSION,
@@ -36,22 +37,24 @@ COLLECT_BATCH = 256
 class DatasetUnavailable(BenchError):
     """Nothing can build task/tier here; `reason` says why and `fix` is the command that helps."""
 
-    def __init__(self, task_id: str, tier: str):
+    def __init__(self, task_id: str, tier: str, gen: str | None = None):
         from plcql_bench.datasets.behaviour import unavailable
 
-        self.reason, self.fix = unavailable(task_id, tier) or ("no behaviour policy", "")
+        self.reason, self.fix = unavailable(task_id, tier, gen) or ("no behaviour policy", "")
         super().__init__(f"{task_id}/{tier}: no behaviour policy available: {self.reason}"
                          + (f" (fix: {self.fix})" if self.fix else ""))
 
 
-def collect(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarray]:
-    """Roll out one episode per seed; return format-v1 arrays, episode-major."""
-    parts = [_collect_batch(task, policy, seeds[i : i + COLLECT_BATCH])
+def collect(task: Task, policy: Policy, seeds: np.ndarray, agent_rewards: bool = False) -> dict[str, np.ndarray]:
+    """Roll out one episode per seed; return the format's arrays, episode-major. agent_rewards: also
+    each agent's reward (format v2; the env's info["agent_rewards"], or the team reward for every agent
+    where the task's reward is shared and the env reports none)."""
+    parts = [_collect_batch(task, policy, seeds[i : i + COLLECT_BATCH], agent_rewards)
              for i in range(0, len(seeds), COLLECT_BATCH)]
     return _concat_episodes(parts)
 
 
-def _collect_batch(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, np.ndarray]:
+def _collect_batch(task: Task, policy: Policy, seeds: np.ndarray, agent_rewards: bool = False) -> dict[str, np.ndarray]:
     env = task.make_env(len(seeds))
     step = env.reset(seeds)
     alive = np.ones(len(seeds), dtype=bool)
@@ -60,18 +63,23 @@ def _collect_batch(task: Task, policy: Policy, seeds: np.ndarray) -> dict[str, n
     while alive.any():
         nxt = env.step(action)
         next_action = policy(nxt)  # also the dataset's a' at the final next state
-        rows.append(_row(step, action, nxt, next_action, alive))
+        rows.append(_row(step, action, nxt, next_action, alive, task.spec.n_agents if agent_rewards else 0))
         alive = alive & ~nxt.done
         step, action = nxt, next_action
     return _to_episode_major(rows, discrete=task.spec.discrete)
 
 
-def _row(step, action, nxt, next_action, alive) -> dict[str, np.ndarray]:
+def _row(step, action, nxt, next_action, alive, n_agents: int = 0) -> dict[str, np.ndarray]:
+    """One step of every env; with n_agents > 0 also the per-agent rewards [B, n_agents]."""
     row = {
         "obs": step.obs, "state": step.state, "actions": action, "rewards": nxt.reward,
         "next_obs": nxt.obs, "next_state": nxt.state, "next_actions": next_action,
         "terminals": nxt.terminal, "timeouts": nxt.timeout, "alive": alive.copy(),
     }
+    if n_agents:
+        per_agent = nxt.info.get(fmt.AGENT_REWARDS)
+        row[fmt.AGENT_REWARDS] = (np.repeat(np.asarray(nxt.reward)[:, None], n_agents, axis=1)
+                                  if per_agent is None else per_agent)
     if step.avail is not None:
         row["avail_actions"], row["next_avail_actions"] = step.avail, nxt.avail
     return row
@@ -88,7 +96,7 @@ def _to_episode_major(rows: list[dict], discrete: bool) -> dict[str, np.ndarray]
     out["next_actions_valid"] = np.ones(len(out["rewards"]), dtype=np.uint8)
     casts = {"obs": np.float32, "state": np.float32, "next_obs": np.float32,
              "next_state": np.float32, "rewards": np.float32, "terminals": np.uint8,
-             "timeouts": np.uint8, "episode_ids": np.int64, "steps": np.int32,
+             "timeouts": np.uint8, "episode_ids": np.int64, "steps": np.int32, fmt.AGENT_REWARDS: np.float32,
              "actions": np.int64 if discrete else np.float32}
     casts["next_actions"] = casts["actions"]
     return {k: v.astype(casts.get(k, v.dtype), copy=False) for k, v in out.items()}
@@ -104,18 +112,25 @@ def uniform_random_return(task: Task, episodes: int = protocol.REFERENCE_EPISODE
     return float(protocol.rollout_returns(task, policy, protocol.eval_seeds(episodes))["returns"].mean())
 
 
-def reference_returns(task: Task) -> dict[str, float]:
+# Episodes that measure a generation's reference returns: v1 kept its 100 (its files stay byte-identical);
+# v2 measures over 1,000, on the first 1,000 evaluation seeds.
+REFERENCE_EPISODES = {"v1": protocol.REFERENCE_EPISODES, "v2": 1000}
+
+
+def reference_returns(task: Task, gen: str | None = None) -> dict[str, float]:
     """Random and expert reference returns, measured on the protocol's evaluation seeds (cached
     per process by the reference policies' ids)."""
     hook = recipe_for(task.spec.task_id).references
     if hook is not None:
         return dict(hook(task))
-    refs_b = references_for(task.spec.task_id)
+    refs_b = references_for(task.spec.task_id, gen)
     if refs_b is None:
-        raise BenchError(f"{task.spec.task_id}: no reference policies defined yet")
-    key = (task.spec.task_id, task.spec.episode_limit, refs_b[0].policy_id, refs_b[1].policy_id)
+        raise BenchError(f"{task.spec.task_id}: no reference policies defined yet (generation {generation(gen).name})")
+    episodes = REFERENCE_EPISODES[generation(gen).name]
+    key = (task.spec.task_id, task.spec.episode_limit, refs_b[0].policy_id, refs_b[1].policy_id, episodes,
+           task.spec.description)
     if key not in _REF_CACHE:
-        seeds = protocol.eval_seeds(protocol.REFERENCE_EPISODES)
+        seeds = protocol.eval_seeds(episodes)
         refs = {}
         for name, behaviour in zip(("random", "expert"), refs_b):
             policy = behaviour.make(np.random.default_rng(0))
@@ -156,7 +171,7 @@ def _from_replay(behaviour: Behaviour, episodes: int) -> dict[str, np.ndarray]:
 
 
 def _from_parts(task: Task, behaviour: Behaviour, episodes: int, generator_seed: int,
-                tier_index: int) -> dict[str, np.ndarray]:
+                tier_index: int, agent_rewards: bool = False) -> dict[str, np.ndarray]:
     """A medium-replay rebuilt from its checkpoint sequence: training episode j is rolled out on
     the trainer's env seed j with the policy of the part that holds it (parts in training order).
     All episodes when the profile asks for at least that many (paper), else evenly spaced ones
@@ -176,15 +191,16 @@ def _from_parts(task: Task, behaviour: Behaviour, episodes: int, generator_seed:
         if len(idx):
             rng = np.random.default_rng([generator_seed, tier_index, i])
             policy = replay_part_policy(part, float(rep["noise"]), task.spec.act_dim, rng)
-            out.append(collect(task, policy, seeds[idx]))
+            out.append(collect(task, policy, seeds[idx], agent_rewards))
     return _concat_episodes(out)
 
 
-def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.random.Generator):
+def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.random.Generator,
+                  agent_rewards: bool = False):
     hook = recipe_for(task.spec.task_id).collect
     if hook is not None:
         return hook(task, behaviour, seeds, rng)
-    return collect(task, behaviour.make(rng), seeds)
+    return collect(task, behaviour.make(rng), seeds, agent_rewards)
 
 
 def _built_on() -> dict:
@@ -195,36 +211,47 @@ def _built_on() -> dict:
     return {"cpu": hardware_info("cpu")["cpu"], "cpu_isa": cpu_isa(), "machine": platform.machine()}
 
 
+def _agent0_returns(arrays: dict[str, np.ndarray]) -> dict[str, float]:
+    """Statistics of agent 0's episode returns (the originals' cards report these; datasets/originals.py)."""
+    stats = fmt.return_stats(fmt.episode_returns(arrays[fmt.AGENT_REWARDS][:, 0], arrays["episode_ids"]))
+    return {k.removeprefix("return_"): v for k, v in stats.items()}
+
+
 def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, profile: str,
-                  generator_seed: int = 0) -> dict:
-    """Collect, validate, write atomically and record in the manifest. Returns the entry."""
-    task = get_task(task_id)
+                  generator_seed: int = 0, generation_name: str | None = None) -> dict:
+    """Collect, validate, write atomically and record in the manifest. Returns the entry.
+    generation_name: the dataset generation (datasets/generations.py; None = v1): which behaviour
+    policies, prey, random tier and reward arrays the continuous tasks' tiers get."""
+    gen = generation(generation_name)
+    task = get_task(task_id, prey=prey_for(task_id, gen.name))
     if tier not in task.spec.tiers:
         raise BenchError(f"unknown tier {tier!r} for {task_id} (tiers: {', '.join(task.spec.tiers)})")
     tier_index = ALL_TIERS.index(tier)
     rng = np.random.default_rng([generator_seed, tier_index])
     seeds = protocol.collection_seeds(generator_seed, tier_index, 0, episodes)
-    behaviour = behaviour_for(task_id, tier)
+    own_recipe = recipe_for(task_id).collect is not None  # SMAX: one recipe in every generation
+    per_agent = gen.agent_rewards and not own_recipe
+    behaviour = behaviour_for(task_id, tier, gen.name)
     if behaviour is None and tier == "mixed":
         # mixed = equal halves of medium and expert episodes (CFCQL tools/mixed.py)
-        halves = [behaviour_for(task_id, t) for t in ("medium", "expert")]
+        halves = [behaviour_for(task_id, t, gen.name) for t in ("medium", "expert")]
         if None in halves:
             raise BenchError(f"{task_id}/mixed: needs medium and expert behaviour policies")
         k = episodes // 2
-        arrays = _concat_episodes([_collect_tier(task, halves[0], seeds[:k], rng),
-                                   _collect_tier(task, halves[1], seeds[k:], rng)])
+        arrays = _concat_episodes([_collect_tier(task, halves[0], seeds[:k], rng, per_agent),
+                                   _collect_tier(task, halves[1], seeds[k:], rng, per_agent)])
         policy_id = f"mixed({halves[0].policy_id}|{halves[1].policy_id})"
     elif behaviour is None:
-        raise DatasetUnavailable(task_id, tier)
+        raise DatasetUnavailable(task_id, tier, gen.name)
     elif behaviour.kind == "replay":
         arrays, policy_id = _from_replay(behaviour, episodes), behaviour.policy_id
     elif behaviour.kind == "parts":
-        arrays = _from_parts(task, behaviour, episodes, generator_seed, tier_index)
+        arrays = _from_parts(task, behaviour, episodes, generator_seed, tier_index, per_agent)
         policy_id = behaviour.policy_id
     else:
-        arrays, policy_id = _collect_tier(task, behaviour, seeds, rng), behaviour.policy_id
+        arrays, policy_id = _collect_tier(task, behaviour, seeds, rng, per_agent), behaviour.policy_id
     won = arrays.pop("episode_won", None)
-    refs = reference_returns(task)
+    refs = reference_returns(task, gen.name)
     attrs = {
         "task_id": task_id, "quality": tier, "behaviour_policy_id": policy_id,
         "generator_version": GENERATOR_VERSION, "generator_seed": generator_seed,
@@ -232,6 +259,8 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
         "ref_return_random": refs["random"], "ref_return_expert": refs["expert"],
         "profile": profile,
     }
+    if gen.name != "v1" and not own_recipe:
+        attrs["generation"] = gen.name
     if won is not None:
         attrs["win_rate"] = float(np.mean(won))
     path = manifest.dataset_path(data_dir, task_id, tier)
@@ -240,7 +269,8 @@ def build_dataset(task_id: str, tier: str, episodes: int, data_dir: Path, *, pro
     fmt.load_dataset(path, spec=task.spec, expected_sha256=sha)  # read back: what we wrote loads
     # where it was built (manifest only, not in the file: its bytes must not depend on it); another CPU's
     # build may differ in the last bits (datasets/cards.py, dataset_identity)
-    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile, built_on=_built_on())
+    extra = {"agent0_returns": _agent0_returns(arrays)} if fmt.AGENT_REWARDS in arrays else {}
+    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile, built_on=_built_on(), **extra)
     manifest.record(data_dir, entry)
     write_card(data_dir, entry)
     return entry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 @click.group()
@@ -23,6 +25,7 @@ def datasets_list(obj: dict, profile: str) -> None:
     from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
+    gen = prof.generation
     root = data_profile_dir(obj["data_dir"], prof)
     entries = manifest.read_manifest(root)
     click.echo(f"{'task':<26} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
@@ -30,7 +33,7 @@ def datasets_list(obj: dict, profile: str) -> None:
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
             if entry:
-                status = "stale" if stale(entry, task_id, tier) else "built"
+                status = "stale" if stale(entry, task_id, tier, gen) else "built"
                 lacks = [k for k in ("n_transitions", "return_mean", "return_std") if not _number(entry.get(k))]
                 if lacks:  # hand-made or damaged entry: list it, say what is missing
                     status = "incomplete"
@@ -40,11 +43,11 @@ def datasets_list(obj: dict, profile: str) -> None:
                 ret = (f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f}"
                        if not {"return_mean", "return_std"} & set(lacks) else "?")
             else:
-                status = "not built" if available(task_id, tier) else "unavailable"
+                status = "not built" if available(task_id, tier, gen) else "unavailable"
                 n, ret = "", ""
-            src = (entry.get("behaviour_policy_id") or entry.get("source") or "?") if entry else available(task_id, tier)
+            src = (entry.get("behaviour_policy_id") or entry.get("source") or "?") if entry else available(task_id, tier, gen)
             if not src:
-                why, fix = unavailable(task_id, tier)
+                why, fix = unavailable(task_id, tier, gen)
                 src = f"{why}; run: {fix}"
             click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src}")
 
@@ -78,7 +81,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
 
     prof = load_profile(profile)
     if build_all:
-        todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if available(t, q)]
+        todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if available(t, q, prof.generation)]
     elif matrix:
         from plcql_bench.suite.matrix import matrix_datasets
 
@@ -98,12 +101,13 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
             raise BenchError(f"unknown tier {q!r} for {task_id} (tiers: {', '.join(spec.tiers)})")
         entry = manifest.lookup(root, task_id, q)
         if not force and entry:
-            why = stale(entry, task_id, q)
+            why = stale(entry, task_id, q, prof.generation)
             click.echo(f"{task_id}/{q}: already built (use --force to rebuild)"
                        + (f"; STALE: {why}" if why else ""))
             continue
         entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
-                              profile=prof.data_profile, generator_seed=generator_seed)
+                              profile=prof.data_profile, generator_seed=generator_seed,
+                              generation_name=prof.generation)
         click.echo(f"{task_id}/{q}: {entry['n_transitions']} transitions, return "
                    f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
                    f"(refs: random {entry['ref_return_random']:.1f}, expert "
@@ -114,14 +118,29 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
 @click.option("--profile", default="paper", show_default=True)
 @click.option("--out", default=None, type=click.Path(path_type=str),
               help="Default: datasets/cards/<profile>/ (committed with the code).")
+@click.option("--compare", "compare_with", type=click.Choice(["originals"]), default=None,
+              help="Print the profile's committed cards beside the original datasets' statistics "
+                   "(datasets/originals.json) with an in/out-of-tolerance verdict per tier; writes nothing.")
+@click.option("--strict", is_flag=True, help="With --compare: exit 1 when a tier is out of tolerance.")
 @click.pass_obj
-def datasets_cards(obj, profile, out) -> None:
-    """Export the cards of every built dataset of a profile (plus an index) for committing."""
+def datasets_cards(obj, profile, out, compare_with, strict) -> None:
+    """Export the cards of every built dataset of a profile (plus an index) for committing; or, with
+    --compare originals, compare the committed cards with the originals."""
     from plcql_bench.datasets.cards import CARDS_DIR, export_cards
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import data_profile_dir
 
     prof = load_profile(profile)
+    if compare_with:
+        from plcql_bench.datasets import originals
+
+        folder = Path(out) if out else CARDS_DIR / prof.data_profile
+        rows = originals.compare(originals.committed_cards(folder))
+        click.echo(f"cards: {folder}; originals: {originals.ORIGINALS}")
+        click.echo(originals.render(rows))
+        if strict and not all(r.holds for r in rows):
+            raise SystemExit(1)
+        return
     dest = out or str(CARDS_DIR / prof.data_profile)
     files = export_cards(data_profile_dir(obj["data_dir"], prof), dest, prof.data_profile, echo=click.echo)
     click.echo(f"{len(files)} files written to {dest} (index: {dest}/README.md)")
@@ -195,7 +214,29 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
                                                      "env_steps": res[t]["env_steps"]}
                                                  for t in ("expert", "medium", "random")}
     for t, e in tiers.items():
-        click.echo(f"{task}/{t}: return {e['return']:.2f} at {e['env_steps']} env steps")
+        if "return" in e:  # a v2 random tier is uniform actions: no checkpoint
+            click.echo(f"{task}/{t}: return {e['return']:.2f} at {e['env_steps']} env steps"
+                       + (f", noise {e['noise']}" if "noise" in e else ""))
+
+
+@datasets.command("publish-v2")
+@click.argument("task")
+@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
+@click.option("--assets", default=None, type=click.Path(path_type=str),
+              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+def datasets_publish_v2(task, run_dir, assets) -> None:
+    """Choose the v2 generation's expert and medium checkpoints of a finished `train-behaviour TASK --profile
+    v2` run (RUN_DIR) by the originals' statistics, and write index-v2.json with its medium-replay sequence."""
+    from plcql_bench.datasets.tiers_v2 import publish_v2
+
+    index = publish_v2(task, run_dir, assets, progress=click.echo)
+    for t, e in index["tiers"].items():
+        if "checkpoint" in e:
+            s = e["candidate_stats"]
+            click.echo(f"{task}/{t}: step {e['env_steps']}, noise {e['noise']}: {s['mean']:.1f} ± {s['std']:.1f} "
+                       f"(in tolerance: {e['in_tolerance']})")
+    mr = index["medium_replay"]
+    click.echo(f"{task}/medium-replay: {mr['episodes']} episodes ({mr['transitions']} transitions) in {len(mr['parts'])} parts")
 
 
 @datasets.command("publish-replay")

@@ -1,4 +1,8 @@
-"""Dataset format v1: one HDF5 file per task x quality tier (``<data_dir>/<task_id>/<tier>.h5``).
+"""Dataset format v2 (reads v1 too): one HDF5 file per task x quality tier (``<data_dir>/<task_id>/<tier>.h5``).
+
+v2 adds one array, ``agent_rewards`` float32 [N, n_agents] (each agent's own reward; ``rewards`` stays
+the team reward, their mean over agents). A file is written as v2 exactly when it has
+``agent_rewards``, so data without per-agent rewards (SMAX, the v1 generation) keeps its v1 bytes.
 
 The written specification is docs/dataset-format.md; this module is its only implementation.
 
@@ -29,8 +33,10 @@ import numpy as np
 
 from plcql_bench.suite.core.spec import TaskSpec
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+AGENT_REWARDS = "agent_rewards"  # v2: float32 [N, n_agents]; rewards == its mean over agents
+_TEAM_REWARD_TOL = 1e-5  # |rewards - mean(agent_rewards)| allowed, relative to max(1, |rewards|)
 
 # Arrays common to both action types.
 FLOAT_ARRAYS = ("obs", "state", "rewards", "next_obs", "next_state")
@@ -115,6 +121,17 @@ class Dataset:
     def episode_returns(self) -> np.ndarray:
         return episode_returns(self.arrays["rewards"], self.arrays["episode_ids"])
 
+    @property
+    def has_agent_rewards(self) -> bool:
+        return AGENT_REWARDS in self.arrays
+
+    def agent_rewards(self) -> np.ndarray:
+        """float32 [N, n_agents]: each agent's reward (v2), or the team reward for every agent (v1)."""
+        if self.has_agent_rewards:
+            return self.arrays[AGENT_REWARDS]
+        n = int(self.attrs["n_agents"])
+        return np.repeat(self.arrays["rewards"][:, None], n, axis=1)
+
 
 # --------------------------------------------------------------------------------------------
 # Helpers
@@ -180,7 +197,7 @@ def normalised_score(ret: Any, attrs_or_refs: Any) -> Any:
 
 
 def _expected_dtype(name: str, discrete: bool) -> np.dtype:
-    if name in FLOAT_ARRAYS:
+    if name in FLOAT_ARRAYS or name == AGENT_REWARDS:
         return np.dtype(np.float32)
     if name in ("actions", "next_actions"):
         return np.dtype(np.int64 if discrete else np.float32)
@@ -315,6 +332,7 @@ def validate(
             raise DatasetError(path, name, f"extra array must have leading dimension N={n}, got shape {np.shape(a)}")
     if attrs["n_transitions"] != n:
         raise DatasetError(path, "attrs.n_transitions", f"is {attrs['n_transitions']}, arrays hold {n}")
+    _check_agent_rewards(path, arrays, attrs, n)
 
     # Values.
     float_names = list(FLOAT_ARRAYS) + ([] if discrete else ["actions", "next_actions"])
@@ -361,6 +379,32 @@ def validate(
 
     if check_episodes:
         _check_episodes(path, arrays, attrs, spec, discrete)
+
+
+def _check_agent_rewards(path: str, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any], n: int) -> None:
+    """v2 files hold `agent_rewards` [N, n_agents] (float32, finite) whose mean over agents is the team
+    reward `rewards`; v1 files hold none."""
+    version = attrs["format_version"]
+    if AGENT_REWARDS not in arrays:
+        if version >= 2:
+            raise DatasetError(path, AGENT_REWARDS, f"required array missing (format version {version})")
+        return
+    if version < 2:
+        raise DatasetError(path, AGENT_REWARDS, "present in a format version 1 file (per-agent rewards are v2)")
+    a = arrays[AGENT_REWARDS]
+    if a.dtype != np.float32:
+        raise DatasetError(path, AGENT_REWARDS, f"dtype {a.dtype}, expected float32")
+    if tuple(a.shape) != (n, attrs["n_agents"]):
+        raise DatasetError(path, AGENT_REWARDS, f"shape {tuple(a.shape)}, expected {(n, attrs['n_agents'])}")
+    bad = ~np.isfinite(a)
+    if bad.any():
+        raise DatasetError(path, AGENT_REWARDS, f"non-finite value (NaN or inf) at row {_first(bad)}")
+    team = arrays["rewards"].astype(np.float64)
+    off = np.abs(a.astype(np.float64).mean(axis=1) - team) > _TEAM_REWARD_TOL * np.maximum(1.0, np.abs(team))
+    if off.any():
+        i = _first(off)
+        raise DatasetError(path, AGENT_REWARDS, f"row {i}: mean over agents {float(a[i].mean())!r} is not the team "
+                           f"reward rewards[{i}] = {float(team[i])!r}")
 
 
 def _check_episodes(path: str, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any],
@@ -457,7 +501,7 @@ def _derive_attrs(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[
     if discrete is None:
         discrete = "avail_actions" in arrays
     out.setdefault("discrete", bool(discrete))
-    out.setdefault("format_version", FORMAT_VERSION)
+    out.setdefault("format_version", FORMAT_VERSION if AGENT_REWARDS in arrays else 1)
     if obs is not None and np.ndim(obs) == 3:
         out.setdefault("n_agents", int(obs.shape[1]))
         out.setdefault("obs_dim", int(obs.shape[2]))
@@ -491,9 +535,10 @@ def write_dataset(
     spec: TaskSpec | None = None,
     compression: str | None = None,
 ) -> str:
-    """Validate, then write a v1 file atomically; returns its sha256.
+    """Validate, then write a file atomically; returns its sha256. Format v2 when `arrays` hold
+    `agent_rewards`, else v1 (the same bytes as before v2 existed).
 
-    arrays: the v1 arrays (cast to their v1 dtypes when lossless: e.g. bool flags -> uint8,
+    arrays: the arrays (cast to their v1 dtypes when lossless: e.g. bool flags -> uint8,
     float64 obs -> float32). attrs: at least CALLER_ATTRS (env_versions a dict or JSON
     string); the shape attributes, counts and return statistics are derived when absent and
     checked when given. compression: None (default, contiguous, fastest to load), "lzf"
@@ -577,7 +622,7 @@ def load_dataset(
     expected_sha256: str | None = None,
     check_episodes: bool = True,
 ) -> Dataset:
-    """Load a v1 file into memory and check it (see docs/dataset-format.md, "Checks")."""
+    """Load a v1 or v2 file into memory and check it (see docs/dataset-format.md, "Checks")."""
     import h5py
 
     path = str(path)

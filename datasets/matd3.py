@@ -105,7 +105,18 @@ def budget_for(task_id: str, profile: str) -> Budget:
             over.update(hidden=32, critic_hidden=32, num_envs=2, warmup_steps=1000, eval_every=2000,
                         checkpoint_every=2000, eval_episodes=1)
         b = replace(b, env_steps=_HC_STEPS[profile], **over)
+    if profile == "v2":
+        b = replace(b, **_V2_TASK.get(task_id, {}))
     return b
+
+
+# The v2 generation's per-task settings. updates_per_step sets how fast the behaviour policy learns per env
+# step, and so what its training replay (the medium-replay tier, at the original's size) holds: each value
+# was chosen, from the ones tried, as the one whose replay's statistics match the original medium-replay's
+# (docs/datasets.md, "v2: how each tier was chosen").
+_V2_TASK: dict[str, dict[str, Any]] = {
+    "mpe-pp": {"updates_per_step": 0.02, "env_steps": 1_500_000},
+}
 
 
 def budget_prey(task_id: str, profile: str) -> str:
@@ -284,7 +295,7 @@ class Trainer:
         if same != mine or blob["task_id"] != self.spec.task_id or blob.get("prey", "suite") != self.prey:
             from plcql_bench.suite.core.errors import BenchError
 
-            raise BenchError(f"{path}: written with another task, budget or prey; use a new --out")
+            raise BenchError(f"{path}: written with another task or budget (or prey); use a new --out")
         if blob["size"] > len(self.replay["rewards"]):
             self.replay = {k: np.zeros((blob["size"],) + v.shape[1:], v.dtype)
                            for k, v in self.replay.items()}
@@ -631,6 +642,10 @@ def train_behaviour(task_id: str, profile: str, out: str | Path | None = None, s
                  "run again to resume")
         return None
     rand = uniform_random_return(trainer.task, trainer.b.eval_episodes)
+    if profile == "v2":  # tiers chosen by the originals' statistics (datasets/tiers_v2.py)
+        from plcql_bench.datasets.tiers_v2 import publish_v2
+
+        return publish_v2(task_id, out, assets, progress)
     if assets is None:
         return {"out": str(out), **select_tiers(task_id, out, rand)}
     return publish(task_id, out, assets, profile, rand)

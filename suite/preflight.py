@@ -100,7 +100,7 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
                                     f"(or import it again)", user_error=True)
             echo(f"error: {problems[(task, tier)].message()}", err=True)
             continue
-        why = stale(entry, task, tier)
+        why = stale(entry, task, tier, profile.generation)
         if why:  # its runs stay valid for that data (keyed by sha256), but say so
             echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
                  f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
@@ -141,7 +141,8 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
             echo(f"building dataset {task}/{tier}")
             started = time.monotonic()
             try:
-                build(task, tier, profile.episodes_for(task, tier), root, profile=profile.data_profile)
+                build(task, tier, profile.episodes_for(task, tier), root, profile=profile.data_profile,
+                      generation_name=profile.generation)
             except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
                 problem = diagnose(task, tier, exc, profile.name)
                 echo(f"error: {problem.message()}", err=True)
@@ -218,13 +219,13 @@ def clear_failure(cell, profile, results_dir: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def check_buildable(task: str, tier: str, profile_name: str) -> DatasetProblem | None:
+def check_buildable(task: str, tier: str, profile_name: str, generation: str | None = None) -> DatasetProblem | None:
     """Why `all` could not build task/tier here (no behaviour policy, a missing extra), or None.
     Cheap: looks up the behaviour policy without collecting anything."""
     from plcql_bench.datasets.behaviour import unavailable
 
     try:
-        found = unavailable(task, tier)
+        found = unavailable(task, tier, generation)
     except Exception as exc:  # noqa: BLE001 - e.g. the task's env stack is not installed
         return diagnose(task, tier, exc, profile_name)
     return DatasetProblem(task, tier, *found) if found else None

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     from plcql_bench.datasets.cards import card_scoring, dataset_identity
     from plcql_bench.datasets.format import load_dataset
     from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import configure_process, data_profile_dir
+    from plcql_bench.suite.runner import configure_process, data_profile_dir, dataset_task
     from plcql_bench.suite.tasks import get_task
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{path}: dataset not built (plcql-bench datasets build {task_id} {args.tier} "
                          f"--profile {prof.name})")
     dataset = load_dataset(path)
+    task = dataset_task(task_id, dataset)  # PP/World: against the prey the data was collected with
     # named as the suite's runs name it: a rebuild of the committed card's dataset by the card's sha256
     entry = manifest.lookup(data_profile_dir(args.data_dir, prof), task_id, args.tier)
     dataset_sha256, rebuild = dataset_identity(entry) if entry and entry["sha256"] == dataset.sha256 else (dataset.sha256, None)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_config, make_config
+from plcql_bench.algorithms.base import batch_kind, get_algorithm, identity_config, make_config, reward_kind
 from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
@@ -155,17 +155,28 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
         raise BenchError(str(exc).strip("'\"")) from None
 
 
+def select_rewards(arrays: dict[str, np.ndarray], reward: str = "team") -> np.ndarray:
+    """The reward column an algorithm trains on (algorithms/base.py: reward_kind): the team reward [N], agent
+    0's [N] or every agent's [N, n] from a v2 dataset's `agent_rewards`; the team reward [N] for every choice
+    when the dataset has no per-agent rewards (format v1)."""
+    if reward == "team" or fmt.AGENT_REWARDS not in arrays:
+        return arrays["rewards"]
+    per_agent = arrays[fmt.AGENT_REWARDS]
+    return per_agent[:, 0] if reward == "agent0" else per_agent
+
+
 class Sampler:
     """Uniform minibatches from an in-memory dataset, with its own seeded generator."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], discrete: bool, seed: int, device: str):
+    def __init__(self, arrays: dict[str, np.ndarray], discrete: bool, seed: int, device: str, reward: str = "team"):
         def t(name, dtype):
             return torch.as_tensor(arrays[name]).to(device=device, dtype=dtype)
 
         act_dtype = torch.int64 if discrete else torch.float32
         self.tensors = {
             "obs": t("obs", torch.float32), "state": t("state", torch.float32),
-            "actions": t("actions", act_dtype), "rewards": t("rewards", torch.float32),
+            "actions": t("actions", act_dtype),
+            "rewards": torch.as_tensor(select_rewards(arrays, reward)).to(device=device, dtype=torch.float32),
             "next_obs": t("next_obs", torch.float32), "next_state": t("next_state", torch.float32),
             "next_actions": t("next_actions", act_dtype),
             "next_actions_valid": t("next_actions_valid", torch.float32),
@@ -190,7 +201,7 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
         from plcql_bench.datasets.episodes import EpisodeSampler
 
         return EpisodeSampler(arrays, seed, device)
-    return Sampler(arrays, discrete, seed, device)
+    return Sampler(arrays, discrete, seed, device, reward=reward_kind(cls))
 
 
 def load_run_dataset(plan: RunPlan):
@@ -198,6 +209,15 @@ def load_run_dataset(plan: RunPlan):
     check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
     dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
     return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
+
+
+def dataset_task(task_id: str, dataset):
+    """The task a dataset's runs train and are evaluated on: PP and World against the prey the data was
+    collected with (its env_versions name it: OMAR's pretrained prey, or the suite's own), so a policy
+    learned from OMAR-prey data is never scored against another prey."""
+    from plcql_bench.suite.envs.prey import prey_kind
+
+    return get_task(task_id, prey=prey_kind(dataset.attrs.get("env_versions") or {}))
 
 
 def check_dataset_identity(path: Path, task: str, tier: str) -> None:
@@ -345,7 +365,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     when the run stops early)."""
     progress = {} if progress is None else progress
     cell, profile = plan.cell, plan.profile
-    task = get_task(cell.task)
+    task = dataset_task(cell.task, dataset)
     budget = profile.train_budget(cell.task, cell.tier)
     torch.manual_seed(cell.seed)
     np.random.seed(cell.seed)

@@ -191,7 +191,7 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
     """`runner._train_and_evaluate` for seeds at the same round, as one SeedStack; then each seed's final
     evaluation and final.json (`runner.execute`'s last steps)."""
     plan0 = runs[0].plan
-    task = get_task(plan0.cell.task)
+    task = R.dataset_task(plan0.cell.task, dataset)
     profile = plan0.profile
     budget = profile.train_budget(plan0.cell.task, plan0.cell.tier)
     ckpt_every = profile.checkpoint_every_for(plan0.cell.task, plan0.cell.tier)

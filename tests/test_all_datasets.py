@@ -134,7 +134,7 @@ def test_ensure_dataset_builds_once_under_its_lock_and_remembers_a_failure_per_a
     root = tmp_path / "data" / prof.data_profile
     calls = []
 
-    def fake_build(task, tier, episodes, data_root, profile):
+    def fake_build(task, tier, episodes, data_root, profile, **_):
         calls.append((task, tier))
         time.sleep(0.3)  # the other thread reaches the lock meanwhile
         manifest.record(data_root, {"task_id": task, "quality": tier, "file": f"{task}/{tier}.h5", "sha256": "0" * 64,
@@ -150,7 +150,7 @@ def test_ensure_dataset_builds_once_under_its_lock_and_remembers_a_failure_per_a
         t.join()
     assert calls == [("mpe-cn", "random")] and problems == [None, None, None]
 
-    def broken(task, tier, episodes, data_root, profile):
+    def broken(task, tier, episodes, data_root, profile, **_):
         calls.append((task, tier))
         raise RuntimeError("no simulator")
 

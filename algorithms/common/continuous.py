@@ -368,6 +368,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
 
     name = "central-critic"
     discrete = False
+    reward = "agent0"  # CFCQL's central critic learns from agent 0's reward (reference-implementations.md §4.3)
 
     @classmethod
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:

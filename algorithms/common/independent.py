@@ -134,6 +134,7 @@ class IndependentBase(Checkpointable, DeterministicActors):
 
     name = "independent"
     discrete = False
+    reward = "per_agent"  # each agent's critic learns from its own reward, as OMAR's (§4.0-4.1)
     n_twins = 2
     use_value = False  # IQL: an extra V_i(o_i)
     use_target_actors = True

@@ -33,6 +33,8 @@ class Profile:
     algo_overrides: dict[str, Any] = field(default_factory=dict)
     # The profile whose datasets this one trains on (its own name unless `datasets: {from: X}`).
     data_profile: str = ""
+    # The dataset generation its continuous tasks' tiers are built with (datasets/generations.py).
+    generation: str = "v1"
 
     def __post_init__(self) -> None:
         if not self.data_profile:
@@ -187,22 +189,34 @@ def _matrix(raw: Any, source: str) -> dict[str, list]:
     return matrix
 
 
-def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None]:
-    """(episodes table, the built-in profile whose datasets are reused, or None)."""
-    _keys(raw, ("episodes", "from"), (), source, "datasets.")
+def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None, str]:
+    """(episodes table, the built-in profile whose datasets are reused or None, dataset generation)."""
+    _keys(raw, ("episodes", "from", "generation"), (), source, "datasets.")
     if "from" in raw:  # reuse another built-in profile's datasets (same files, same sizes)
-        if "episodes" in raw:
-            raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes', not both")
+        if "episodes" in raw or "generation" in raw:
+            raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes' "
+                             "(and 'generation'), not both")
         data_profile = raw["from"]
         if data_profile not in builtin_profiles():
             raise BenchError(f"{source}: datasets.from: unknown built-in profile {data_profile!r}"
                              f"{did_you_mean(str(data_profile), builtin_profiles())} "
                              f"(built in: {', '.join(builtin_profiles())})")
         other = yaml.safe_load(resources.files(__name__).joinpath(f"{data_profile}.yaml").read_text())
-        return _table(other["datasets"]["episodes"], f"builtin:{data_profile}", "datasets.episodes"), data_profile
+        return (_table(other["datasets"]["episodes"], f"builtin:{data_profile}", "datasets.episodes"), data_profile,
+                _generation(other["datasets"], f"builtin:{data_profile}"))
     if "episodes" not in raw:
         raise BenchError(f"{source}: datasets.episodes: required key missing (or datasets.from)")
-    return _table(raw["episodes"], source, "datasets.episodes"), None
+    return _table(raw["episodes"], source, "datasets.episodes"), None, _generation(raw, source)
+
+
+def _generation(raw: dict, source: str) -> str:
+    from plcql_bench.datasets.generations import DEFAULT_GENERATION, GENERATIONS
+
+    name = raw.get("generation", DEFAULT_GENERATION)
+    if name not in GENERATIONS:
+        raise BenchError(f"{source}: datasets.generation: unknown generation {_kind(name)}"
+                         f"{did_you_mean(str(name), GENERATIONS)} (known: {', '.join(GENERATIONS)})")
+    return name
 
 
 def _parse(raw: Any, source: str) -> Profile:
@@ -214,7 +228,7 @@ def _parse(raw: Any, source: str) -> Profile:
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise BenchError(f"{source}: description: must be a string, got {_kind(description)}")
-    episodes, data_profile = _datasets(raw["datasets"], source)
+    episodes, data_profile, generation = _datasets(raw["datasets"], source)
     train = _keys(raw["train"], TRAIN_KEYS, TRAIN_KEYS, source, "train.")
     eval_every = _table(train["eval_every"], source, "train.eval_every")
     checkpoint_every = _table(train["checkpoint_every"], source, "train.checkpoint_every")
@@ -223,6 +237,7 @@ def _parse(raw: Any, source: str) -> Profile:
         name=name,
         description=description,
         data_profile=data_profile or name,
+        generation=generation,
         dataset_episodes=episodes,
         updates=_table(train["updates"], source, "train.updates"),
         eval_every=eval_every,

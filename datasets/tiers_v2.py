@@ -1,0 +1,153 @@
+"""The v2 generation's tiers of a MATD3 behaviour run, chosen by the originals' statistics.
+
+`publish_v2(task, RUN_DIR)` turns a finished `train-behaviour TASK --profile v2` run into
+`datasets/assets/behaviour/<task>/index-v2.json` (datasets/generations.py):
+
+* expert and medium: every checkpoint of the run (× each noise level the task allows: CN's expert also
+  0.2-0.8, since the original CN expert is broader than a noise-0.1 expert) is rolled out on the tier's
+  own first collection seeds, with the tier's own noise generator, so a candidate's statistics are those
+  of the first episodes the build would collect. The candidate closest to the original tier
+  (datasets/originals.json), by |Δmean| / mean tolerance + |Δstd| / std tolerance, is chosen; every
+  candidate's statistics are kept in the index ("selection") as the evidence;
+* random: uniform actions (no checkpoint);
+* medium-replay: the run's training replay up to the original's size (its transitions), rebuilt from
+  the checkpoint sequence as in v1 (matd3.replay_parts); the run's updates-per-step is what makes that
+  replay look like the original's (docs/datasets.md, "v2").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from plcql_bench.datasets import format as fmt
+from plcql_bench.datasets import originals
+
+# Noise levels tried per task (default: the trainer's exploration noise only).
+NOISES: dict[tuple[str, str], tuple[float, ...]] = {
+    ("mpe-cn", "expert"): (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
+}
+DEFAULT_NOISE = (0.1,)
+# Episodes each candidate is rolled out for: the first episodes of the tier's own collection.
+EPISODES = {"mpe": 1024, "mamujoco": 64}
+INDEX = "index-v2.json"
+SUBDIR = "v2"  # checkpoints under datasets/assets/behaviour/<task>/v2/
+
+
+def _log(run_dir: Path) -> list[dict]:
+    by_step = {}
+    for line in (run_dir / "log.jsonl").read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            by_step[e["env_steps"]] = e
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def candidate_stats(task, ckpt: Path, noise: float, tier: str, episodes: int) -> dict[str, float]:
+    """Agent 0's return statistics over the first `episodes` episodes the tier's build would collect with
+    this checkpoint and noise (same seeds, same noise generator: datasets/build.py)."""
+    from plcql_bench.datasets.build import collect
+    from plcql_bench.datasets.matd3 import load_actor, noisy_policy
+    from plcql_bench.suite import protocol
+    from plcql_bench.suite.tasks import ALL_TIERS
+
+    index = ALL_TIERS.index(tier)
+    rng = np.random.default_rng([0, index])
+    seeds = protocol.collection_seeds(0, index, 0, episodes)
+    arrays = collect(task, noisy_policy(load_actor(ckpt)[0], noise, rng), seeds, agent_rewards=True)
+    stats = fmt.return_stats(fmt.episode_returns(arrays[fmt.AGENT_REWARDS][:, 0], arrays["episode_ids"]))
+    return {k.removeprefix("return_"): round(v, 4) for k, v in stats.items()}
+
+
+def choose(rows: list[dict], original: dict, mean_tol: float, std_tol: float) -> dict:
+    """The candidate closest to the original tier: least |Δmean|/mean_tol + |Δstd|/std_tol (earliest step on
+    a tie). Each row gets its `score` and whether it is in tolerance."""
+    for r in rows:
+        r["score"] = round(abs(r["mean"] - original["mean"]) / mean_tol + abs(r["std"] - original["std"]) / std_tol, 4)
+        r["in_tolerance"] = (abs(r["mean"] - original["mean"]) <= mean_tol and abs(r["std"] - original["std"]) <= std_tol)
+    return min(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))
+
+
+def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Callable[[str], None] = print) -> dict:
+    """Roll out every candidate (checkpoint step × noise) of `tier` and choose by the originals."""
+    task_id = task.spec.task_id
+    orig = originals.load_originals()
+    tiers = orig["tasks"][task_id]
+    span = tiers["expert"]["mean"] - tiers["random"]["mean"]
+    tol = orig["tolerance"]
+    episodes = EPISODES[task.spec.domain]
+    rows = []
+    for step in steps:
+        for noise in NOISES.get((task_id, tier), DEFAULT_NOISE):
+            s = candidate_stats(task, run_dir / f"ckpt_{step:09d}.pt", noise, tier, episodes)
+            rows.append({"env_steps": step, "noise": noise, **s})
+        progress(f"{task_id}/{tier}: candidates at step {step}: "
+                 + ", ".join(f"noise {r['noise']}: {r['mean']:.1f} ± {r['std']:.1f}" for r in rows if r["env_steps"] == step))
+    best = choose(rows, tiers[tier], tol["mean_fraction_of_range"] * span, tol["std_fraction"] * tiers[tier]["std"])
+    return {"chosen": best, "episodes": episodes, "candidates": rows}
+
+
+def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = None,
+               progress: Callable[[str], None] = print, tiers: tuple[str, ...] = ("expert", "medium")) -> dict:
+    """Choose the tiers of a finished v2 run and write `<assets>/<task>/index-v2.json` with the checkpoints
+    under `<assets>/<task>/v2/`. Returns the index."""
+    import torch
+
+    from plcql_bench.datasets.generations import prey_for
+    from plcql_bench.datasets.matd3 import ASSETS_DIR, REPLAY_RECIPE, TRAINER_VERSION, replay_parts
+    from plcql_bench.suite.tasks import get_task
+
+    run_dir = Path(run_dir)
+    d = Path(assets or ASSETS_DIR) / task_id
+    (d / SUBDIR / "replay").mkdir(parents=True, exist_ok=True)
+    task = get_task(task_id, prey=prey_for(task_id, "v2"))
+    state = torch.load(run_dir / "state.pt", map_location="cpu", weights_only=False)
+    budget, log = state["budget"], _log(run_dir)
+    steps = [e["env_steps"] for e in log if e["env_steps"] > 0]
+    index: dict[str, Any] = {
+        "task_id": task_id, "trainer": TRAINER_VERSION, "generation": "v2", "profile": "v2",
+        "budget": budget, "train_seed": int(state.get("seed", 0)), "prey": task.spec.env_versions().get("prey"),
+        "tiers": {"random": {"policy": "uniform"}}, "selection": {
+            "rule": "least |mean - original| / mean tolerance + |std - original| / std tolerance over agent 0's "
+                    "returns on the tier's first collection episodes (datasets/tiers_v2.py)"},
+        "learning_curve": [{"env_steps": e["env_steps"], "return": round(e["return"], 3)} for e in log],
+    }
+    by_step = {e["env_steps"]: e for e in log}
+    for tier in tiers:
+        sel = select_tier(task, run_dir, tier, steps, progress)
+        best = sel["chosen"]
+        name = f"{SUBDIR}/{tier}.pt"
+        shutil.copyfile(run_dir / f"ckpt_{best['env_steps']:09d}.pt", d / name)
+        index["tiers"][tier] = {"checkpoint": name, "env_steps": best["env_steps"], "noise": best["noise"],
+                                "return": by_step[best["env_steps"]]["return"],
+                                "candidate_stats": {k: best[k] for k in ("mean", "std", "min", "max")},
+                                "in_tolerance": best["in_tolerance"]}
+        index["selection"][tier] = {"episodes": sel["episodes"], "candidates": sel["candidates"]}
+        progress(f"{task_id}/{tier}: chose step {best['env_steps']} noise {best['noise']}: "
+                 f"{best['mean']:.1f} ± {best['std']:.1f} (in tolerance: {best['in_tolerance']})")
+    index["medium_replay"] = _replay_v2(task, run_dir, d, budget, [0] + steps, index["train_seed"], replay_parts,
+                                        REPLAY_RECIPE)
+    (d / INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return index
+
+
+def _replay_v2(task, run_dir: Path, d: Path, budget: dict, steps: list[int], seed: int, replay_parts,
+               recipe: str) -> dict:
+    """medium-replay: the run's replay up to the original's transitions, as a checkpoint sequence copied to
+    `<task>/v2/replay/` (the step-0 checkpoint included)."""
+    spec = task.spec
+    up_to = int(originals.load_originals()["tasks"][spec.task_id]["medium-replay"]["transitions"])
+    parts = replay_parts(steps, up_to, budget["warmup_steps"], spec.episode_limit)
+    for p in parts:
+        step = p.pop("checkpoint_step", None)
+        if step is not None:
+            p["checkpoint"] = f"{SUBDIR}/replay/ckpt_{step:09d}.pt"
+            shutil.copyfile(run_dir / f"ckpt_{step:09d}.pt", d / p["checkpoint"])
+    episodes = sum(p["episodes"] for p in parts)
+    return {"recipe": recipe, "up_to_env_step": up_to, "episodes": episodes,
+            "transitions": episodes * spec.episode_limit, "noise": budget["expl_noise"],
+            "warmup_steps": budget["warmup_steps"], "train_seed": seed, "parts": parts}
