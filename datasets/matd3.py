@@ -75,11 +75,12 @@ _BUDGETS: dict[str, Budget] = {
                   eval_every=10_000, checkpoint_every=20_000),
     "paper": Budget(env_steps=1_000_000, num_envs=16, updates_per_step=0.1, batch_size=1024,
                     eval_every=20_000, checkpoint_every=50_000),
-    # The v2 dataset generation (datasets/generations.py): the `cpu` budget with a checkpoint every 5k
-    # env steps, so the early training that medium-replay replays is rebuilt from a finer sequence and
-    # the tiers' checkpoints can be chosen by their statistics (docs/datasets.md).
-    "v2": Budget(env_steps=500_000, num_envs=16, updates_per_step=0.25, batch_size=512,
-                 eval_every=5_000, checkpoint_every=20_000),
+    # The v2 dataset generation (datasets/generations.py): the `cpu` budget's networks and batch, an actor
+    # checkpoint every 2,500 env steps (the early training that medium-replay replays is rebuilt from a fine
+    # sequence, and the tiers' checkpoints are chosen among them by their statistics), the resumable state
+    # (which holds the whole replay) every 250k; updates per step and length per task (_V2_TASK).
+    "v2": Budget(env_steps=2_500_000, num_envs=16, updates_per_step=0.25, batch_size=512,
+                 eval_every=2_500, checkpoint_every=250_000),
 }
 _TASK_OVERRIDES: dict[str, dict[str, Any]] = {
     # TD3's MuJoCo settings (hidden 256, batch 256, lr 3e-4, tau 0.005, gamma 0.99) with a 256-wide
@@ -115,7 +116,7 @@ def budget_for(task_id: str, profile: str) -> Budget:
 # was chosen, from the ones tried, as the one whose replay's statistics match the original medium-replay's
 # (docs/datasets.md, "v2: how each tier was chosen").
 _V2_TASK: dict[str, dict[str, Any]] = {
-    "mpe-pp": {"updates_per_step": 0.02, "env_steps": 1_500_000},
+    "mpe-pp": {"updates_per_step": 0.02},
 }
 
 

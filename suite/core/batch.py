@@ -19,7 +19,8 @@ class Batch:
     next_actions   like actions: the dataset's next joint action a'
     next_actions_valid float32 [B]: 1 where a' is known; 0 at the last step of an episode whose
                    next action the dataset could not record (PAR targets then replace every agent)
-    rewards        float32 [B]   team reward
+    rewards        float32 [B]   the reward the algorithm's `reward` names: the team's or agent 0's; or
+                   float32 [B, n] each agent's own (`per_agent`, on data with per-agent rewards)
     terminals      float32 [B]   1 = true terminal (no bootstrap); time-limit cuts are NOT terminal
     avail, next_avail  float32 [B, n, n_actions] for discrete tasks, else None
     """
