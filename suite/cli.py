@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -65,12 +66,19 @@ def _results_root(obj) -> Path:
               show_default=True, help=f"Where datasets live (env {DATA_ENV}).")
 @click.option("--results-dir", type=click.Path(path_type=Path), envvar=RESULTS_ENV,
               default="results", show_default=True, help=f"Where run results live (env {RESULTS_ENV}).")
+@click.option("--omar-prey", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder holding OMAR's pretrained prey files (env PLCQL_OMAR_PREY_DIR; default: "
+                   "../shared/data/omar-prey/ beside the checkout or the working directory). The v2 datasets "
+                   "of PP and World are collected and evaluated against it (docs/datasets.md).")
 @click.pass_context
-def cli(ctx: click.Context, data_dir: Path, results_dir: Path) -> None:
+def cli(ctx: click.Context, data_dir: Path, results_dir: Path, omar_prey: Path | None) -> None:
     """Offline multi-agent RL benchmark: PLCQL and its baselines."""
+    from plcql_bench.suite.envs.prey import OMAR_PREY_ENV
     from plcql_bench.suite.executors import restore_interrupts
 
     restore_interrupts()
+    if omar_prey is not None:  # through the environment, so worker processes find it too
+        os.environ[OMAR_PREY_ENV] = str(omar_prey.resolve())
     ctx.obj = {"data_dir": data_dir, "results_dir": results_dir}
 
 

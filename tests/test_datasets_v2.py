@@ -239,3 +239,28 @@ def test_the_tolerance_rule_on_means_stds_and_sizes():
     assert rows[("mpe-cn", "expert")].problems() == ["no card"]
     text = originals.render(list(rows.values()))
     assert "1 of 16 tiers in tolerance" in text
+
+
+@needs_omar_prey
+def test_the_cli_option_names_the_prey_folder(v2_behaviour, tmp_path):
+    """`--omar-prey DIR` wins over the environment's folder, and the build records that prey."""
+    import shutil
+
+    folder = tmp_path / "my-prey"
+    folder.mkdir()
+    for name, _ in prey.OMAR_PREY_FILES.values():
+        shutil.copyfile(SHARED_PREY / name, folder / name)
+    (tmp_path / "v2.yaml").write_text(V2_PROFILE)
+    env = {"PATH": "/usr/bin:/bin", "PLCQL_OMAR_PREY_DIR": str(tmp_path / "elsewhere"),
+           "PLCQL_BEHAVIOUR_DIR": str(v2_behaviour)}
+    base = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data")]
+    args = ["datasets", "build", "mpe-pp", "random", "--profile", str(tmp_path / "v2.yaml")]
+    without = subprocess.run(base + args, capture_output=True, text=True, timeout=600, env=env)
+    assert without.returncode == 2 and "elsewhere" in without.stderr
+    proc = subprocess.run(base + ["--omar-prey", str(folder)] + args, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    from plcql_bench.datasets import manifest
+
+    entry = manifest.lookup(tmp_path / "data" / "v2test", "mpe-pp", "random")
+    assert entry["env_versions"]["prey"].startswith("omar:simple_tag")
