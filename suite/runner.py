@@ -195,16 +195,18 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
 
 def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
-    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
+    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)  # cheap, before the big read
+    # One open file: the sha256 checked (and recorded in the run key) is of the bytes the arrays come from
     dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
+    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier, dataset.attrs)  # of those bytes
     return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
 
 
-def check_dataset_identity(path: Path, task: str, tier: str) -> None:
-    """The task and tier a dataset file states (its attrs) are the cell's: a file copied over
-    another tier's (with the manifest's sha256 fixed to match) must not train as that tier.
-    Cheap: reads the attributes only. DatasetError naming the file and attribute otherwise."""
-    attrs = fmt.read_attrs(path)
+def check_dataset_identity(path: Path, task: str, tier: str, attrs: dict | None = None) -> None:
+    """The task and tier a dataset file states (its attrs, or the `attrs` already loaded from it) are the
+    cell's: a file copied over another tier's (with the manifest's sha256 fixed to match) must not train as
+    that tier. Cheap: reads the attributes only. DatasetError naming the file and attribute otherwise."""
+    attrs = fmt.read_attrs(path) if attrs is None else attrs
     for name, want in (("task_id", task), ("quality", tier)):
         if attrs.get(name) != want:
             raise fmt.DatasetError(path, f"attrs.{name}", f"is {attrs.get(name)!r}, but the manifest files it as "
