@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.suite.core.store import new_temp_file
 from plcql_bench.suite.core.validate import excerpt
 
 FORMAT_VERSION = 1
@@ -535,7 +535,7 @@ def write_dataset(
     validate(arrays, attrs, spec, path=path)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = new_temp_file(path)  # (deletes the temp files a killed build of this file left)
     os.close(fd)
     try:
         with h5py.File(tmp, "w", track_order=False) as f:

@@ -626,6 +626,12 @@ def leaderboard(obj, results, out, strict) -> None:
         built = build(results or obj["results_dir"], out)
     except FileNotFoundError as exc:
         raise BenchError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the site is swapped in whole or not at all
+        click.echo(f"error: leaderboard stopped before the new site was complete; {out} is unchanged", err=True)
+        sys.exit(130)
+    except OSError as exc:  # a full disk, a read-only folder: named, and the old site kept
+        raise BenchError(f"{exc.filename or out}: {exc.strerror or exc} ({type(exc).__name__}); the site "
+                         f"in {out} is unchanged") from None
     skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
     click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
     _finish(built.skipped, strict)
