@@ -262,7 +262,7 @@ def test_bad6_final_json_copied_from_another_seed_is_not_done(ws, monkeypatch, c
 @pytest.mark.parametrize("setting, field, problem", [
     ("lr=abc", "lr", "must be a number"),
     ("batch_size=1.5", "batch_size", "must be an integer"),
-    ("lr=-1", "lr", "must be > 0"),
+    ("lr=-1", "lr", "must be in (0, 1]"),
     ("lr=NaN", "lr", "must be finite"),
     ("gamma=2", "gamma", "in (0, 1]"),
     ("learning_rate=0.1", "learning_rate", "unknown config field"),

@@ -146,10 +146,12 @@ FIELD_RULES: dict[str, Rule] = {
         "behaviour_patience"), _at_least(1)),
     # behaviour_max_updates: 0 = no cap (beta trains for the reference's timestep budget).
     **dict.fromkeys(("teacher_rounds", "step_start_ema", "behaviour_max_updates"), _at_least(0)),
-    **dict.fromkeys(("lr", "critic_lr", "optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight",
-                     "cf_block_mb"), _POSITIVE),
+    **dict.fromkeys(("optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight", "cf_block_mb", "temperature",
+                     "lse_temp", "reward_scale", "return_scale"), _POSITIVE),
+    # Learning rates above 1 only diverge (lr=1e308 overflowed at round 7, after the run was written).
+    **dict.fromkeys(("lr", "critic_lr"), Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]")),
     # Auxiliary learning rates may be 0: it freezes that part (tests/test_plcql_par.py freezes pi_par).
-    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _at_least(0)),
+    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _UNIT),
     "gamma": Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]"),
     **dict.fromkeys(("tau", "target_rate", "ema_decay", "td_lambda", "optim_alpha"), _UNIT),
     "expectile": _OPEN_UNIT,
@@ -175,6 +177,9 @@ FIELD_RULES: dict[str, Rule] = {
 }
 
 
+FLOAT_LIMIT = 1e6  # the magnitude no float config field reaches (the largest shipped: 1000); beyond it, a typo
+
+
 def field_problem(name: str, annotation: Any, value: Any) -> str | None:
     """Why ``value`` is not valid for a config field (type, finiteness, range), or None."""
     kinds = field_kinds(annotation)
@@ -185,6 +190,8 @@ def field_problem(name: str, annotation: Any, value: Any) -> str | None:
     rule = FIELD_RULES.get(name)
     if rule is not None and not rule.ok(value):
         return f"must be {rule.text}, got {excerpt(value)}"
+    if kinds is not None and "float" in kinds and is_number(value) and abs(value) > FLOAT_LIMIT:
+        return f"must be within \u00b1{FLOAT_LIMIT:g} (no rate, scale or coefficient is larger), got {excerpt(value)}"
     return None
 
 
