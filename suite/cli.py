@@ -532,10 +532,10 @@ def status(obj, profile, states, strict) -> None:
     file (a final.json that is not the run's valid result, an unreadable status.json or config.json)
     is named in a warning line; its run is listed by what its other files say."""
     from plcql_bench.suite.matrix import format_seconds, run_record
-    from plcql_bench.suite.core.schema import Damaged
+    from plcql_bench.suite.core.schema import Damaged, links_out
 
     root = _results_root(obj)
-    rows, damaged = [], []
+    rows, damaged = [], links_out(root)  # a run directory linked outside the results folder: named, skipped
     for run_dir in _run_dirs(root):
         rec = run_record(run_dir)
         ident = _run_identity(root, run_dir, rec)
@@ -563,9 +563,11 @@ def status(obj, profile, states, strict) -> None:
 
 
 def _run_dirs(root: Path) -> list[Path]:
-    """Every folder under root holding a run's files."""
+    """Every folder under root holding a run's files (not through a link out of root: schema.links_out)."""
+    from plcql_bench.suite.core.store import link_leaving
+
     return sorted({p.parent for name in ("config.json", "status.json", "final.json") for p in root.rglob(name)
-                   if p.is_file()})
+                   if p.is_file() and not link_leaving(p, root)})
 
 
 def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:

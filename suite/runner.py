@@ -35,7 +35,7 @@ from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, compact_metrics_row,
                                            hardware_info, read_record, run_key_of)
-from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, read_json
+from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, link_leaving, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.tasks import get_task
@@ -116,8 +116,18 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     key = run_key_of(run_identity(cell, profile, config, dataset_sha256))
     run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
                / f"seed{cell.seed}-{key[:10]}")
+    _refuse_link_leaving(run_dir, Path(results_dir))
     return RunPlan(cell, profile, config, data_root / entry["file"], dataset_sha256, key, run_dir,
                    file_sha256=entry["sha256"], dataset_rebuild=rebuild)
+
+
+def _refuse_link_leaving(run_dir: Path, results_dir: Path) -> None:
+    """A run directory (or a folder above it) that is a symbolic link out of the results folder is refused:
+    `all --force` followed such a link and wrote outside, while `status`, `export` and `leaderboard` skip it."""
+    leaving = link_leaving(run_dir, results_dir)
+    if leaving is not None:
+        raise BenchError(f"{leaving[0]}: a symbolic link to {leaving[1]}, outside the results directory "
+                         f"{results_dir}: refused (runs are read and written only inside it; remove the link)")
 
 
 def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str) -> dict:

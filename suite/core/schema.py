@@ -27,7 +27,8 @@ from plcql_bench.suite.core.errors import BenchError
 
 __all__ = [
     "RESULT_SCHEMA_VERSION", "RecordError", "RunRecord", "Damaged", "DamagedResults", "run_key_of",
-    "read_record", "check_location", "scan_records", "enforce_strict", "compact_metrics_row", "compact_metrics_text",
+    "read_record", "check_location", "scan_records", "links_out", "enforce_strict", "compact_metrics_row",
+    "compact_metrics_text",
 ]
 
 RESULT_SCHEMA_VERSION = 1
@@ -312,9 +313,10 @@ def scan_records(results_dir: Path) -> tuple[list[tuple[str, RunRecord]], list[D
     [damaged files]), both in path order."""
     results_dir = Path(results_dir)
     good: list[tuple[str, RunRecord]] = []
-    bad: list[Damaged] = []
+    bad = links_out(results_dir)
+    leaving = {Path(results_dir) / d.path for d in bad}
     for file in sorted(results_dir.rglob("final.json")):
-        if not file.is_file():
+        if not file.is_file() or file in leaving:
             continue
         rel = file.relative_to(results_dir).as_posix()
         try:
@@ -325,6 +327,16 @@ def scan_records(results_dir: Path) -> tuple[list[tuple[str, RunRecord]], list[D
             continue
         good.append((rel, record))
     return good, bad
+
+
+def links_out(results_dir: Path) -> list[Damaged]:
+    """Symbolic links under the results folder that lead outside it, as skipped entries: runs are read (and
+    written: runner.plan_run refuses such a run directory) only inside the results folder."""
+    from plcql_bench.suite.core.store import links_leaving
+
+    return [Damaged(link.relative_to(results_dir).as_posix(), f"a symbolic link to {target}, outside the results "
+                    "directory: skipped (runs are read and written only inside it)")
+            for link, target in links_leaving(results_dir)]
 
 
 class DamagedResults(BenchError):
