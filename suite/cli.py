@@ -317,7 +317,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
                 counts["no_dataset"] += 1
                 problems[(cell.task, cell.tier)] = preflight.DatasetProblem(cell.task, cell.tier, **o["problem"])
             status_file = Path(o["run_dir"]) / "status.json" if o.get("run_dir") else None
-            where = f" (see {status_file})" if status_file is not None and status_file.exists() else ""
+            where = f" (see {status_file})" if _records_failure(status_file) else ""
             progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
 
     try:
@@ -332,6 +332,17 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
 
 DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
+
+
+def _records_failure(status_file: Path | None) -> bool:
+    """Whether a run's status.json records a failure (a FAILED line points to it only then: one that could
+    not be written, in a read-only folder, still says done)."""
+    from plcql_bench.suite.core.store import read_json
+
+    try:
+        return status_file is not None and read_json(status_file).get("status") in ("failed", "interrupted")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def outcome_line(o: dict) -> str:

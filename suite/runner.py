@@ -255,7 +255,14 @@ def _kernels_label() -> str:
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
-    """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
+    """The run's result: trained here (execute_here) or, when it is done already, read from final.json."""
+    return execute_here(plan, device, log, fresh)[1]
+
+
+def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> tuple[bool, dict]:
+    """(whether this process trained the run, its result). Train (resuming from a checkpoint when one
+    exists), evaluate, write final.json; a run found done (before, or by another process while this one
+    waited for its lock) is not trained again, and says so: two `all` at once each count what they trained.
 
     Crash safety: every file is replaced atomically (store.py), the checkpoint is written before
     status.json names it and final.json is written last, so a SIGKILL at any instant leaves the
@@ -264,7 +271,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
     processes from training the same run at once. `fresh` discards earlier results (--force).
     """
     if plan.is_done() and not fresh:
-        return read_json(plan.final_path)
+        return False, read_json(plan.final_path)
     configure_process(device, discrete=get_task(plan.cell.task).spec.discrete)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +279,8 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         if fresh:
             for name in ("final.json", "ckpt.pt", "metrics.jsonl", "status.json"):
                 (plan.run_dir / name).unlink(missing_ok=True)
-        elif plan.is_done():  # finished by another process while we waited for nothing
-            return read_json(plan.final_path)
+        elif plan.is_done():  # finished by another process while this one waited for the lock
+            return False, read_json(plan.final_path)
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
@@ -298,7 +305,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _write_status(plan, "done", update=result["train"]["updates"],
                       runtime_s=result["train"]["wall_clock_s"])
         log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
-        return result
+        return True, result
 
 
 def _set_aside_rejected_final(plan: RunPlan, log) -> None:
