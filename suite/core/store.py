@@ -195,10 +195,11 @@ def staged_directory(target: Path) -> Iterator[Path]:
     target = Path(os.path.realpath(target))
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _recover_swap(target)
-    remove_stale_temps(target)
-    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stage-{_writer_tag()}-"))
+    with named_errors(target):  # (a read-only or full folder: named as the target, not the staging folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _recover_swap(target)
+        remove_stale_temps(target)
+        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stage-{_writer_tag()}-"))
     try:
         with named_errors(target, rename=(stage, target)):
             yield stage
