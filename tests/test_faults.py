@@ -42,7 +42,11 @@ RUN = ("--algo", "bc", "--task", "mpe-cn", "--dataset", "random")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """Datasets (mpe-cn random, expert) and two finished runs (bc random seeds 0, 1); tests copy it."""
-    root = tmp_path_factory.mktemp("faults")
+    return make_world(tmp_path_factory.mktemp("faults"))
+
+
+def make_world(root: Path) -> Path:
+    """The world of `world`, in ``root`` (test_faults_v3.py builds its own)."""
     (root / "p.yaml").write_text(PROFILE)
     prof = load_profile(str(root / "p.yaml"))
     for tier in ("random", "expert"):

@@ -21,9 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from test_faults import PROFILE, RUN, bench, one_error_line, run_dir, snapshot, world, ws  # noqa: F401 (fixtures)
+from test_faults import PROFILE, RUN, bench, make_world, one_error_line, run_dir, snapshot
 
 CN = "mpe-cn"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """test_faults.py's world: datasets (mpe-cn random, expert) and two finished runs (bc random seeds 0, 1)."""
+    return make_world(tmp_path_factory.mktemp("faults-v3"))
+
+
+@pytest.fixture()
+def ws(world, tmp_path) -> Path:
+    """A private copy of the world."""
+    shutil.copytree(world, tmp_path / "w")
+    return tmp_path / "w"
 
 
 # ----------------------------------------------------------------------------- helpers
