@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,6 +31,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.suite.core.store import new_temp_file
+from plcql_bench.suite.core.validate import excerpt
 
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
@@ -262,6 +263,89 @@ def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
 
+Layout = Mapping[str, "tuple[tuple[int, ...], np.dtype]"]  # array name -> (shape, dtype)
+
+
+def _layout_of(a: Any) -> tuple[tuple[int, ...], np.dtype]:
+    return tuple(np.shape(a)), (a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
+
+
+def _expected_shapes(n: int, attrs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of every array the format declares with more than one dimension, for N = n rows (the
+    others are [N])."""
+    n_agents, obs_dim, state_dim, act_dim = attrs["n_agents"], attrs["obs_dim"], attrs["state_dim"], attrs["act_dim"]
+    act_shape = (n, n_agents) if attrs["discrete"] else (n, n_agents, act_dim)
+    return {
+        "obs": (n, n_agents, obs_dim), "next_obs": (n, n_agents, obs_dim),
+        "state": (n, state_dim), "next_state": (n, state_dim),
+        "actions": act_shape, "next_actions": act_shape,
+        "avail_actions": (n, n_agents, act_dim), "next_avail_actions": (n, n_agents, act_dim),
+    }  # fmt: skip
+
+
+def _check_layout(path: str, layout: Layout, attrs: dict[str, Any], spec: TaskSpec | None) -> None:
+    """Every array's shape and dtype against the task and the header (attrs already checked by
+    _check_attrs): the same checks whether ``layout`` comes from arrays in memory or from what a file
+    declares before any array is read (load_dataset)."""
+    discrete = attrs["discrete"]
+    # The spec first: a dataset for another task should say so, not fail on a shape.
+    if spec is not None:
+        _check_against_spec(path, layout, attrs, spec)
+    names = COMMON_ARRAYS + (DISCRETE_ARRAYS if discrete else ())
+    for name in names:
+        if name not in layout:
+            raise DatasetError(path, name, "required array missing")
+    if not discrete:
+        for name in DISCRETE_ARRAYS:
+            if name in layout:
+                raise DatasetError(path, name, "present in a continuous dataset")
+
+    rewards_shape = layout["rewards"][0]
+    n = int(rewards_shape[0]) if rewards_shape else -1
+    if n < 1:
+        raise DatasetError(path, "rewards", f"must have shape [N] with N >= 1, got {rewards_shape}")
+    shapes = _expected_shapes(n, attrs)
+    for name in names:
+        shape, dtype = layout[name]
+        want = _expected_dtype(name, discrete)
+        if dtype != want:
+            raise DatasetError(path, name, f"dtype {dtype}, expected {want}")
+        if tuple(shape) != shapes.get(name, (n,)):
+            raise DatasetError(path, name, f"shape {tuple(shape)}, expected {shapes.get(name, (n,))} (N={n}, "
+                               + ", ".join(f"{k}={attrs[k]}" for k in ("n_agents", "obs_dim", "state_dim", "act_dim"))
+                               + ")")
+    for name, (shape, _dtype) in layout.items():
+        if name not in names and (len(shape) == 0 or shape[0] != n):
+            raise DatasetError(path, name, f"extra array must have leading dimension N={n}, got shape {tuple(shape)}")
+    if attrs["n_transitions"] != n:
+        raise DatasetError(path, "attrs.n_transitions", f"is {attrs['n_transitions']}, arrays hold {n}")
+    if AGENT_REWARDS in layout:  # v2 (declared before it is read, as every other array)
+        shape, dtype = layout[AGENT_REWARDS]
+        if dtype != np.float32:
+            raise DatasetError(path, AGENT_REWARDS, f"dtype {dtype}, expected float32")
+        if tuple(shape) != (n, attrs["n_agents"]):
+            raise DatasetError(path, AGENT_REWARDS, f"shape {tuple(shape)}, expected {(n, attrs['n_agents'])}")
+
+
+def _check_against_spec(path: str, layout: Layout, attrs: dict[str, Any], spec: TaskSpec) -> None:
+    """The header's task, action kind and sizes, and the arrays' trailing dimensions, are the task's."""
+    if attrs["task_id"] != spec.task_id:
+        raise DatasetError(path, "attrs.task_id", f"dataset is for {attrs['task_id']!r}, expected {spec.task_id!r}")
+    if attrs["discrete"] != spec.discrete:
+        raise DatasetError(path, "attrs.discrete", f"is {attrs['discrete']}, task {spec.task_id} has discrete={spec.discrete}")
+    # Arrays against the spec, naming the array (trailing dimensions; N is free).
+    for name, want in _expected_shapes(0, {**attrs, **{k: getattr(spec, k) for k in _SPEC_SIZES}}).items():
+        if name in layout and tuple(layout[name][0][1:]) != want[1:]:
+            raise DatasetError(path, name, f"shape {tuple(layout[name][0])}, task {spec.task_id} "
+                               f"expects (N, {', '.join(map(str, want[1:]))})")
+    for k in _SPEC_SIZES:
+        if attrs[k] != getattr(spec, k):
+            raise DatasetError(path, f"attrs.{k}", f"is {attrs[k]}, task {spec.task_id} has {k}={getattr(spec, k)}")
+
+
+_SPEC_SIZES = ("n_agents", "obs_dim", "state_dim", "act_dim")
+
+
 def validate(
     arrays: Mapping[str, np.ndarray],
     attrs: Mapping[str, Any],
@@ -273,65 +357,9 @@ def validate(
     path = str(path)
     attrs = dict(attrs)
     _check_attrs(path, attrs)
+    _check_layout(path, {name: _layout_of(a) for name, a in arrays.items()}, attrs, spec)
     discrete = attrs["discrete"]
-    n_agents, obs_dim, state_dim, act_dim = (
-        attrs["n_agents"], attrs["obs_dim"], attrs["state_dim"], attrs["act_dim"])
-
-    # The spec first: a dataset for another task should say so, not fail on a shape.
-    if spec is not None:
-        if attrs["task_id"] != spec.task_id:
-            raise DatasetError(path, "attrs.task_id", f"dataset is for {attrs['task_id']!r}, expected {spec.task_id!r}")
-        if discrete != spec.discrete:
-            raise DatasetError(path, "attrs.discrete", f"is {discrete}, task {spec.task_id} has discrete={spec.discrete}")
-        # Arrays against the spec, naming the array (trailing dimensions; N is free).
-        act = (spec.n_agents,) if spec.discrete else (spec.n_agents, spec.act_dim)
-        spec_shapes = {
-            "obs": (spec.n_agents, spec.obs_dim), "next_obs": (spec.n_agents, spec.obs_dim),
-            "state": (spec.state_dim,), "next_state": (spec.state_dim,),
-            "actions": act, "next_actions": act,
-            "avail_actions": (spec.n_agents, spec.act_dim), "next_avail_actions": (spec.n_agents, spec.act_dim),
-        }  # fmt: skip
-        for name, tail in spec_shapes.items():
-            if name in arrays and tuple(np.shape(arrays[name])[1:]) != tail:
-                raise DatasetError(path, name, f"shape {tuple(np.shape(arrays[name]))}, task {spec.task_id} "
-                                   f"expects (N, {', '.join(map(str, tail))})")
-        for k in ("n_agents", "obs_dim", "state_dim", "act_dim"):
-            if attrs[k] != getattr(spec, k):
-                raise DatasetError(path, f"attrs.{k}", f"is {attrs[k]}, task {spec.task_id} has {k}={getattr(spec, k)}")
-
-    names = COMMON_ARRAYS + (DISCRETE_ARRAYS if discrete else ())
-    for name in names:
-        if name not in arrays:
-            raise DatasetError(path, name, "required array missing")
-    if not discrete:
-        for name in DISCRETE_ARRAYS:
-            if name in arrays:
-                raise DatasetError(path, name, "present in a continuous dataset")
-
-    n = int(np.shape(arrays["rewards"])[0]) if np.ndim(arrays["rewards"]) else -1
-    if n < 1:
-        raise DatasetError(path, "rewards", f"must have shape [N] with N >= 1, got {np.shape(arrays['rewards'])}")
-    act_shape = (n, n_agents) if discrete else (n, n_agents, act_dim)
-    shapes = {
-        "obs": (n, n_agents, obs_dim), "next_obs": (n, n_agents, obs_dim),
-        "state": (n, state_dim), "next_state": (n, state_dim),
-        "actions": act_shape, "next_actions": act_shape,
-        "avail_actions": (n, n_agents, act_dim), "next_avail_actions": (n, n_agents, act_dim),
-    }  # fmt: skip
-    for name in names:
-        a = arrays[name]
-        want = _expected_dtype(name, discrete)
-        if a.dtype != want:
-            raise DatasetError(path, name, f"dtype {a.dtype}, expected {want}")
-        shape = shapes.get(name, (n,))
-        if tuple(a.shape) != shape:
-            raise DatasetError(path, name, f"shape {tuple(a.shape)}, expected {shape} "
-                               f"(N={n}, n_agents={n_agents}, obs_dim={obs_dim}, state_dim={state_dim}, act_dim={act_dim})")
-    for name, a in arrays.items():
-        if name not in names and (np.ndim(a) == 0 or np.shape(a)[0] != n):
-            raise DatasetError(path, name, f"extra array must have leading dimension N={n}, got shape {np.shape(a)}")
-    if attrs["n_transitions"] != n:
-        raise DatasetError(path, "attrs.n_transitions", f"is {attrs['n_transitions']}, arrays hold {n}")
+    n, act_dim = int(np.shape(arrays["rewards"])[0]), attrs["act_dim"]
     _check_agent_rewards(path, arrays, attrs, n)
 
     # Values.
@@ -558,7 +586,7 @@ def write_dataset(
     validate(arrays, attrs, spec, path=path)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = new_temp_file(path)  # (deletes the temp files a killed build of this file left)
     os.close(fd)
     try:
         with h5py.File(tmp, "w", track_order=False) as f:
@@ -622,23 +650,74 @@ def load_dataset(
     expected_sha256: str | None = None,
     check_episodes: bool = True,
 ) -> Dataset:
-    """Load a v1 or v2 file into memory and check it (see docs/dataset-format.md, "Checks")."""
-    import h5py
+    """Load a v1 or v2 file into memory and check it (see docs/dataset-format.md, "Checks").
 
+    The file is opened once: the sha256 (``Dataset.sha256``, checked against ``expected_sha256``) is of
+    the very bytes the arrays are read from, so a file replaced meanwhile cannot train under the old
+    file's checksum, and one changed in place while it is read is refused. What the file declares
+    (shapes, dtypes, total size) is checked against the header and the task before any array is read."""
     path = str(path)
     if not os.path.exists(path):
         raise DatasetError(path, "file", "does not exist")
     if os.path.isdir(path):
         raise DatasetError(path, "file", "is a directory, not a dataset file")
-    digest = None
-    if expected_sha256 is not None:
-        digest = sha256_file(path)
-        if digest != expected_sha256.lower():
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise DatasetError(path, "file", "does not exist") from None
+    with fh:
+        before = os.fstat(fh.fileno())
+        digest = _sha256_of(fh)
+        if expected_sha256 is not None and digest != expected_sha256.lower():
             raise DatasetError(path, "sha256", f"checksum mismatch: file has {digest}, "
                                f"expected {expected_sha256} (re-download or rebuild the dataset)")
+        attrs, arrays = _read_checked(path, fh, spec)
+        if _changed(before, os.fstat(fh.fileno())):
+            raise DatasetError(path, "file", "changed while it was being read (another process writing it?); "
+                               "nothing was trained on it, retry when the writer is done")
+    validate(arrays, attrs, spec, path=path, check_episodes=check_episodes)
+    return Dataset(arrays=arrays, attrs=attrs, path=path, _sha256=digest)
+
+
+def _sha256_of(fh, chunk_size: int = 1 << 22) -> str:
+    """sha256 of an open file's bytes from its start."""
+    h = hashlib.sha256()
+    fh.seek(0)
+    while block := fh.read(chunk_size):
+        h.update(block)
+    return h.hexdigest()
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    """Whether the open file's content was written meanwhile (its size or modification time; not its ctime,
+    which also moves when the file is only renamed away or deleted: we still hold the bytes we hashed)."""
+    return (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
+
+
+def _h5_of(fh):
+    """An h5py File reading the open file ``fh`` (never its path again): through /proc/self/fd where there
+    is one (the same inode, at the native driver's speed), else through the file object (~8x slower;
+    also when the file was deleted or replaced since it was opened: HDF5 resolves the link's path)."""
+    import h5py
+
+    proc = f"/proc/self/fd/{fh.fileno()}"
+    if os.path.exists(proc):
+        try:
+            return h5py.File(proc, "r")
+        except OSError:
+            pass
+    fh.seek(0)
+    return h5py.File(fh, "r")
+
+
+def _read_checked(path: str, fh, spec: TaskSpec | None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(attrs, arrays) of the open file: the attributes, then what the file declares checked against
+    them and the task (_check_declared), then the arrays."""
+    import h5py
+
     current = "file"
     try:
-        with h5py.File(path, "r") as f:
+        with _h5_of(fh) as f:
             attrs: dict[str, Any] = {}
             for k, v in f.attrs.items():
                 current = f"attrs.{k}"
@@ -646,25 +725,92 @@ def load_dataset(
                     attrs[k] = _normalise_attr(k, v)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise DatasetError(path, current, "cannot be decoded (env_versions must be a JSON object)") from None
-            arrays: dict[str, np.ndarray] = {}
+            layout = {}
             for name, obj in f.items():
                 current = name
                 if not isinstance(obj, h5py.Dataset):
                     raise DatasetError(path, name, "unexpected group (v1 stores arrays at the root only)")
-                arrays[name] = obj[()]
+                layout[name] = (tuple(obj.shape), obj.dtype)
+            current = "file"
+            _check_declared(path, layout, attrs, spec, os.fstat(fh.fileno()).st_size)
+            arrays: dict[str, np.ndarray] = {}
+            for name in layout:
+                current = name
+                arrays[name] = _read_array(path, name, f[name])
     except DatasetError:
         raise
     except FileNotFoundError:
         raise DatasetError(path, "file", "does not exist") from None
-    except (OSError, ValueError, KeyError, RuntimeError):
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError):
         raise DatasetError(path, current, "cannot be read as HDF5 (truncated or corrupt?)") from None
+    return attrs, arrays
+
+
+# At most this many bytes of arrays per byte of file: real data compresses a few-fold at most (float
+# observations), so a file declaring far more is a compression bomb or a corrupt header.
+MAX_EXPANSION = 1000
+
+
+def _check_declared(path: str, layout: Layout, attrs: dict[str, Any], spec: TaskSpec | None,
+                    file_bytes: int) -> None:
+    """What a file declares, before any array is read: the header (format version, attributes), every
+    array's shape and dtype against the header and the task (_check_layout, as `validate` checks arrays
+    in memory), and the arrays' total size against the file's size and this machine's memory."""
     if "format_version" not in attrs:
         raise DatasetError(path, "attrs.format_version", "missing (not a plcql-bench dataset?)")
     if attrs["format_version"] not in SUPPORTED_VERSIONS:
         raise DatasetError(path, "attrs.format_version",
-                           f"unsupported format version {attrs['format_version']!r} (supported: {SUPPORTED_VERSIONS})")
-    validate(arrays, attrs, spec, path=path, check_episodes=check_episodes)
-    return Dataset(arrays=arrays, attrs=attrs, path=path, _sha256=digest)
+                           f"unsupported format version {excerpt(attrs['format_version'])} (supported: {SUPPORTED_VERSIONS})")
+    _check_attrs(path, attrs)
+    _check_layout(path, layout, attrs, spec)
+    sizes = {name: _declared_bytes(shape, dtype) for name, (shape, dtype) in layout.items()}
+    total, largest = sum(sizes.values()), max(sizes, key=sizes.get)
+    what = f"the arrays declare {_size_text(total)} ({largest} alone {_size_text(sizes[largest])})"
+    if total > MAX_EXPANSION * max(file_bytes, 1):
+        raise DatasetError(path, "arrays", f"{what} in a {_size_text(file_bytes)} file, more than {MAX_EXPANSION}x "
+                           f"its size (a corrupt header or a compression bomb); no array was loaded")
+    budget = _memory_budget()
+    if budget is not None and total > budget:
+        raise DatasetError(path, "arrays", f"{what}, more than this process may allocate ({_size_text(budget)}); "
+                           f"no array was loaded")
+
+
+def _declared_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return math.prod(int(d) for d in shape) * int(dtype.itemsize)
+
+
+def _memory_budget() -> int | None:
+    """The bytes this process can hold at most: the machine's memory, or less under a ulimit."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        import resource
+
+        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+            soft = resource.getrlimit(which)[0]
+            if soft != resource.RLIM_INFINITY:
+                limits.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _read_array(path: str, name: str, obj) -> np.ndarray:
+    try:
+        return obj[()]
+    except MemoryError:
+        raise DatasetError(path, name, f"out of memory reading {_size_text(_declared_bytes(obj.shape, obj.dtype))}; "
+                           "not loaded") from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from plcql_bench.leaderboard.stats import t_interval
 from plcql_bench.suite.core.schema import RunRecord
 
 __all__ = ["Run", "Cell", "Stats", "group_cells", "cell_stats", "format_score", "format_mean_std",
-           "format_interval", "MIN_SEEDS"]
+           "format_interval", "display_decimals", "display_resolution", "decimals_to_tell_apart", "MIN_SEEDS"]
 
 MIN_SEEDS = 3  # below this a cell is greyed, never bold and never tested
 
@@ -123,34 +123,49 @@ def cell_stats(values: Iterable[float]) -> Stats:
 # ------------------------------------------------------------------ formatting
 
 
-def _decimals(score_name: str) -> int:
+def display_decimals(score_name: str) -> int:
+    """The decimals the page shows: 1 for normalised scores, 2 for win rates."""
     return 2 if score_name == "win_rate" else 1
 
 
-def format_score(value: float | None, score_name: str) -> str:
-    """Normalised scores with 1 decimal, win rates with 2. None -> an em dash; never "-0.0"."""
+def display_resolution(score_name: str) -> float:
+    """Half the last digit the page shows: two means closer than this may display as equal."""
+    return 0.5 * 10 ** -display_decimals(score_name)
+
+
+def decimals_to_tell_apart(a: float, b: float, score_name: str, most: int = 6) -> int | None:
+    """The decimals needed for two means to display differently: the page's own when they already do,
+    more (up to ``most``) when it shows them as equal; None when they are not told apart even so."""
+    for d in range(display_decimals(score_name), most + 1):
+        if format_score(a, score_name, d) != format_score(b, score_name, d):
+            return d
+    return None
+
+
+def format_score(value: float | None, score_name: str, decimals: int | None = None) -> str:
+    """Normalised scores with 1 decimal, win rates with 2 (or ``decimals``). None -> an em dash; never "-0.0"."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "\u2014"
-    text = f"{value:.{_decimals(score_name)}f}"
+    text = f"{value:.{display_decimals(score_name) if decimals is None else decimals}f}"
     if text.startswith("-") and text.strip("-0.") == "":
         text = text[1:]
     return text
 
 
-def format_spread(std: float | None, score_name: str) -> str:
+def format_spread(std: float | None, score_name: str, decimals: int | None = None) -> str:
     """A std, or "< 0.05" (resp. "< 0.005") when a non-zero spread is below display precision."""
     if std is None:
         return "\u2014"
-    d = _decimals(score_name)
+    d = display_decimals(score_name) if decimals is None else decimals
     if 0 < std < 0.5 * 10 ** -d:
         return f"< {0.5 * 10 ** -d:.{d + 1}f}"
-    return format_score(std, score_name)
+    return format_score(std, score_name, d)
 
 
-def format_mean_std(mean: float | None, std: float | None, score_name: str) -> str:
+def format_mean_std(mean: float | None, std: float | None, score_name: str, decimals: int | None = None) -> str:
     if std is None:
-        return format_score(mean, score_name)
-    return f"{format_score(mean, score_name)} \u00b1 {format_spread(std, score_name)}"
+        return format_score(mean, score_name, decimals)
+    return f"{format_score(mean, score_name, decimals)} \u00b1 {format_spread(std, score_name, decimals)}"
 
 
 def format_interval(ci: tuple | None, score_name: str) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from plcql_bench.leaderboard.cells import DIVERGED, Run, critic_diverged
 from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
+from plcql_bench.suite.core.store import link_leaving
 
 __all__ = ["Loaded", "Unfinished", "load"]
 
@@ -295,7 +296,7 @@ def _unfinished(results_dir: Path, skipped: list) -> list[Unfinished]:
     out = []
     for status_file in sorted(results_dir.rglob("status.json")):
         run_dir = status_file.parent
-        if (run_dir / "final.json").exists():
+        if (run_dir / "final.json").exists() or link_leaving(status_file, results_dir):  # (scan_records names it)
             continue
         rel = status_file.relative_to(results_dir).as_posix()
         try:

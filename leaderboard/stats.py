@@ -59,14 +59,15 @@ def t_interval(values: Iterable[float], level: float = 0.95) -> tuple[float, flo
     return float(arr.mean()) - half, float(arr.mean()) + half
 
 
-def welch_p_summary(values: Sequence[float], mean: float, std: float, n: int) -> float | None:
+def welch_p_summary(values: Sequence[float], mean: float, std: float, n: int, resolution: float = 0.0) -> float | None:
     """Two-sided Welch p-value of per-seed ``values`` against a reported mean ± std over ``n``
-    seeds (e.g. a paper's 5 seeds), or None when either side has fewer than 2 values."""
+    seeds (e.g. a paper's 5 seeds), or None when either side has fewer than 2 values. With no spread
+    on either side, as :func:`welch_p`."""
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     if x.size < 2 or n < 2:
         return None
     if x.std(ddof=1) == 0.0 and std == 0.0:
-        return 1.0 if x.mean() == mean else 0.0
+        return _without_spread(float(x.mean()), mean, resolution)
     from scipy import stats as sps
 
     return float(sps.ttest_ind_from_stats(x.mean(), x.std(ddof=1), x.size, mean, std, n, equal_var=False).pvalue)
@@ -113,16 +114,18 @@ TIE_TEST = (
 )
 
 
-def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+def welch_p(a: Sequence[float], b: Sequence[float], resolution: float = 0.0) -> float | None:
     """Two-sided p-value of Welch's t-test for equal means, or None when either sample has
-    fewer than 2 values (no variance estimate, no test). Two samples with zero variance give
-    p = 1 when their means are equal and p = 0 otherwise (scipy returns NaN there)."""
+    fewer than 2 values (no variance estimate, no test). Two samples with zero variance (scipy
+    returns NaN there) give p = 1 when their means differ by at most ``resolution`` (the page's
+    display precision: means it shows as equal are never "significantly" different; a difference of
+    1e-6 gave p = 0 under two identical "50.0 ± 0.0") and p = 0 otherwise."""
     x = np.asarray(a, dtype=np.float64).reshape(-1)
     y = np.asarray(b, dtype=np.float64).reshape(-1)
     if x.size < 2 or y.size < 2:
         return None
     if x.var(ddof=1) == 0.0 and y.var(ddof=1) == 0.0:
-        return 1.0 if x.mean() == y.mean() else 0.0
+        return _without_spread(float(x.mean()), float(y.mean()), resolution)
     import warnings
 
     from scipy import stats as sps
@@ -130,6 +133,11 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     with warnings.catch_warnings():  # near-identical seeds: scipy warns about precision, p is still defined
         warnings.simplefilter("ignore", RuntimeWarning)
         return float(sps.ttest_ind(x, y, equal_var=False).pvalue)
+
+
+def _without_spread(mean_a: float, mean_b: float, resolution: float) -> float:
+    """The test's limit when neither side has any spread: equal (within ``resolution``) or certainly not."""
+    return 1.0 if abs(mean_a - mean_b) <= resolution else 0.0
 
 
 def ties_with_best(

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from plcql_bench.leaderboard import paper as pp
-from plcql_bench.leaderboard.cells import MIN_SEEDS
+from plcql_bench.leaderboard.cells import MIN_SEEDS, display_resolution
 from plcql_bench.leaderboard.stats import TIE_ALPHA, welch_p, welch_p_summary
 from plcql_bench.leaderboard.tables import RIVAL, TARGET, Table, mark_group
 
@@ -87,15 +87,17 @@ class Comparison:
     official_code: str | None = None
 
 
-def verdict(values, mean: float, paper_mean: float | None, paper_std: float | None, sc2: bool) -> tuple[str, float | None]:
-    """(verdict, Welch p against the paper's 5 seeds) for one cell; see the module docstring."""
+def verdict(values, mean: float, paper_mean: float | None, paper_std: float | None, sc2: bool,
+            resolution: float = 0.0) -> tuple[str, float | None]:
+    """(verdict, Welch p against the paper's 5 seeds) for one cell; see the module docstring. ``resolution``:
+    the page's display precision (no spread on either side and means within it: not distinguishable)."""
     if sc2:
         return "not comparable", None
     if paper_mean is None:
         return "not reported", None
     if len(values) < MIN_SEEDS:
         return "too few seeds", None
-    p = welch_p_summary(values, paper_mean, paper_std, pp.PAPER_SEEDS)
+    p = welch_p_summary(values, paper_mean, paper_std, pp.PAPER_SEEDS, resolution)
     if abs(mean - paper_mean) <= paper_std:
         return "reproduced", p
     if p is None or p >= TIE_ALPHA:
@@ -117,7 +119,7 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
                     continue
                 seen.add((tc.task, tc.dataset, tc.algo))
                 s, ref = e.stats, tc.paper
-                v, p = verdict(s.values, s.mean, ref.mean, ref.std, ref.sc2)
+                v, p = verdict(s.values, s.mean, ref.mean, ref.std, ref.sc2, display_resolution(e.cell.score_name))
                 comparable = v not in ("not comparable", "not reported")
                 delta = s.mean - ref.mean if comparable else None
                 dci = (s.ci[0] - ref.mean, s.ci[1] - ref.mean) if comparable and s.ci else None
@@ -157,7 +159,9 @@ def claims(tables: list[Table], label, paper: dict | None = None) -> dict:
     algos = set()
     for comp in eligible:
         algos |= {e.cell.algo for e in comp}
-        marks = dict(zip((e.cell.algo for e in comp), mark_group([e.stats for e in comp], [True] * len(comp))))
+        score_name = comp[0].cell.score_name
+        marks = dict(zip((e.cell.algo for e in comp), mark_group([e.stats for e in comp], [True] * len(comp),
+                                                                 score_name=score_name)))
         target = next(e for e in comp if e.cell.algo == TARGET)
         if marks[TARGET].bold:
             best += 1
@@ -167,7 +171,7 @@ def claims(tables: list[Table], label, paper: dict | None = None) -> dict:
         rival = next((e for e in comp if e.cell.algo == RIVAL), None)
         if rival is not None:
             beats_of += 1
-            p = welch_p(target.stats.values, rival.stats.values)
+            p = welch_p(target.stats.values, rival.stats.values, display_resolution(score_name))
             significant = p is not None and p < TIE_ALPHA
             if target.stats.mean > rival.stats.mean:
                 beats += 1

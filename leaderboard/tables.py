@@ -15,10 +15,11 @@ Rules (docs/leaderboard.md):
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from plcql_bench.leaderboard import paper as pp
-from plcql_bench.leaderboard.cells import MIN_SEEDS, Cell, Stats, cell_stats
+from plcql_bench.leaderboard.cells import (MIN_SEEDS, Cell, Stats, cell_stats, decimals_to_tell_apart,
+                                           display_decimals, display_resolution)
 from plcql_bench.leaderboard.registry import support
 from plcql_bench.leaderboard.scoring import View
 from plcql_bench.leaderboard.stats import TIE_ALPHA, best_in_row, welch_p
@@ -35,25 +36,48 @@ class Mark:
     bold: bool = False
     p: float | None = None  # Welch p against the bold cell (tested cells only)
     ns: bool = False  # not significantly different from the bold cell
+    decimals: int | None = None  # more than the page's decimals: to show a difference the marks claim
 
 
-def mark_group(stats: list[Stats | None], compared: list[bool], alpha: float = TIE_ALPHA) -> list[Mark]:
-    """Bold and "not significantly different" marks for one comparison group."""
+def mark_group(stats: list[Stats | None], compared: list[bool], alpha: float = TIE_ALPHA,
+               score_name: str = "normalised") -> list[Mark]:
+    """Bold and "not significantly different" marks for one comparison group. Means the page shows as
+    equal and that have no spread are never called significantly different; where a difference is
+    claimed between means shown as equal, both show as many decimals as it takes to see it."""
     eligible = [s is not None and c and s.n >= MIN_SEEDS for s, c in zip(stats, compared)]
     if sum(eligible) < 2:
         return [Mark() for _ in stats]
     best = best_in_row([s.mean if s is not None else None for s in stats], eligible=eligible)
+    resolution = display_resolution(score_name)
     out = []
     for i, s in enumerate(stats):
         if i in best:
             out.append(Mark(bold=True))
         elif eligible[i]:
-            ps = [p for p in (welch_p(s.values, stats[j].values) for j in best) if p is not None]
+            ps = [p for p in (welch_p(s.values, stats[j].values, resolution) for j in best) if p is not None]
             p = max(ps) if ps else None
             out.append(Mark(p=p, ns=p is not None and p >= alpha))
         else:
             out.append(Mark())
-    return out
+    return _digits_for_claims(out, stats, best, score_name)
+
+
+def _digits_for_claims(marks: list[Mark], stats: list, best: list[int], score_name: str) -> list[Mark]:
+    """A cell called significantly below the best shows a mean that differs from the best's on the page:
+    with more decimals (on both) where the page's own would show them as equal; a difference that even
+    6 decimals do not show is not claimed (the cell is marked not significantly different)."""
+    decimals: dict[int, int] = {}
+    for i, m in enumerate(marks):
+        if m.p is None or m.ns:
+            continue
+        for j in best:
+            d = decimals_to_tell_apart(stats[i].mean, stats[j].mean, score_name)
+            if d is None:
+                marks[i] = replace(m, ns=True)
+                break
+            if d > display_decimals(score_name):
+                decimals[i], decimals[j] = max(decimals.get(i, d), d), max(decimals.get(j, d), d)
+    return [replace(m, decimals=decimals[i]) if i in decimals else m for i, m in enumerate(marks)]
 
 
 @dataclass(frozen=True)
@@ -142,7 +166,7 @@ def _entries(cells: list[Cell], view: View) -> tuple[list[Cell], list[Stats], li
     major = _majority(cells)
     stats = [cell_stats(c.values(view)) for c in cells]
     compared = [c.variant == major for c in cells]
-    return cells, stats, compared, mark_group(stats, compared)
+    return cells, stats, compared, mark_group(stats, compared, score_name=cells[0].score_name if cells else "normalised")
 
 
 def budget_text(cells: list[Cell]) -> str:

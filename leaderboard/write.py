@@ -1,5 +1,5 @@
-"""The site's data files: results.json / results.csv (every cell under every view) and a CSV and
-JSON per table in ``tables/`` (the page links each)."""
+"""The site's files: index.html, results.json / results.csv (every cell under every view) and a CSV and
+JSON per table in ``tables/`` (the page links each), written as one folder swapped in atomically."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 from plcql_bench.leaderboard.cells import Cell, cell_stats
 from plcql_bench.leaderboard.scoring import VIEWS
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.store import named_errors, staged_directory
 
-__all__ = ["OUTPUT_SCHEMA_VERSION", "cell_json", "write_outputs"]
+__all__ = ["OUTPUT_SCHEMA_VERSION", "SITE_MARKER", "cell_json", "write_outputs"]
 
 OUTPUT_SCHEMA_VERSION = 2  # of results.json / results.csv / tables/*
 
@@ -57,16 +59,42 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=2, default=str) + "\n"
 
 
+SITE_MARKER = ".plcql-site"  # in every site folder this writes: it is replaced as a whole by the next build
+LEGACY_SITE = {"index.html", "results.json", "results.csv", "tables"}  # what sites held before the marker
+
+
 def write_outputs(out_dir: Path, html: str, results: dict, downloads: dict[str, list[dict]]) -> Path:
-    """index.html, results.json/.csv and tables/<name>.csv/.json; returns the index path."""
+    """index.html, results.json/.csv and tables/<name>.csv/.json; returns the index path. The site is
+    written to a folder beside ``out_dir`` and swapped in whole (suite/core/store.py, staged_directory):
+    a reader sees the old site or the new one, never a mix, and a build stopped or failing on the way
+    (Ctrl-C, SIGTERM, a full disk) leaves the old site as it was."""
     out_dir = Path(out_dir)
-    (out_dir / "tables").mkdir(parents=True, exist_ok=True)
-    index = out_dir / "index.html"
-    index.write_text(html, encoding="utf-8")
-    (out_dir / "results.json").write_text(_json({"schema_version": OUTPUT_SCHEMA_VERSION, **results}), encoding="utf-8")
-    (out_dir / "results.csv").write_text(csv_text([_flat(c) for c in results["cells"]]), encoding="utf-8")
-    for name, records in downloads.items():
-        (out_dir / "tables" / f"{name}.csv").write_text(csv_text(records), encoding="utf-8")
-        (out_dir / "tables" / f"{name}.json").write_text(_json({"schema_version": OUTPUT_SCHEMA_VERSION, "rows": records}),
-                                                         encoding="utf-8")
-    return index
+    _check_replaceable(out_dir)
+    with staged_directory(out_dir) as stage:
+        (stage / "tables").mkdir()
+        _write(stage / SITE_MARKER, f"a plcql-bench leaderboard site (schema {OUTPUT_SCHEMA_VERSION}); "
+                                    "`plcql-bench leaderboard` replaces this folder as a whole\n")
+        _write(stage / "index.html", html)
+        _write(stage / "results.json", _json({"schema_version": OUTPUT_SCHEMA_VERSION, **results}))
+        _write(stage / "results.csv", csv_text([_flat(c) for c in results["cells"]]))
+        for name, records in downloads.items():
+            _write(stage / "tables" / f"{name}.csv", csv_text(records))
+            _write(stage / "tables" / f"{name}.json", _json({"schema_version": OUTPUT_SCHEMA_VERSION, "rows": records}))
+    return out_dir / "index.html"
+
+
+def _write(path: Path, text: str) -> None:
+    with named_errors(path):
+        path.write_text(text, encoding="utf-8")
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """The folder a build replaces is new, empty or a site (it holds the marker, or only what a site held
+    before the marker): replacing it deletes whatever else it holds."""
+    if not out_dir.is_dir() or (out_dir / SITE_MARKER).is_file():
+        return
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in LEGACY_SITE)
+    if foreign:
+        raise BenchError(f"{out_dir}: holds files that are not part of a leaderboard site ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}); a build replaces its folder as a whole, so give "
+                         "--out a new or empty folder, or a site folder")

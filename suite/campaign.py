@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
-import yaml
 
 from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.validate import load_user_yaml
 
 # metrics.jsonl is published gzipped (.gz), and final.json without its curve where the metrics hold the same points
 PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
@@ -56,9 +56,10 @@ class Campaign:
 def load_campaign(path: Path) -> Campaign:
     """Parse a campaign file; BenchError naming the file and field on anything malformed."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise BenchError(f"{path}: cannot read campaign: {str(exc).splitlines()[0]}") from None
+    raw = load_user_yaml(text, f"{path}: cannot read campaign")
     if not isinstance(raw, dict) or not isinstance(raw.get("profile"), str) or not isinstance(raw.get("stages"), list):
         raise BenchError(f"{path}: a campaign needs 'profile' (a name) and 'stages' (a list)")
     stages, names = [], set()

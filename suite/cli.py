@@ -325,7 +325,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
                 counts["no_dataset"] += 1
                 problems[(cell.task, cell.tier)] = preflight.DatasetProblem(cell.task, cell.tier, **o["problem"])
             status_file = Path(o["run_dir"]) / "status.json" if o.get("run_dir") else None
-            where = f" (see {status_file})" if status_file is not None and status_file.exists() else ""
+            where = f" (see {status_file})" if _records_failure(status_file) else ""
             progress.echo(f"FAILED {cell.label()}: {o['error']}{where}", err=True)
 
     try:
@@ -340,6 +340,17 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
 
 
 DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
+
+
+def _records_failure(status_file: Path | None) -> bool:
+    """Whether a run's status.json records a failure (a FAILED line points to it only then: one that could
+    not be written, in a read-only folder, still says done)."""
+    from plcql_bench.suite.core.store import read_json
+
+    try:
+        return status_file is not None and read_json(status_file).get("status") in ("failed", "interrupted")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def outcome_line(o: dict) -> str:
@@ -540,10 +551,10 @@ def status(obj, profile, states, strict) -> None:
     file (a final.json that is not the run's valid result, an unreadable status.json or config.json)
     is named in a warning line; its run is listed by what its other files say."""
     from plcql_bench.suite.matrix import format_seconds, run_record
-    from plcql_bench.suite.core.schema import Damaged
+    from plcql_bench.suite.core.schema import Damaged, links_out
 
     root = _results_root(obj)
-    rows, damaged = [], []
+    rows, damaged = [], links_out(root)  # a run directory linked outside the results folder: named, skipped
     for run_dir in _run_dirs(root):
         rec = run_record(run_dir)
         ident = _run_identity(root, run_dir, rec)
@@ -571,9 +582,11 @@ def status(obj, profile, states, strict) -> None:
 
 
 def _run_dirs(root: Path) -> list[Path]:
-    """Every folder under root holding a run's files."""
+    """Every folder under root holding a run's files (not through a link out of root: schema.links_out)."""
+    from plcql_bench.suite.core.store import link_leaving
+
     return sorted({p.parent for name in ("config.json", "status.json", "final.json") for p in root.rglob(name)
-                   if p.is_file()})
+                   if p.is_file() and not link_leaving(p, root)})
 
 
 def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
@@ -634,6 +647,12 @@ def leaderboard(obj, results, out, strict) -> None:
         built = build(results or obj["results_dir"], out)
     except FileNotFoundError as exc:
         raise BenchError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the site is swapped in whole or not at all
+        click.echo(f"error: leaderboard stopped before the new site was complete; {out} is unchanged", err=True)
+        sys.exit(130)
+    except OSError as exc:  # a full disk, a read-only folder: named, and the old site kept
+        raise BenchError(f"{exc.filename or out}: {exc.strerror or exc} ({type(exc).__name__}); the site "
+                         f"in {out} is unchanged") from None
     skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
     click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
     _finish(built.skipped, strict)

@@ -112,7 +112,7 @@ def run_job(job: Job) -> dict:
     out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
                            "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
     try:
-        from plcql_bench.suite.runner import RunBusy, execute, plan_run
+        from plcql_bench.suite.runner import RunBusy, execute_here, plan_run
 
         device = _worker_device(job)
         if _missing_dataset(job, [out]):
@@ -125,19 +125,28 @@ def run_job(job: Job) -> dict:
         log = _RunLog(plan.run_dir, echo=job.echo)
         out["resumed"] = _resumable(plan, job)
         try:
-            result = execute(plan, device=device, log=log, fresh=job.fresh)
+            trained, result = execute_here(plan, device=device, log=log, fresh=job.fresh)
         except RunBusy as exc:
             out.update(state="busy", error=str(exc))
             return out
+        if not trained:  # another process finished it meanwhile: done, but not by this one
+            out.update(state="skipped", score=result.get("score"))
+            return out
         out.update(state="trained", score=result["score"], run_seconds=result["train"]["train_s"])
     except Exception as exc:  # isolate: the caller records it and goes on with the others
-        from plcql_bench.datasets.format import DatasetError
-
         out.update(state="failed", error=" ".join(f"{type(exc).__name__}: {exc}".split()),
-                   traceback=traceback.format_exc(), user_error=isinstance(exc, (BenchError, DatasetError)))
+                   traceback=traceback.format_exc(), user_error=_user_error(exc))
     finally:
         out["seconds"] = time.time() - started
     return out
+
+
+def _user_error(exc: BaseException) -> bool:
+    """Whether a failure is the user's to fix (exit status 2): bad input, or a file or folder that cannot be
+    read or written (a read-only results folder, a full disk), as the CLI treats them."""
+    from plcql_bench.datasets.format import DatasetError
+
+    return isinstance(exc, (BenchError, DatasetError, OSError))
 
 
 def _missing_dataset(job: Job, outs: list[dict]) -> bool:
@@ -201,12 +210,10 @@ def _run_stack_job(job: Job) -> dict:
                      score=res["result"]["score"] if res["result"] else None,
                      run_seconds=res["result"]["train"]["train_s"] if res["result"] else None)
     except Exception as exc:  # isolate, as run_job
-        from plcql_bench.datasets.format import DatasetError
-
         for o in outs:
             if o["state"] == "failed":
                 o.update(error=" ".join(f"{type(exc).__name__}: {exc}".split()), traceback=traceback.format_exc(),
-                         user_error=isinstance(exc, (BenchError, DatasetError)))
+                         user_error=_user_error(exc))
     finally:
         for o in outs:
             o["seconds"] = time.time() - started

@@ -176,10 +176,9 @@ def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None,
             ("profile", pa.string()), ("domain", pa.string()), ("algo", pa.string()), ("task", pa.string()),
             ("dataset", pa.string()), ("seed", pa.int64()), ("run_key", pa.string()), ("step", pa.int64()),
             ("metric", pa.string()), ("value", pa.float64())]))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        pq.write_table(table, tmp)
-        tmp.replace(out)
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf)
+        atomic_write_bytes(out, buf.getvalue().to_pybytes())  # as csv: the target named in any error, no temp left
     else:
         raise BenchError(f"--format {fmt!r}: expected csv, parquet or marl-eval")
     return len(rows)

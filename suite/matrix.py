@@ -32,31 +32,31 @@ STATES = ("done", "partial", "running", "failed", "todo")
 LOCK_NAME = ".lock"
 
 
-def parse_only(specs: Iterable[str]) -> dict[str, list[str]]:
+def parse_only(specs: Iterable[str], flag: str = "--only") -> dict[str, list[str]]:
     """`algo=bc,cfcql,task=mpe-cn,seed=0,1`: a token with '=' starts a key, plain tokens extend
-    the previous key's list. Several --only options merge (lists of the same key are joined)."""
+    the previous key's list. Several --only options merge (lists of the same key are joined). An empty
+    selection (``""``, ``","``), a ``key=`` without a value and an empty value between commas are errors:
+    none of them may mean "every cell"."""
     out: dict[str, list[str]] = {}
     for spec in specs:
-        current, given, filled = None, {}, set()
-        for token in (t.strip() for t in spec.split(",")):
+        tokens = [t.strip() for t in spec.split(",")]
+        if not any(tokens):
+            raise BenchError(f"{flag} {spec!r}: empty selection (expected key=value[,value...], e.g. algo=bc)")
+        current = None
+        for i, token in enumerate(tokens):
             if not token:
-                continue
+                raise BenchError(f"{flag} {spec!r}: empty value at position {i + 1} (a stray comma?)")
             if "=" in token:
-                key, value = (s.strip() for s in token.split("=", 1))
+                key, value = (part.strip() for part in token.split("=", 1))
                 if key not in _KEYS:
-                    raise BenchError(f"--only: unknown key {key!r} (use algo, task, dataset, seed)"
+                    raise BenchError(f"{flag}: unknown key {key!r} (use algo, task, dataset, seed)"
                                      f"{did_you_mean(key, _KEYS)}")
-                current = _KEYS[key]
-                given.setdefault(current, key)
-                token = value
+                if not value:  # `seed=` must not mean "every seed", nor be dropped after `seed=0`
+                    raise BenchError(f"{flag} {spec!r}: {key}= has no value (expected {key}=V[,V...])")
+                current, token = _KEYS[key], value
             if current is None:
-                raise BenchError(f"--only {spec!r}: expected key=value[,value...]")
-            if token:
-                out.setdefault(current, []).append(token)
-                filled.add(current)
-        for key, typed in given.items():
-            if key not in filled:  # `algo=` must not mean "every algorithm"
-                raise BenchError(f"--only {spec!r}: {typed}= has no value (expected {typed}=V[,V...])")
+                raise BenchError(f"{flag} {spec!r}: expected key=value[,value...]")
+            out.setdefault(current, []).append(token)
     return out
 
 
@@ -123,7 +123,7 @@ def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] 
     stage's first cell instead of idling until the stage's last run ends."""
     cells = []
     for spec in specs:
-        cells += select_cells(profile, parse_only([spec]))
+        cells += select_cells(profile, parse_only([spec], flag="--queue"))
     return _shard(list(dict.fromkeys(cells)), shard)
 
 

@@ -35,7 +35,7 @@ from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, RunRecord, compact_metrics_row,
                                            hardware_info, read_record, run_key_of)
-from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, read_json
+from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, link_leaving, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
 from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.tasks import get_task
@@ -116,8 +116,18 @@ def plan_run(cell: Cell, profile: Profile, data_dir: Path, results_dir: Path,
     key = run_key_of(run_identity(cell, profile, config, dataset_sha256))
     run_dir = (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
                / f"seed{cell.seed}-{key[:10]}")
+    _refuse_link_leaving(run_dir, Path(results_dir))
     return RunPlan(cell, profile, config, data_root / entry["file"], dataset_sha256, key, run_dir,
                    file_sha256=entry["sha256"], dataset_rebuild=rebuild)
+
+
+def _refuse_link_leaving(run_dir: Path, results_dir: Path) -> None:
+    """A run directory (or a folder above it) that is a symbolic link out of the results folder is refused:
+    `all --force` followed such a link and wrote outside, while `status`, `export` and `leaderboard` skip it."""
+    leaving = link_leaving(run_dir, results_dir)
+    if leaving is not None:
+        raise BenchError(f"{leaving[0]}: a symbolic link to {leaving[1]}, outside the results directory "
+                         f"{results_dir}: refused (runs are read and written only inside it; remove the link)")
 
 
 def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str) -> dict:
@@ -206,8 +216,10 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
 
 def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
-    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
+    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)  # cheap, before the big read
+    # One open file: the sha256 checked (and recorded in the run key) is of the bytes the arrays come from
     dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
+    check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier, dataset.attrs)  # of those bytes
     return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
 
 
@@ -220,11 +232,11 @@ def dataset_task(task_id: str, dataset):
     return get_task(task_id, prey=prey_kind(dataset.attrs.get("env_versions") or {}))
 
 
-def check_dataset_identity(path: Path, task: str, tier: str) -> None:
-    """The task and tier a dataset file states (its attrs) are the cell's: a file copied over
-    another tier's (with the manifest's sha256 fixed to match) must not train as that tier.
-    Cheap: reads the attributes only. DatasetError naming the file and attribute otherwise."""
-    attrs = fmt.read_attrs(path)
+def check_dataset_identity(path: Path, task: str, tier: str, attrs: dict | None = None) -> None:
+    """The task and tier a dataset file states (its attrs, or the `attrs` already loaded from it) are the
+    cell's: a file copied over another tier's (with the manifest's sha256 fixed to match) must not train as
+    that tier. Cheap: reads the attributes only. DatasetError naming the file and attribute otherwise."""
+    attrs = fmt.read_attrs(path) if attrs is None else attrs
     for name, want in (("task_id", task), ("quality", tier)):
         if attrs.get(name) != want:
             raise fmt.DatasetError(path, f"attrs.{name}", f"is {attrs.get(name)!r}, but the manifest files it as "
@@ -263,7 +275,14 @@ def _kernels_label() -> str:
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
-    """Train (resuming from a checkpoint when one exists), evaluate, write final.json.
+    """The run's result: trained here (execute_here) or, when it is done already, read from final.json."""
+    return execute_here(plan, device, log, fresh)[1]
+
+
+def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> tuple[bool, dict]:
+    """(whether this process trained the run, its result). Train (resuming from a checkpoint when one
+    exists), evaluate, write final.json; a run found done (before, or by another process while this one
+    waited for its lock) is not trained again, and says so: two `all` at once each count what they trained.
 
     Crash safety: every file is replaced atomically (store.py), the checkpoint is written before
     status.json names it and final.json is written last, so a SIGKILL at any instant leaves the
@@ -272,7 +291,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
     processes from training the same run at once. `fresh` discards earlier results (--force).
     """
     if plan.is_done() and not fresh:
-        return read_json(plan.final_path)
+        return False, read_json(plan.final_path)
     configure_process(device, discrete=get_task(plan.cell.task).spec.discrete)
     dataset = load_run_dataset(plan)  # validate before touching the run directory
     plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -280,8 +299,8 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         if fresh:
             for name in ("final.json", "ckpt.pt", "metrics.jsonl", "status.json"):
                 (plan.run_dir / name).unlink(missing_ok=True)
-        elif plan.is_done():  # finished by another process while we waited for nothing
-            return read_json(plan.final_path)
+        elif plan.is_done():  # finished by another process while this one waited for the lock
+            return False, read_json(plan.final_path)
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
@@ -306,7 +325,7 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _write_status(plan, "done", update=result["train"]["updates"],
                       runtime_s=result["train"]["wall_clock_s"])
         log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
-        return result
+        return True, result
 
 
 def _set_aside_rejected_final(plan: RunPlan, log) -> None:

@@ -42,7 +42,11 @@ RUN = ("--algo", "bc", "--task", "mpe-cn", "--dataset", "random")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """Datasets (mpe-cn random, expert) and two finished runs (bc random seeds 0, 1); tests copy it."""
-    root = tmp_path_factory.mktemp("faults")
+    return make_world(tmp_path_factory.mktemp("faults"))
+
+
+def make_world(root: Path) -> Path:
+    """The world of `world`, in ``root`` (test_faults_v3.py builds its own)."""
     (root / "p.yaml").write_text(PROFILE)
     prof = load_profile(str(root / "p.yaml"))
     for tier in ("random", "expert"):
@@ -262,7 +266,7 @@ def test_bad6_final_json_copied_from_another_seed_is_not_done(ws, monkeypatch, c
 @pytest.mark.parametrize("setting, field, problem", [
     ("lr=abc", "lr", "must be a number"),
     ("batch_size=1.5", "batch_size", "must be an integer"),
-    ("lr=-1", "lr", "must be > 0"),
+    ("lr=-1", "lr", "must be in (0, 1]"),
     ("lr=NaN", "lr", "must be finite"),
     ("gamma=2", "gamma", "in (0, 1]"),
     ("learning_rate=0.1", "learning_rate", "unknown config field"),

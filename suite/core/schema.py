@@ -27,7 +27,8 @@ from plcql_bench.suite.core.errors import BenchError
 
 __all__ = [
     "RESULT_SCHEMA_VERSION", "RecordError", "RunRecord", "Damaged", "DamagedResults", "run_key_of",
-    "read_record", "check_location", "scan_records", "enforce_strict", "compact_metrics_row", "compact_metrics_text",
+    "read_record", "check_location", "scan_records", "links_out", "enforce_strict", "compact_metrics_row",
+    "compact_metrics_text",
 ]
 
 RESULT_SCHEMA_VERSION = 1
@@ -58,6 +59,17 @@ def _int(v: Any) -> bool:
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+# The largest magnitudes a result may hold: a normalised score of a million percent of the expert-random gap, or
+# a return of a billion, comes from a damaged or edited file, not from a policy (and 1e308 overflowed the board).
+PLAUSIBLE_SCORE = 1e6
+PLAUSIBLE_RETURN = 1e9
+
+
+def _plausible(field_name: str, value: float, limit: float) -> None:
+    if abs(value) > limit:
+        raise RecordError(f"{field_name} {value!r} is outside the plausible range \u00b1{limit:g} (a damaged or edited file?)")
 
 
 @dataclass(frozen=True)
@@ -180,18 +192,25 @@ class RunRecord:
             raise RecordError(f"final_eval.{key} {stated!r} is not a finite number")
         if not _close(float(self.score), float(stated)):
             raise RecordError(f"score {self.score!r} differs from final_eval.{key} {stated!r}")
+        _plausible("score", self.score, PLAUSIBLE_SCORE)
         returns = self.final_eval.get("episode_returns")
         if returns is not None:
             if not isinstance(returns, list) or not returns or not all(_real(r) and math.isfinite(r) for r in returns):
                 raise RecordError("final_eval.episode_returns is not a non-empty list of finite numbers")
+            for i, r in enumerate(returns):
+                _plausible(f"final_eval.episode_returns[{i}]", r, PLAUSIBLE_RETURN)
             mean = self.final_eval.get("return_mean")
             if not _real(mean) or not math.isclose(sum(returns) / len(returns), mean, rel_tol=1e-6, abs_tol=1e-6):
                 raise RecordError(f"final_eval.return_mean {mean!r} is not the mean of final_eval.episode_returns")
+        if _real(self.final_eval.get("return_mean")):
+            _plausible("final_eval.return_mean", self.final_eval["return_mean"], PLAUSIBLE_RETURN)
         for i, point in enumerate(self.curve):
-            for k in ("update", "score", "return_mean"):
+            for k, limit in (("update", math.inf), ("score", PLAUSIBLE_SCORE), ("return_mean", PLAUSIBLE_RETURN)):
                 v = point.get(k)
                 if v is not None and (not _real(v) or not math.isfinite(v)):
                     raise RecordError(f"curve[{i}].{k} {v!r} is not a finite number")
+                if v is not None:
+                    _plausible(f"curve[{i}].{k}", v, limit)
         ident = self.identity()
         if ident is not None and self.run_key and run_key_of(ident) != self.run_key:
             raise RecordError(f"run_key {self.run_key!r} is not the hash of the record's identity "
@@ -312,9 +331,10 @@ def scan_records(results_dir: Path) -> tuple[list[tuple[str, RunRecord]], list[D
     [damaged files]), both in path order."""
     results_dir = Path(results_dir)
     good: list[tuple[str, RunRecord]] = []
-    bad: list[Damaged] = []
+    bad = links_out(results_dir)
+    leaving = {Path(results_dir) / d.path for d in bad}
     for file in sorted(results_dir.rglob("final.json")):
-        if not file.is_file():
+        if not file.is_file() or file in leaving:
             continue
         rel = file.relative_to(results_dir).as_posix()
         try:
@@ -325,6 +345,16 @@ def scan_records(results_dir: Path) -> tuple[list[tuple[str, RunRecord]], list[D
             continue
         good.append((rel, record))
     return good, bad
+
+
+def links_out(results_dir: Path) -> list[Damaged]:
+    """Symbolic links under the results folder that lead outside it, as skipped entries: runs are read (and
+    written: runner.plan_run refuses such a run directory) only inside the results folder."""
+    from plcql_bench.suite.core.store import links_leaving
+
+    return [Damaged(link.relative_to(results_dir).as_posix(), f"a symbolic link to {target}, outside the results "
+                    "directory: skipped (runs are read and written only inside it)")
+            for link, target in links_leaving(results_dir)]
 
 
 class DamagedResults(BenchError):

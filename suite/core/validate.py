@@ -9,6 +9,8 @@ to the same run key as before validation existed.
 
     check_config(cls, values, where)       every field known to cls.Config, of its type and range
     did_you_mean(name, choices)            " (did you mean 'x'?)" or ""
+    excerpt(value)                         a value as an error message may quote it (short, bounded work)
+    load_user_yaml(text, source)           YAML a user wrote (a profile, a campaign), aliases refused
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -38,6 +41,40 @@ def unknown_key(where: str, key: str, choices: Iterable[str], what: str = "unkno
     choices = sorted(str(c) for c in choices)
     hint = did_you_mean(key, choices) or (f" (known: {', '.join(choices)})" if len(choices) <= 40 else "")
     return ConfigError(f"{where}: {path}{key}: {what}{hint}")
+
+
+# ----------------------------------------------------------------------------- quoting values, reading YAML
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxstring, _EXCERPT.maxother, _EXCERPT.maxlong = 3, 40, 40, 40
+_EXCERPT.maxlist = _EXCERPT.maxtuple = _EXCERPT.maxdict = _EXCERPT.maxset = 4
+EXCERPT_CHARS = 80
+
+
+def excerpt(value: Any) -> str:
+    """``repr(value)`` cut to at most EXCERPT_CHARS characters, built without ever forming the full repr
+    (a value expanded from YAML aliases can be billions of elements: its repr alone filled 3 GB)."""
+    text = _EXCERPT.repr(value)
+    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 3] + "..."
+
+
+def load_user_yaml(text: str, source: str) -> Any:
+    """A YAML document a user wrote (a profile, a campaign), refusing aliases (``*name``): nothing such a
+    file needs them for, and a few lines of nested aliases expand to billions of values. ConfigError
+    naming ``source`` (and the line) on an alias or invalid YAML."""
+    import yaml
+
+    class _NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise ConfigError(f"{source}: line {event.start_mark.line + 1}: YAML alias *{str(event.anchor)[:40]} "
+                                  f"is not allowed here (write the value out)")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
 
 
 # ----------------------------------------------------------------------------- value kinds
@@ -109,10 +146,12 @@ FIELD_RULES: dict[str, Rule] = {
         "behaviour_patience"), _at_least(1)),
     # behaviour_max_updates: 0 = no cap (beta trains for the reference's timestep budget).
     **dict.fromkeys(("teacher_rounds", "step_start_ema", "behaviour_max_updates"), _at_least(0)),
-    **dict.fromkeys(("lr", "critic_lr", "optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight",
-                     "cf_block_mb"), _POSITIVE),
+    **dict.fromkeys(("optim_eps", "weight_eps", "ppo_clip", "omar_sigma", "max_weight", "cf_block_mb", "temperature",
+                     "lse_temp", "reward_scale", "return_scale"), _POSITIVE),
+    # Learning rates above 1 only diverge (lr=1e308 overflowed at round 7, after the run was written).
+    **dict.fromkeys(("lr", "critic_lr"), Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]")),
     # Auxiliary learning rates may be 0: it freezes that part (tests/test_plcql_par.py freezes pi_par).
-    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _at_least(0)),
+    **dict.fromkeys(("behaviour_lr", "par_lr", "value_lr"), _UNIT),
     "gamma": Rule(lambda v: not is_number(v) or 0 < v <= 1, "in (0, 1]"),
     **dict.fromkeys(("tau", "target_rate", "ema_decay", "td_lambda", "optim_alpha"), _UNIT),
     "expectile": _OPEN_UNIT,
@@ -138,16 +177,21 @@ FIELD_RULES: dict[str, Rule] = {
 }
 
 
+FLOAT_LIMIT = 1e6  # the magnitude no float config field reaches (the largest shipped: 1000); beyond it, a typo
+
+
 def field_problem(name: str, annotation: Any, value: Any) -> str | None:
     """Why ``value`` is not valid for a config field (type, finiteness, range), or None."""
     kinds = field_kinds(annotation)
     if kinds is not None and not any(_KIND_TEST[k](value) for k in kinds):
-        return f"must be {kinds_text(kinds)}, got {value!r}"
+        return f"must be {kinds_text(kinds)}, got {excerpt(value)}"
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be finite, got {value!r}"
     rule = FIELD_RULES.get(name)
     if rule is not None and not rule.ok(value):
-        return f"must be {rule.text}, got {value!r}"
+        return f"must be {rule.text}, got {excerpt(value)}"
+    if kinds is not None and "float" in kinds and is_number(value) and abs(value) > FLOAT_LIMIT:
+        return f"must be within \u00b1{FLOAT_LIMIT:g} (no rate, scale or coefficient is larger), got {excerpt(value)}"
     return None
 
 

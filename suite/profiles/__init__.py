@@ -13,7 +13,8 @@ from typing import Any, Iterable
 import yaml
 
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.core.validate import ConfigError, config_fields, did_you_mean, field_problem, is_int, unknown_key
+from plcql_bench.suite.core.validate import (ConfigError, config_fields, did_you_mean, excerpt, field_problem, is_int,
+                                             load_user_yaml, unknown_key)
 from plcql_bench.suite.tasks import known_task_ids
 
 
@@ -87,11 +88,7 @@ def load_profile(name_or_path: str) -> Profile:
         known = ", ".join(builtin_profiles())
         missing = " (no such file)" if path.suffix in (".yaml", ".yml") else ""
         raise BenchError(f"unknown profile {name_or_path!r}{missing} (built in: {known}; or pass a .yaml path)")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BenchError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
-    return _parse(raw, source)
+    return _parse(load_user_yaml(text, source), source)
 
 
 # ----------------------------------------------------------------------------- the schema
@@ -118,7 +115,7 @@ def _keys(obj: Any, allowed: Iterable[str], required: Iterable[str], source: str
 
 
 def _kind(v: Any) -> str:
-    return "nothing" if v is None else f"{type(v).__name__} {v!r}"[:80]
+    return "nothing" if v is None else f"{type(v).__name__} {excerpt(v)}"
 
 
 def _count(v: Any, source: str, field: str, minimum: int = 1) -> int:
