@@ -597,18 +597,27 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output file (default: results.csv / results.parquet / marl_eval.json).")
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
+@click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
+              help="Only these runs: algo=, task=, dataset=, seed= with comma lists, as for `all`.")
+@click.option("--consistent", is_flag=True,
+              help="marl-eval: cut the export to what marl-eval's matrices accept (per env the tasks with the "
+                   "same evaluation steps, the algorithms all of them have, the seeds all of those have); "
+                   "says what it dropped.")
 @_STRICT
 @click.pass_obj
-def export_cmd(obj, fmt, out, profile, strict) -> None:
+def export_cmd(obj, fmt, out, profile, only, consistent, strict) -> None:
     """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON.
     A damaged run (final.json or metrics.jsonl) is left out with a warning line naming the file."""
     from plcql_bench.suite.export import export
+    from plcql_bench.suite.matrix import parse_only
 
     root = _results_root(obj)
     out = out or Path({"csv": "results.csv", "parquet": "results.parquet", "marl-eval": "marl_eval.json"}[fmt])
-    damaged: list = []
-    n = export(root, out, fmt, profile, damaged)
-    click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} -> {out}")
+    damaged, notes = [], []
+    n = export(root, out, fmt, profile, damaged, parse_only(only), consistent, notes)
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
+    click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} from {root} -> {out}")
     _finish(damaged, strict)
 
 
