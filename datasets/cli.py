@@ -26,6 +26,7 @@ def datasets_list(obj: dict, profile: str) -> None:
     root = data_profile_dir(obj["data_dir"], prof)
     entries = manifest.read_manifest(root)
     click.echo(f"{'task':<26} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
+    counts = {"listed": 0, "built": 0}
     for task_id in task_ids():
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
@@ -47,6 +48,9 @@ def datasets_list(obj: dict, profile: str) -> None:
                 why, fix = unavailable(task_id, tier)
                 src = f"{why}; run: {fix}"
             click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src}")
+            counts["listed"] += 1
+            counts["built"] += status == "built"
+    click.echo(f"{counts['built']} of {counts['listed']} datasets built in {root} (profile {prof.name})")
 
 
 def _number(v) -> bool:

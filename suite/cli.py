@@ -621,23 +621,49 @@ def export_cmd(obj, fmt, out, profile, only, consistent, strict) -> None:
     _finish(damaged, strict)
 
 
+def _dir_option(flag: str, key: str, *aliases: str) -> click.Option:
+    """`--data-dir` / `--results-dir` after a subcommand: the same setting as before it (one spelling,
+    either place; given in both, the one after the subcommand wins)."""
+    def store(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.obj[key] = value
+
+    return click.Option([flag, *aliases], type=click.Path(path_type=Path), default=None, expose_value=False,
+                        callback=store, help=f"As the global {flag} (default: ${DATA_ENV if key == 'data_dir' else RESULTS_ENV}, "
+                                             f"else {'data' if key == 'data_dir' else 'results'}).")
+
+
+def _accept_dir_options(group: click.Group) -> None:
+    """Every command of the tree takes --data-dir and --results-dir after its name too."""
+    for cmd in group.commands.values():
+        if isinstance(cmd, click.Group):
+            _accept_dir_options(cmd)
+            continue
+        flags = {opt for param in cmd.params for opt in getattr(param, "opts", ())}
+        for flag, key in (("--data-dir", "data_dir"), ("--results-dir", "results_dir")):
+            if flag not in flags:
+                cmd.params.append(_dir_option(flag, key))
+
+
 @cli.command()
-@click.option("--results", "results", type=click.Path(path_type=Path), default=None,
-              help="Results folder (default: the global --results-dir).")
 @click.option("--out", type=click.Path(path_type=Path), default="site", show_default=True)
 @click.option("--strict", is_flag=True, help="Exit with status 2 when any result file is skipped (the site is still written).")
 @click.pass_obj
-def leaderboard(obj, results, out, strict) -> None:
-    """Render the static leaderboard from result files."""
+def leaderboard(obj, out, strict) -> None:
+    """Render the static leaderboard from result files (--results-dir; --results is the same option)."""
     from plcql_bench.leaderboard.build import build
 
+    root = Path(obj["results_dir"])
     try:
-        built = build(results or obj["results_dir"], out)
+        built = build(root, out)
     except FileNotFoundError as exc:
         raise BenchError(str(exc)) from None
     skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
-    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
+    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs from {root}{skipped})")
     _finish(built.skipped, strict)
+
+
+leaderboard.params.insert(0, _dir_option("--results-dir", "results_dir", "--results"))
 
 
 def _register_subcommands() -> None:
@@ -652,6 +678,7 @@ def _register_subcommands() -> None:
 
 
 _register_subcommands()
+_accept_dir_options(cli)
 
 if __name__ == "__main__":
     main()
