@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 
+from plcql_bench.suite.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
 from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
-
-DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
