@@ -149,19 +149,23 @@ def _matrix_options(f):
     f = click.option("--queue", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
                      help="Like --only, but several --queue options add up in the order given (a "
                           "priority queue: the first selection's cells run first). Not with --only.")(f)
+    f = click.option("--set", "sets", multiple=True, metavar="ALGO.FIELD=V1[,V2..]",
+                     help="A sweep: one variant of ALGO per value (named ALGO-FIELD-V, its own run key), "
+                          "trained beside ALGO on each of its cells; checked as run --set values are.")(f)
     return click.option("--profile", default="smoke", show_default=True)(f)
 
 
-def _select(obj, profile, only, shard, queue=()):
-    from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells, select_queue
+def _select(obj, profile, only, shard, queue=(), sets=()):
+    from plcql_bench.suite.matrix import parse_only, parse_shard, parse_sweeps, select_cells, select_queue
     from plcql_bench.suite.profiles import load_profile
 
     if only and queue:
         raise click.UsageError("--only and --queue select cells in different ways: use one of them")
     prof = load_profile(profile)
+    sweeps = parse_sweeps(sets)
     if queue:
-        return prof, select_queue(prof, queue, parse_shard(shard))
-    return prof, select_cells(prof, parse_only(only), parse_shard(shard))
+        return prof, select_queue(prof, queue, parse_shard(shard), sweeps)
+    return prof, select_cells(prof, parse_only(only), parse_shard(shard), sweeps)
 
 
 class _Progress:
@@ -217,7 +221,7 @@ class _Progress:
                    "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
                    "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
 @click.pass_obj
-def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, device, per_gpu, executor,
+def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads, device, per_gpu, executor,
             ray_address, rerun_failed, force, stack, finish_within) -> None:
     """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
     cell's job), skip finished cells, resume partial ones
@@ -233,7 +237,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
     deadline = None if finish_within is None else time.monotonic() + finish_within
-    prof, cells = _select(obj, profile, only, shard, queue)
+    prof, cells = _select(obj, profile, only, shard, queue, sets)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
     dev, n_gpus = resolve_device(device)
@@ -390,7 +394,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
 @click.option("--strict", is_flag=True,
               help="Exit with status 2 when any run file is damaged (every cell is still shown).")
 @click.pass_obj
-def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) -> None:
+def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, strict) -> None:
     """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
@@ -400,7 +404,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
     from plcql_bench.suite.preflight import check_buildable
     from plcql_bench.suite.core.schema import Damaged
 
-    prof, cells = _select(obj, profile, only, shard, queue)
+    prof, cells = _select(obj, profile, only, shard, queue, sets)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []

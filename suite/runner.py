@@ -132,8 +132,8 @@ def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str)
 
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
-    """The cell's algorithm config (task defaults < profile overrides < --set), each layer checked
-    against the config's schema (suite/core/validate.py: field names, types, ranges); BenchError naming
+    """The cell's algorithm config (task defaults < profile overrides < a sweep variant's value < --set), each
+    layer checked against the config's schema (suite/core/validate.py: field names, types, ranges); BenchError naming
     the file or flag and the field when the task, tier, algorithm or a config value is not valid."""
     task = get_task(cell.task)
     if cell.tier not in task.spec.tiers:
@@ -149,8 +149,12 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
     from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
     check_config(cls, from_profile, profile.source, path="algo_overrides.")
     check_config(cls, overrides or {}, "--set")
+    # A sweep variant's value (all --set ALGO.FIELD=V, algorithms/base.py) wins over the task's and the
+    # profile's values of its field, as --set does; a --set of the same field still wins over it.
+    swept = getattr(cls, "sweep", {})
+    check_config(cls, swept, f"--set {cell.algo}")
     try:
-        return make_config(cls, {**defaults, **from_profile, **(overrides or {})})
+        return make_config(cls, {**defaults, **from_profile, **swept, **(overrides or {})})
     except (KeyError, TypeError) as exc:
         raise BenchError(str(exc).strip("'\"")) from None
 
