@@ -88,22 +88,26 @@ def as_tensors(dataset, device: str = "cpu") -> dict:
 def train(algo: str, task: str, dataset: str, seed: int = 0, profile: str = "smoke",
           data: str | os.PathLike | None = None, results: str | os.PathLike | None = None,
           overrides: dict | None = None, device: str = "cpu", threads: int | None = None,
-          log: Callable[[str], Any] | None = None) -> dict:
+          log: Callable[[str], Any] | None = None, trackers: tuple = ()) -> dict:
     """Train and evaluate one cell, as `plcql-bench run` does (its dataset built first when missing); a
     finished run is not trained again. Returns the run's final.json record. ``overrides``: config fields,
-    as `run --set` (checked the same way); ``log``: each line of the run's log (run.log gets them too)."""
+    as `run --set` (checked the same way); ``log``: each line of the run's log (run.log gets them too);
+    ``trackers``: ("tensorboard", "wandb"), as `run --log` (suite/tracking.py)."""
     import torch
 
     from plcql_bench.suite.core.store import read_json
     from plcql_bench.suite.executors import _RunLog
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
+    from plcql_bench.suite.tracking import check_available
 
     prof = load_profile(profile)
     cell = Cell(algo, task, dataset, int(seed))
-    resolve_config(cell, prof, overrides)  # a bad algorithm or value fails before any dataset is built
+    resolve_config(cell, prof, overrides)  # a bad algorithm, value or tracker fails before anything is built
+    trackers = check_available(trackers)
     _ensure_built(task, dataset, prof, data_profile_dir(data_dir(data), prof), log or (lambda _msg: None))
     plan = plan_run(cell, prof, data_dir(data), results_dir(results), overrides)
+    plan.trackers = trackers
     if plan.is_done():
         return read_json(plan.final_path)
     if threads is not None:

@@ -103,6 +103,11 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
     return out
 
 
+_LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tensorboard", "wandb"]),
+                    help="Also log each run's metrics to an experiment tracker (extras [tensorboard], [wandb]; "
+                         "W&B offline unless WANDB_MODE says otherwise); metrics.jsonl stays the record. Repeatable.")
+
+
 @cli.command()
 @click.option("--algo", required=True)
 @click.option("--task", required=True)
@@ -112,17 +117,21 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
+@_LOG
 @click.pass_obj
-def run(obj, algo, task, tier, seed, profile, sets, device, threads) -> None:
+def run(obj, algo, task, tier, seed, profile, sets, device, threads, trackers) -> None:
     """Train and evaluate one cell; skips it if already finished."""
     import torch
 
     from plcql_bench.suite.executors import _RunLog
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, execute, plan_run
+    from plcql_bench.suite.tracking import check_available
 
+    trackers = check_available(trackers)
     plan = plan_run(Cell(algo, task, tier, seed), load_profile(profile), obj["data_dir"],
                     obj["results_dir"], _parse_sets(sets))
+    plan.trackers = trackers
     if plan.is_done():
         click.echo(f"{plan.cell.label()}: already done -> {plan.final_path}")
         return
@@ -220,9 +229,10 @@ class _Progress:
               help="Start a cell only if `plan` expects it to finish within this time of the start "
                    "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
                    "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
+@_LOG
 @click.pass_obj
 def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads, device, per_gpu, executor,
-            ray_address, rerun_failed, force, stack, finish_within) -> None:
+            ray_address, rerun_failed, force, stack, finish_within, trackers) -> None:
     """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
     cell's job), skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
@@ -236,7 +246,10 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     from plcql_bench.suite.matrix import cell_state, plan_on_card
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
+    from plcql_bench.suite.tracking import check_available
+
     deadline = None if finish_within is None else time.monotonic() + finish_within
+    trackers = check_available(trackers)
     prof, cells = _select(obj, profile, only, shard, queue, sets)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
@@ -292,7 +305,7 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     from plcql_bench.suite.stacking import stack_groups
 
     job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],
-                    build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token)
+                    build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token, trackers=trackers)
                 for g in stack_groups(todo, stack)]
     if deadline is not None:
         _set_estimates(job_list, prof, obj)

@@ -16,7 +16,7 @@ import json
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,8 @@ class RunPlan:
     run_dir: Path
     file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
     dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
+    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/tracking.py)
+    tracking: Any = field(default=None, repr=False, compare=False)  # their open Session while it trains
 
     @property
     def final_path(self) -> Path:
@@ -273,9 +275,11 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
+        open_tracking(plan, log)
         try:
             result = _validated(_train_and_evaluate(plan, dataset, device, log, progress), device)
         except BaseException as exc:
+            close_tracking(plan)
             # Exceptions are failures (kept until --rerun-failed); Ctrl-C and SystemExit leave
             # the run interrupted, so the next `all` resumes it like a killed run. `update` is
             # the checkpoint a resume starts from, `reached` the last round completed.
@@ -289,8 +293,30 @@ def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) 
         atomic_write_json(plan.final_path, result)  # last: its presence means done
         _write_status(plan, "done", update=result["train"]["updates"],
                       runtime_s=result["train"]["wall_clock_s"])
+        finish_tracking(plan, result)
         log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
         return result
+
+
+def open_tracking(plan: RunPlan, log) -> None:
+    """The run's `--log` trackers (suite/tracking.py), opened lazily at its first logged point."""
+    if plan.trackers:
+        from plcql_bench.suite.tracking import Session
+
+        plan.tracking = Session(plan.trackers, plan.run_dir, _identity_record(plan), log)
+
+
+def finish_tracking(plan: RunPlan, result: dict) -> None:
+    """Log the final evaluation to the run's trackers and close them."""
+    if plan.tracking is not None:
+        plan.tracking.final(result)
+    close_tracking(plan)
+
+
+def close_tracking(plan: RunPlan) -> None:
+    if plan.tracking is not None:
+        plan.tracking.close()
+        plan.tracking = None
 
 
 def _set_aside_rejected_final(plan: RunPlan, log) -> None:
@@ -453,6 +479,8 @@ def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, pr
     pending.clear()
     lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in state["history"])
     atomic_write_bytes(plan.run_dir / "metrics.jsonl", lines.encode())
+    if plan.tracking is not None:  # the record is written first; trackers mirror it
+        plan.tracking.point(state["history"][-1])
 
 
 def _score(task, ev: dict) -> float:
