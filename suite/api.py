@@ -124,7 +124,7 @@ def train(algo: str, task: str, dataset: str, seed: int = 0, profile: str = "smo
 
 RUN_COLUMNS = ("profile", "domain", "algo", "task", "dataset", "seed", "run_key", "score", "score_name",
                "return_mean", "return_std", "normalised_score", "win_rate", "updates", "train_s", "finished_at",
-               "path")
+               "dataset_source", "path")
 
 
 def results_frame(results: str | os.PathLike | None = None, profile: str | None = None,
@@ -157,6 +157,7 @@ def results_frame(results: str | os.PathLike | None = None, profile: str | None 
                          "return_std": final.get("return_std"), "normalised_score": final.get("normalised_score"),
                          "win_rate": final.get("win_rate"), "updates": rec.train.get("updates"),
                          "train_s": run_seconds(rec.train), "finished_at": rec.finished_at,
+                         "dataset_source": rec.extra.get("dataset_source", ""),
                          "path": run_dir.relative_to(root).as_posix()})
         frame = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
     for d in damaged:

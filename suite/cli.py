@@ -441,7 +441,7 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
         if item.dataset_missing:
             key = (c.task, c.tier)
             if key not in unbuildable:
-                unbuildable[key] = check_buildable(c.task, c.tier, prof.name)
+                unbuildable[key] = check_buildable(c.task, c.tier, prof.name, prof)
             problem = unbuildable[key]
             if state != "done":  # runs done on the committed card's dataset need no build
                 why = (f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})" if problem

@@ -64,6 +64,7 @@ class RunPlan:
     run_dir: Path
     file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
     dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
+    dataset_source: str = ""  # an imported dataset's origin (its `source` attribute), recorded in final.json
     trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/tracking.py)
     tracking: Any = field(default=None, repr=False, compare=False)  # their open Session while it trains
 
@@ -203,6 +204,7 @@ def load_run_dataset(plan: RunPlan):
     spec = get_task(plan.cell.task).spec
     check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier)
     dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
+    plan.dataset_source = str(dataset.attrs.get("source") or "")  # results on imported data say where it came from
     return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
 
 
@@ -564,6 +566,7 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),
         **({"dataset_rebuild": plan.dataset_rebuild} if plan.dataset_rebuild else {}),
+        **({"dataset_source": plan.dataset_source} if plan.dataset_source else {}),
     )
     return record
 

@@ -111,6 +111,8 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
     first = plans[todo[0]]
     R.configure_process(device, discrete=get_task(first.cell.task).spec.discrete)
     dataset = R.load_run_dataset(first)  # one dataset for the cell's seeds
+    for plan in plans:
+        plan.dataset_source = first.dataset_source
     with ExitStack() as held:
         runs: list[tuple[int, _Run]] = []
         for i in todo:
