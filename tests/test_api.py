@@ -61,7 +61,6 @@ def test_the_documented_example_runs(tmp_path, monkeypatch):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    from plcql_bench.datasets.format import DatasetError  # noqa: F401  (the other error the API raises)
     from plcql_bench.suite import api
     from plcql_bench.suite.core.errors import BenchError
 
