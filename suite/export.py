@@ -23,6 +23,12 @@ an evaluation point (metric lists hold one value, the mean over the evaluation e
 per-episode curve values are not stored); absolute_metrics holds the final evaluation's
 per-episode returns (`return`) and the per-episode normalised scores (`normalised_score`) or
 the win rate. Its data-processing utilities can then normalise and aggregate without glue code.
+
+marl-eval reads runs and steps in key order, so they are written in numeric order (step_0, step_1, ...,
+step_10), absolute_metrics last; and its matrices need, per env, the same algorithms on every task, the
+same seeds for every algorithm and the same steps in every run: `marl_eval_problems` says what an export
+lacks, `marl_eval_cut` (`export --consistent`) cuts it to such a set. tests/test_export.py runs marl-eval's
+own validation and aggregation on it. `--only` (select_runs) filters every format.
 """
 
 from __future__ import annotations
