@@ -134,7 +134,7 @@ def test_marl_eval_accepts_the_consistent_export(results, tmp_path, monkeypatch)
     checks = DiagnoseData(data).check_data()["mpe"]
     assert all(checks.values()), checks
     processed = data_process_pipeline(json.loads(json.dumps(data)), ["normalised_score"])
-    assert processed["extra"]["evaluation_interval"]["mpe"] == 2  # eval_every (5 when sorted as strings)
+    assert processed["extra"]["evaluation_interval"]["mpe"] == 2  # eval_every (string order gave 5 for 10 on paper)
     absolute, curves = create_matrices_for_rliable(processed, "mpe", ["normalised_score"])
     kept = {(f["algo"], f["seed"]): f for f in finals if f["task"] == "mpe-cn" and f["seed"] < 2}
     for algo in ("bc", "cfcql"):
