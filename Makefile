@@ -39,14 +39,22 @@ define install
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e ".[$(1)]"
-	touch $@
 endef
+# marl-eval (InstaDeep's id-marl-eval), whose own validation and aggregation tests/test_export.py runs on our
+# export, pins pandas==1.4.4 against this package's pandas>=2.2: it is installed without
+# its dependencies. The ones its data and plotting code imports come with `dev` (numpy, pandas, rliable,
+# seaborn, matplotlib, colorama, colorcet). pip names the pandas pin as a conflict whenever it later installs
+# into this venv; that is expected.
+MARL_EVAL ?= id-marl-eval==0.0.4
 setup: $(BIN)/.installed-$(EXTRAS)
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	$(call install,$(EXTRAS))
+	touch $@
 setup-dev: $(BIN)/.installed-$(TEST_EXTRAS)
 $(BIN)/.installed-$(TEST_EXTRAS): pyproject.toml
 	$(call install,$(TEST_EXTRAS))
+	$(BIN)/pip install -q --no-deps $(MARL_EVAL)
+	touch $@
 
 test: setup-dev
 	$(BIN)/python -m pytest tests

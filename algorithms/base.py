@@ -11,6 +11,8 @@ The runner owns data loading, evaluation, seeding, checkpoints and results.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -109,23 +111,32 @@ def register(cls: type) -> type:
     return cls
 
 
+def _by_kind(name: str) -> dict[bool, type]:
+    """{discrete: class} of a registered algorithm or of a sweep variant (registered on first use)."""
+    load_all()
+    for table in (IMPLEMENTATIONS, SWEEPS):
+        found = {kind: reg[name] for kind, reg in table.items() if name in reg}
+        if found:
+            return found
+    return _register_sweep(name)
+
+
 def implementations(name: str) -> dict[str, type]:
     """{"continuous": cls, "discrete": cls} for the kinds `name` is implemented for ({} if unknown)."""
-    load_all()
-    return {("discrete" if kind else "continuous"): reg[name]
-            for kind, reg in IMPLEMENTATIONS.items() if name in reg}
+    return {("discrete" if kind else "continuous"): cls for kind, cls in _by_kind(name).items()}
 
 
 def get_algorithm(name: str, discrete: bool | None = None) -> type:
-    """The class registered as `name`; with `discrete` given (the task's `spec.discrete`), the
-    implementation for that action kind. KeyError with a one-line message when there is none."""
-    load_all()
-    if name not in REGISTRY:
+    """The class registered as `name` (or the sweep variant it names); with `discrete` given (the task's
+    `spec.discrete`), the implementation for that action kind. KeyError with a one-line message when there
+    is none."""
+    found = _by_kind(name)
+    if not found:
         known = ", ".join(sorted(REGISTRY))
         raise KeyError(f"unknown algorithm {name!r} (known: {known})")
     if discrete is None:
-        return REGISTRY[name]
-    cls = IMPLEMENTATIONS[bool(discrete)].get(name)
+        return found.get(False) or found[True]
+    cls = found.get(bool(discrete))
     if cls is None:
         kind = "discrete" if discrete else "continuous"
         raise KeyError(f"{name} has no {kind}-action implementation")
@@ -186,6 +197,10 @@ def register_variant(base: type, name: str, doc: str = "", **defaults: Any) -> t
     """Register `name` as a variant of the algorithm class `base`: a subclass whose Config has
     different defaults (e.g. an ablation such as PLCQL with k fixed to 1). Overrides passed to
     `make_config` still apply on top. Returns the new class (`variant_of` names the base)."""
+    return register(_variant_class(base, name, doc, defaults))
+
+
+def _variant_class(base: type, name: str, doc: str, defaults: dict[str, Any]) -> type:
     fields = {f.name: f for f in dataclasses.fields(base.Config)}
     unknown = sorted(set(defaults) - set(fields))
     if unknown:
@@ -194,7 +209,82 @@ def register_variant(base: type, name: str, doc: str = "", **defaults: Any) -> t
     config = dataclasses.make_dataclass(f"{base.Config.__name__}_{name.replace('-', '_')}", new_fields,
                                         bases=(base.Config,))
     config.__module__ = base.__module__
-    cls = type(f"{base.__name__}_{name.replace('-', '_')}", (base,),
-               {"name": name, "Config": config, "variant_of": base.name, "variant_defaults": dict(defaults),
-                "__doc__": doc or f"{base.name} with {defaults}", "__module__": base.__module__})
-    return register(cls)
+    return type(f"{base.__name__}_{name.replace('-', '_')}", (base,),
+                {"name": name, "Config": config, "variant_of": base.name, "variant_defaults": dict(defaults),
+                 "__doc__": doc or f"{base.name} with {defaults}", "__module__": base.__module__})
+
+
+# ----------------------------------------------------------------------------- sweep variants
+# `all --set ALGO.FIELD=V1,V2` trains one variant per value, named `<algo>-<field>-<value>` (e.g.
+# plcql-temperature-0.5). The name alone defines it, so any process (a spawned worker, `plan`, the
+# leaderboard) makes it on first use (get_algorithm): no registry file, nothing to pass along.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9._+-]+")
+
+
+def sweep_name(base: str, field: str, value: Any) -> str:
+    """The variant of algorithm `base` with config `field` = `value`; ValueError when the value cannot be
+    written in a name (a path component, and one `--only` and marl-eval can take: no commas)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    name = f"{base}-{field}-{text}"
+    if not SWEEP_NAME.fullmatch(name) or parse_sweep_value(text) != value:
+        raise ValueError(f"{field}={value!r} cannot name a variant (a sweep value is a number, true/false, "
+                         "null or a word of letters, digits and . _ + -)")
+    return name
+
+
+def parse_sweep_value(text: str) -> Any:
+    """A value as `--set` reads it: JSON when it parses, else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_sweep_name(name: str) -> tuple[str, str, Any] | None:
+    """(base algorithm, field, value) of a sweep variant's name, or None when it names none: the longest
+    registered name that prefixes it (plcql-k1 before plcql), then one of that algorithm's config fields."""
+    if not SWEEP_NAME.fullmatch(name):
+        return None
+    load_all()
+    for base in sorted(REGISTRY, key=len, reverse=True):
+        if not name.startswith(base + "-"):
+            continue
+        field, sep, text = name[len(base) + 1:].partition("-")
+        if sep and text and field in _fields_of(base):
+            return base, field, parse_sweep_value(text)
+    return None
+
+
+# Sweep variants by action kind, apart from the registry: they are not algorithms of the suite (not listed,
+# not documented), only what a name given to `all --set` (or found in a results folder) stands for.
+SWEEPS: dict[bool, dict[str, type]] = {False: {}, True: {}}
+
+
+def _register_sweep(name: str) -> dict[bool, type]:
+    """{discrete: class} of the sweep variant `name` (each action kind its base has the field for), made
+    now; {} when `name` names no sweep. Its value applies after the task's and the profile's config
+    (suite/runner.py: resolve_config), as `--set` does, so a field the task tables set still varies."""
+    parsed = parse_sweep_name(name)
+    if parsed is None:
+        return {}
+    base, field, value = parsed
+    if sweep_name(base, field, value) != name:  # e.g. "1.50" for 1.5: one variant has one name
+        return {}
+    for cls in _implementations_with(base, field):
+        variant = _variant_class(cls, name, f"{base} with {field} = {value!r} (a sweep: all --set)", {field: value})
+        variant.sweep = {field: value}
+        for kind in _kinds(variant):
+            SWEEPS[kind][name] = variant
+    return {kind: reg[name] for kind, reg in SWEEPS.items() if name in reg}
+
+
+def _implementations_with(base: str, field: str) -> list[type]:
+    """The implementations of `base` (per action kind) whose Config has `field`."""
+    classes = dict.fromkeys(IMPLEMENTATIONS[kind][base] for kind in (False, True) if base in IMPLEMENTATIONS[kind])
+    return [cls for cls in classes if field in {f.name for f in dataclasses.fields(cls.Config)}]
+
+
+def _fields_of(base: str) -> set[str]:
+    """Config fields of any implementation of `base`."""
+    return {f.name for kind in (False, True) if base in IMPLEMENTATIONS[kind]
+            for f in dataclasses.fields(IMPLEMENTATIONS[kind][base].Config)}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+
 @click.group()
 def datasets() -> None:
     """Build, list and inspect datasets."""
@@ -29,6 +30,7 @@ def datasets_list(obj: dict, profile: str) -> None:
     root = data_profile_dir(obj["data_dir"], prof)
     entries = manifest.read_manifest(root)
     click.echo(f"{'task':<26} {'tier':<14} {'status':<12} {'transitions':>11} {'return':>18}  source")
+    counts = {"listed": 0, "built": 0}
     for task_id in task_ids():
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
@@ -50,6 +52,9 @@ def datasets_list(obj: dict, profile: str) -> None:
                 why, fix = unavailable(task_id, tier, gen)
                 src = f"{why}; run: {fix}"
             click.echo(f"{task_id:<26} {tier:<14} {status:<12} {n:>11} {ret:>18}  {src}")
+            counts["listed"] += 1
+            counts["built"] += status == "built"
+    click.echo(f"{counts['built']} of {counts['listed']} datasets built in {root} (profile {prof.name})")
 
 
 def _number(v) -> bool:
@@ -105,9 +110,15 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
             click.echo(f"{task_id}/{q}: already built (use --force to rebuild)"
                        + (f"; STALE: {why}" if why else ""))
             continue
-        entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
-                              profile=prof.data_profile, generator_seed=generator_seed,
-                              generation_name=prof.generation)
+        source = prof.import_for(task_id, q)
+        if source:  # the profile imports this tier (datasets.import)
+            from plcql_bench.suite.preflight import importer
+
+            entry = importer(source)(task_id, q, 0, root, profile=prof.data_profile)
+        else:
+            entry = build_dataset(task_id, q, prof.episodes_for(task_id, q), root,
+                                  profile=prof.data_profile, generator_seed=generator_seed,
+                                  generation_name=prof.generation)
         click.echo(f"{task_id}/{q}: {entry['n_transitions']} transitions, return "
                    f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
                    f"(refs: random {entry['ref_return_random']:.1f}, expert "
@@ -151,8 +162,11 @@ def datasets_cards(obj, profile, out, compare_with, strict) -> None:
 @click.argument("tier")
 @click.argument("source", type=click.Path(path_type=str))
 @click.option("--format", "fmt_name", default="auto", show_default=True,
-              type=click.Choice(["auto", "omar-npy", "cfcql-h5"]),
-              help="auto: a directory is OMAR's .npy layout, an .h5 file is CFCQL's SMAC format.")
+              type=click.Choice(["auto", "omar-npy", "cfcql-h5", "vault"]),
+              help="auto: a <name>.vlt folder is an OG-MARL vault (extra [vault]), another directory OMAR's "
+                   ".npy layout, an .h5 file CFCQL's SMAC format.")
+@click.option("--uid", default=None, help="vault: the dataset's uid in the vault (default: the one that names TIER, "
+                                          "e.g. Medium-Replay for medium-replay).")
 @click.option("--profile", default="paper", show_default=True,
               help="Profile whose data directory receives the file (official data is paper-sized).")
 @click.option("--seed", "omar_seed", default=0, show_default=True,
@@ -160,8 +174,8 @@ def datasets_cards(obj, profile, out, compare_with, strict) -> None:
 @click.option("--prey", "prey_file", default=None, type=click.Path(path_type=str),
               help="PP/World: OMAR's pretrained_adv_model.pt (found next to SOURCE by default).")
 @click.pass_obj
-def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_file) -> None:
-    """Convert an official dataset file (OMAR .npy, CFCQL SMAC .h5) to format v1 as TASK/TIER."""
+def datasets_import(obj, task, tier, source, fmt_name, uid, profile, omar_seed, prey_file) -> None:
+    """Convert an official dataset (OMAR .npy, CFCQL SMAC .h5, an OG-MARL vault) to format v1 as TASK/TIER."""
     from plcql_bench.datasets.importers import import_dataset, normalise_tier
     from plcql_bench.suite.core.errors import BenchError
     from plcql_bench.suite.profiles import load_profile
@@ -175,10 +189,48 @@ def datasets_import(obj, task, tier, source, fmt_name, profile, omar_seed, prey_
     prof = load_profile(profile)
     root = data_profile_dir(obj["data_dir"], prof)
     entry = import_dataset(fmt_name, source, spec, tier, root, profile=prof.data_profile, seed=omar_seed,
-                           prey_file=prey_file)
+                           prey_file=prey_file, uid=uid)
     click.echo(f"{task}/{tier}: imported {entry['n_transitions']} transitions "
                f"({entry['n_episodes']} episodes), return {entry['return_mean']:.2f} ± "
                f"{entry['return_std']:.2f} -> {root / entry['file']}")
+
+
+@datasets.command("export")
+@click.argument("task")
+@click.argument("tier")
+@click.option("--format", "fmt_name", type=click.Choice(["vault"]), default="vault", show_default=True,
+              help="vault: an OG-MARL vault (flashbax, extra [vault]): <out>/<name>.vlt/<uid>/.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("vaults"), show_default=True,
+              help="The folder the vault goes in.")
+@click.option("--name", "vault_name", default=None, help="The vault's name (default: <task>.vlt: one vault per task).")
+@click.option("--uid", default=None, help="The dataset's uid in the vault (default: the tier).")
+@click.option("--profile", default="smoke", show_default=True, help="Profile whose dataset is exported.")
+@click.option("--force", is_flag=True, help="Replace the uid when the vault has it already.")
+@click.pass_obj
+def datasets_export(obj, task, tier, fmt_name, out, vault_name, uid, profile, force) -> None:
+    """Write the built dataset TASK/TIER as an OG-MARL vault that flashbax (and OG-MARL) read; every array of
+    the file is kept, so `datasets import --format vault` gives it back exactly."""
+    from plcql_bench.datasets import manifest
+    from plcql_bench.datasets.importers import normalise_tier
+    from plcql_bench.datasets.vault import export_vault
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import check_dataset_identity, data_profile_dir
+    from plcql_bench.suite.tasks import get_task
+
+    spec = get_task(task).spec
+    tier = normalise_tier(tier)
+    if tier not in spec.tiers:
+        raise BenchError(f"unknown tier {tier!r} for {task} (tiers: {', '.join(spec.tiers)})")
+    root = data_profile_dir(obj["data_dir"], load_profile(profile))
+    entry = manifest.lookup(root, task, tier)
+    if entry is None:
+        raise BenchError(f"dataset {task}/{tier} is not built in {root} (run: plcql-bench datasets build {task} "
+                         f"{tier} --profile {profile})")
+    check_dataset_identity(root / entry["file"], task, tier)
+    dest = export_vault(root / entry["file"], spec, out, uid=uid or tier, vault_name=vault_name,
+                        expected_sha256=entry["sha256"], force=force)
+    click.echo(f"{task}/{tier}: {entry['n_transitions']} transitions from {root / entry['file']} -> vault {dest}")
 
 
 @datasets.command("train-behaviour")

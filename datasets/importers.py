@@ -1,6 +1,6 @@
 """Importers: official dataset files -> format v1 (docs/dataset-format.md, docs/datasets.md).
 
-Two source formats:
+Two source formats here (and OG-MARL's Vaults in datasets/vault.py, `vault`):
 
 * ``omar-npy``: OMAR's per-agent NumPy layout (MPE CN/PP/World and MaMuJoCo Half-Cheetah 2x3;
   reused by CFCQL's continuous code, MADiff and DoF)::
@@ -57,7 +57,7 @@ from plcql_bench.datasets.format import DatasetError
 from plcql_bench.suite.core.spec import TaskSpec
 
 IMPORTER_VERSION = "plcql-bench-import-1"
-FORMATS = ("omar-npy", "cfcql-h5")
+FORMATS = ("omar-npy", "cfcql-h5", "vault")
 
 # task -> (expert, random, where the numbers come from)
 PAPER_REFERENCES: dict[str, tuple[float, float, str]] = {
@@ -76,12 +76,14 @@ def normalise_tier(tier: str) -> str:
 
 def detect_format(src: str | Path) -> str:
     src = Path(src)
+    if src.suffix == ".vlt":  # an OG-MARL vault (datasets/vault.py)
+        return "vault"
     if src.is_dir():
         return "omar-npy"
     if src.suffix in (".h5", ".hdf5"):
         return "cfcql-h5"
     raise DatasetError(src, "file", "cannot tell the format: give a seed_<k>_data directory "
-                       "(omar-npy) or an .h5 file (cfcql-h5), or pass --format")
+                       "(omar-npy), an .h5 file (cfcql-h5) or a <name>.vlt folder (vault), or pass --format")
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -427,9 +429,13 @@ def import_cfcql_h5(src: str | Path, spec: TaskSpec, tier: str, data_dir: str | 
 
 def import_dataset(fmt_name: str, src: str | Path, spec: TaskSpec, tier: str,
                    data_dir: str | Path, *, profile: str, seed: int = 0,
-                   prey_file: str | Path | None = None) -> dict:
+                   prey_file: str | Path | None = None, uid: str | None = None) -> dict:
     if fmt_name == "auto":
         fmt_name = detect_format(src)
+    if fmt_name == "vault":
+        from plcql_bench.datasets.vault import import_vault
+
+        return import_vault(src, spec, tier, data_dir, profile=profile, uid=uid)
     if fmt_name == "omar-npy":
         return import_omar(src, spec, tier, data_dir, profile=profile, seed=seed, prey_file=prey_file)
     if fmt_name == "cfcql-h5":

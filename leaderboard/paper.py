@@ -154,8 +154,20 @@ def ablation_variants(paper: dict | None, suite: dict, names: set[str]) -> list[
             out.append(Variant(algo, meta.get("label", algo), False, meta.get("what", ""), bool(meta.get("beyond"))))
             seen.add(algo)
     for algo in sorted(n for n in names if n.startswith(FAMILY + "-") and n not in seen):
-        out.append(Variant(algo, algo, False, "registered variant (no description in leaderboard/variants.yaml)"))
+        out.append(Variant(algo, algo, False, _variant_what(algo)))
     return out
+
+
+def _variant_what(algo: str) -> str:
+    """The ablation row's description of a variant variants.yaml does not describe: a sweep's field and
+    value (all --set), else that it is a registered variant."""
+    from plcql_bench.algorithms.base import parse_sweep_name
+
+    sweep = parse_sweep_name(algo)
+    if sweep is not None:
+        base, field, value = sweep
+        return f"sweep of {base}: {field} = {value!r} (all --set {base}.{field}=...)"
+    return "registered variant (no description in leaderboard/variants.yaml)"
 
 
 def table_columns(paper: dict | None, key: str) -> list[str]:

@@ -118,6 +118,7 @@ def run_rows(cells: list[Cell], cards: list[dict], label) -> list[dict]:
                 "hardware": _hardware(x), "wall_s": x.train.get("wall_clock_s"),
                 "sha": x.dataset_sha256, "card": card_anchor(card) if card else None,
                 "rebuild": x.extra.get("dataset_rebuild"),  # trained on another CPU's rebuild of the card
+                "source": x.extra.get("dataset_source"),  # an imported dataset's origin (e.g. vault:<path>#<uid>)
                 "warnings": list(x.warnings), "collapse": x.par_collapse, "finished_at": x.finished_at,
             })
         out.append({"anchor": cell.anchor, "label": f"{label(cell.algo)} \u00b7 {cell.task} \u00b7 {cell.dataset} \u00b7 {cell.profile}",

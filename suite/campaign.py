@@ -271,6 +271,7 @@ def campaign_status(obj, file, jobs, machine) -> None:
             first.setdefault(item.cell, item)
     # priced once for the whole queue (recorded runtimes are read once, not per stage)
     queue = {e.cell: e.seconds for e in estimate_cells(list(first.values()), obj["results_dir"], prof, calib)} if prof else {}
+    click.echo(f"campaign {file}: runs in {obj['results_dir']}, datasets in {obj['data_dir']}")
     click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
                f"{'left':>8}")
     for s, cells, states in stages:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import click
 
+from plcql_bench.suite.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
 from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
-
-DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -112,6 +111,11 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
     return out
 
 
+_LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tensorboard", "wandb"]),
+                    help="Also log each run's metrics to an experiment tracker (extras [tensorboard], [wandb]; "
+                         "W&B offline unless WANDB_MODE says otherwise); metrics.jsonl stays the record. Repeatable.")
+
+
 @cli.command()
 @click.option("--algo", required=True)
 @click.option("--task", required=True)
@@ -121,17 +125,21 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict:
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
+@_LOG
 @click.pass_obj
-def run(obj, algo, task, tier, seed, profile, sets, device, threads) -> None:
+def run(obj, algo, task, tier, seed, profile, sets, device, threads, trackers) -> None:
     """Train and evaluate one cell; skips it if already finished."""
     import torch
 
     from plcql_bench.suite.executors import _RunLog
     from plcql_bench.suite.profiles import load_profile
     from plcql_bench.suite.runner import Cell, execute, plan_run
+    from plcql_bench.suite.tracking import check_available
 
+    trackers = check_available(trackers)
     plan = plan_run(Cell(algo, task, tier, seed), load_profile(profile), obj["data_dir"],
                     obj["results_dir"], _parse_sets(sets))
+    plan.trackers = trackers
     if plan.is_done():
         click.echo(f"{plan.cell.label()}: already done -> {plan.final_path}")
         return
@@ -158,19 +166,23 @@ def _matrix_options(f):
     f = click.option("--queue", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
                      help="Like --only, but several --queue options add up in the order given (a "
                           "priority queue: the first selection's cells run first). Not with --only.")(f)
+    f = click.option("--set", "sets", multiple=True, metavar="ALGO.FIELD=V1[,V2..]",
+                     help="A sweep: one variant of ALGO per value (named ALGO-FIELD-V, its own run key), "
+                          "trained beside ALGO on each of its cells; checked as run --set values are.")(f)
     return click.option("--profile", default="smoke", show_default=True)(f)
 
 
-def _select(obj, profile, only, shard, queue=()):
-    from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells, select_queue
+def _select(obj, profile, only, shard, queue=(), sets=()):
+    from plcql_bench.suite.matrix import parse_only, parse_shard, parse_sweeps, select_cells, select_queue
     from plcql_bench.suite.profiles import load_profile
 
     if only and queue:
         raise click.UsageError("--only and --queue select cells in different ways: use one of them")
     prof = load_profile(profile)
+    sweeps = parse_sweeps(sets)
     if queue:
-        return prof, select_queue(prof, queue, parse_shard(shard))
-    return prof, select_cells(prof, parse_only(only), parse_shard(shard))
+        return prof, select_queue(prof, queue, parse_shard(shard), sweeps)
+    return prof, select_cells(prof, parse_only(only), parse_shard(shard), sweeps)
 
 
 class _Progress:
@@ -225,9 +237,10 @@ class _Progress:
               help="Start a cell only if `plan` expects it to finish within this time of the start "
                    "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
                    "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
+@_LOG
 @click.pass_obj
-def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, device, per_gpu, executor,
-            ray_address, rerun_failed, force, stack, finish_within) -> None:
+def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads, device, per_gpu, executor,
+            ray_address, rerun_failed, force, stack, finish_within, trackers) -> None:
     """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
     cell's job), skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
@@ -241,8 +254,11 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     from plcql_bench.suite.matrix import cell_state, plan_on_card
     from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
 
+    from plcql_bench.suite.tracking import check_available
+
     deadline = None if finish_within is None else time.monotonic() + finish_within
-    prof, cells = _select(obj, profile, only, shard, queue)
+    trackers = check_available(trackers)
+    prof, cells = _select(obj, profile, only, shard, queue, sets)
     for cell in cells:  # every config resolves before any dataset is built or anything is written
         resolve_config(cell, prof)
     dev, n_gpus = resolve_device(device)
@@ -297,7 +313,7 @@ def run_all(obj, profile, only, queue, shard, build_missing, jobs, threads, devi
     from plcql_bench.suite.stacking import stack_groups
 
     job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],
-                    build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token)
+                    build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token, trackers=trackers)
                 for g in stack_groups(todo, stack)]
     if deadline is not None:
         _set_estimates(job_list, prof, obj)
@@ -410,7 +426,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
 @click.option("--strict", is_flag=True,
               help="Exit with status 2 when any run file is damaged (every cell is still shown).")
 @click.pass_obj
-def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) -> None:
+def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, strict) -> None:
     """Resolve the matrix (configs, datasets), show each cell's state and a wall-clock estimate
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
@@ -420,7 +436,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
     from plcql_bench.suite.preflight import check_buildable
     from plcql_bench.suite.core.schema import Damaged
 
-    prof, cells = _select(obj, profile, only, shard, queue)
+    prof, cells = _select(obj, profile, only, shard, queue, sets)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []
@@ -444,7 +460,7 @@ def plan(obj, profile, only, queue, shard, jobs, machine, show_cells, strict) ->
         if item.dataset_missing:
             key = (c.task, c.tier)
             if key not in unbuildable:
-                unbuildable[key] = check_buildable(c.task, c.tier, prof.name, prof.generation)
+                unbuildable[key] = check_buildable(c.task, c.tier, prof.name, prof)
             problem = unbuildable[key]
             if state != "done":  # runs done on the committed card's dataset need no build
                 why = (f"dataset cannot be built here: {problem.cause} (fix: {problem.fix})" if problem
@@ -618,33 +634,65 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output file (default: results.csv / results.parquet / marl_eval.json).")
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
+@click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
+              help="Only these runs: algo=, task=, dataset=, seed= with comma lists, as for `all`.")
+@click.option("--consistent", is_flag=True,
+              help="marl-eval: cut the export to what marl-eval's matrices accept (per env the tasks with the "
+                   "same evaluation steps, the algorithms all of them have, the seeds all of those have); "
+                   "says what it dropped.")
 @_STRICT
 @click.pass_obj
-def export_cmd(obj, fmt, out, profile, strict) -> None:
+def export_cmd(obj, fmt, out, profile, only, consistent, strict) -> None:
     """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON.
     A damaged run (final.json or metrics.jsonl) is left out with a warning line naming the file."""
     from plcql_bench.suite.export import export
+    from plcql_bench.suite.matrix import parse_only
 
     root = _results_root(obj)
     out = out or Path({"csv": "results.csv", "parquet": "results.parquet", "marl-eval": "marl_eval.json"}[fmt])
-    damaged: list = []
-    n = export(root, out, fmt, profile, damaged)
-    click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} -> {out}")
+    damaged, notes = [], []
+    n = export(root, out, fmt, profile, damaged, parse_only(only), consistent, notes)
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
+    click.echo(f"export {fmt}: {n} {'runs' if fmt == 'marl-eval' else 'rows'} from {root} -> {out}")
     _finish(damaged, strict)
 
 
+def _dir_option(flag: str, key: str, *aliases: str) -> click.Option:
+    """`--data-dir` / `--results-dir` after a subcommand: the same setting as before it (one spelling,
+    either place; given in both, the one after the subcommand wins)."""
+    def store(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.obj[key] = value
+
+    return click.Option([flag, *aliases], type=click.Path(path_type=Path), default=None, expose_value=False,
+                        callback=store, help=f"As the global {flag} (default: ${DATA_ENV if key == 'data_dir' else RESULTS_ENV}, "
+                                             f"else {'data' if key == 'data_dir' else 'results'}).")
+
+
+def _accept_dir_options(group: click.Group) -> None:
+    """Every command of the tree takes --data-dir and --results-dir after its name too."""
+    for cmd in group.commands.values():
+        if isinstance(cmd, click.Group):
+            _accept_dir_options(cmd)
+            continue
+        flags = {opt for param in cmd.params for opt in getattr(param, "opts", ())}
+        for flag, key in (("--data-dir", "data_dir"), ("--results-dir", "results_dir")):
+            if flag not in flags:
+                cmd.params.append(_dir_option(flag, key))
+
+
 @cli.command()
-@click.option("--results", "results", type=click.Path(path_type=Path), default=None,
-              help="Results folder (default: the global --results-dir).")
 @click.option("--out", type=click.Path(path_type=Path), default="site", show_default=True)
 @click.option("--strict", is_flag=True, help="Exit with status 2 when any result file is skipped (the site is still written).")
 @click.pass_obj
-def leaderboard(obj, results, out, strict) -> None:
-    """Render the static leaderboard from result files."""
+def leaderboard(obj, out, strict) -> None:
+    """Render the static leaderboard from result files (--results-dir; --results is the same option)."""
     from plcql_bench.leaderboard.build import build
 
+    root = Path(obj["results_dir"])
     try:
-        built = build(results or obj["results_dir"], out)
+        built = build(root, out)
     except FileNotFoundError as exc:
         raise BenchError(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the site is swapped in whole or not at all
@@ -654,8 +702,11 @@ def leaderboard(obj, results, out, strict) -> None:
         raise BenchError(f"{exc.filename or out}: {exc.strerror or exc} ({type(exc).__name__}); the site "
                          f"in {out} is unchanged") from None
     skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
-    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs{skipped})")
+    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs from {root}{skipped})")
     _finish(built.skipped, strict)
+
+
+leaderboard.params.insert(0, _dir_option("--results-dir", "results_dir", "--results"))
 
 
 def _register_subcommands() -> None:
@@ -670,6 +721,7 @@ def _register_subcommands() -> None:
 
 
 _register_subcommands()
+_accept_dir_options(cli)
 
 if __name__ == "__main__":
     main()

@@ -45,6 +45,7 @@ class Job:
     build_dataset: bool = False  # the cell's dataset was missing when `all` started: build it first (preflight)
     build_token: str = ""  # the `all` invocation, for preflight.ensure_dataset's failure records
     estimate_s: float | None = None  # seconds it still needs (`plan`'s estimate), read under a deadline
+    trackers: tuple = ()  # `all --log`: experiment trackers mirroring each run's metrics (suite/tracking.py)
 
     def cells(self) -> list:
         return [self.cell, *self.stack]
@@ -118,6 +119,7 @@ def run_job(job: Job) -> dict:
         if _missing_dataset(job, [out]):
             return out
         plan = plan_run(job.cell, job.profile, job.data_dir, job.results_dir, job.overrides)
+        plan.trackers = job.trackers
         out["run_dir"] = str(plan.run_dir)
         if plan.is_done() and not job.fresh:
             out.update(state="skipped", score=_score(plan))
@@ -203,6 +205,7 @@ def _run_stack_job(job: Job) -> dict:
             return {"stack_outcomes": outs}
         plans = [plan_run(c, job.profile, job.data_dir, job.results_dir, job.overrides) for c in cells]
         for o, plan in zip(outs, plans):
+            plan.trackers = job.trackers
             o.update(run_dir=str(plan.run_dir), resumed=_resumable(plan, job))
         logs = [_RunLog(plan.run_dir, echo=job.echo) for plan in plans]
         for o, plan, res in zip(outs, plans, execute_stack(plans, device=device, logs=logs, fresh=job.fresh)):

@@ -82,9 +82,10 @@ def matrix_blocks(profile: Profile) -> list[dict[str, list[str]]]:
 
 
 def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
-                 shard: tuple[int, int] | None = None):
+                 shard: tuple[int, int] | None = None, sweeps: list | None = None):
     """The profile's matrix in canonical order (block by block; within a block task, tier, algo,
-    seed), filtered by `only`, then every N-th cell from i for shard i/N (shards are disjoint and
+    seed), filtered by `only`, each cell of a swept algorithm followed by its variants' cells
+    (`sweeps`: parse_sweeps), then every N-th cell from i for shard i/N (shards are disjoint and
     cover the selection). Task x tier pairs the task does not have (SMAC random, MPE mixed) are not
     cells; a cell listed by two blocks appears once."""
     from plcql_bench.suite.runner import Cell
@@ -105,7 +106,7 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
         cells += [Cell(a, t, q, int(s)) for t in b["tasks"] for q in b["tiers"] for a in b["algos"] for s in b["seeds"]
                   if t in keep["task"] and q in keep["tier"] and a in keep["algo"] and s in keep["seed"]
                   and q in task_tiers(t)]
-    return _shard(list(dict.fromkeys(cells)), shard)
+    return _shard(expand_sweeps(list(dict.fromkeys(cells)), sweeps or []), shard)
 
 
 def _shard(cells: list, shard: tuple[int, int] | None) -> list:
@@ -116,7 +117,8 @@ def _shard(cells: list, shard: tuple[int, int] | None) -> list:
     return cells[i::n]
 
 
-def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] | None = None):
+def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] | None = None,
+                 sweeps: list | None = None):
     """The union of several --only selections in the order given (each selection in canonical order,
     a cell already queued by an earlier one not repeated), then shard i/N as in select_cells. A
     campaign runs its stages as one queue, so a core freed at the end of one stage starts the next
@@ -124,7 +126,72 @@ def select_queue(profile: Profile, specs: Iterable[str], shard: tuple[int, int] 
     cells = []
     for spec in specs:
         cells += select_cells(profile, parse_only([spec], flag="--queue"))
-    return _shard(list(dict.fromkeys(cells)), shard)
+    return _shard(expand_sweeps(list(dict.fromkeys(cells)), sweeps or []), shard)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """`--set ALGO.FIELD=V1,V2,...`: one variant of ALGO per value (algorithms/base.py: sweep_name)."""
+
+    algo: str
+    field: str
+    names: tuple[str, ...]
+
+
+def parse_sweeps(specs: Iterable[str]) -> list[Sweep]:
+    """Each `ALGO.FIELD=V1[,V2...]`, its values read as `run --set` reads them (JSON, else a string) and
+    checked as `--set` values are (the field's type and range) for every implementation of ALGO that has the
+    field; BenchError naming the option otherwise."""
+    from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
+    from plcql_bench.suite.core.validate import check_config, unknown_key
+
+    out = []
+    for spec in specs:
+        target, eq, raw = spec.partition("=")
+        algo, dot, field = target.strip().rpartition(".")  # algorithm names may hold a dot (plcql-t0.1)
+        if not (eq and dot and algo and field and raw.strip()):
+            raise BenchError(f"--set {spec!r}: expected ALGO.FIELD=V1[,V2...], e.g. plcql.temperature=0.5,2")
+        if algo not in load_all():
+            raise BenchError(f"--set {spec!r}: unknown algorithm {algo!r}{did_you_mean(algo, load_all())}")
+        classes = [c for c in implementations(algo).values() if field in _config_fields(c)]
+        if not classes:
+            known = {f for c in implementations(algo).values() for f in _config_fields(c)}
+            raise unknown_key(f"--set {spec}", field, known, what=f"unknown config field of {algo}")
+        values = list(dict.fromkeys(parse_sweep_value(v.strip()) for v in raw.split(",") if v.strip()))
+        names = []
+        for value in values:
+            for cls in classes:
+                check_config(cls, {field: value}, f"--set {spec}")
+            try:
+                names.append(sweep_name(algo, field, value))
+            except ValueError as exc:
+                raise BenchError(f"--set {spec}: {exc}") from None
+        out.append(Sweep(algo, field, tuple(names)))
+    return out
+
+
+def _config_fields(cls) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(cls.Config)}
+
+
+def expand_sweeps(cells: list, sweeps: list[Sweep]) -> list:
+    """Each cell of a swept algorithm followed by the same cell of each of its variants; BenchError when a
+    sweep's algorithm has no cell in the selection (a sweep that trains nothing is a mistake)."""
+    from plcql_bench.suite.runner import Cell
+
+    if not sweeps:
+        return cells
+    for sweep in sweeps:
+        if not any(c.algo == sweep.algo for c in cells):
+            raise BenchError(f"--set {sweep.algo}.{sweep.field}: no {sweep.algo} cell in the selection "
+                             f"(add {sweep.algo} to --only algo=, or to the profile's matrix)")
+    out = []
+    for cell in cells:
+        out.append(cell)
+        out += [Cell(name, cell.task, cell.tier, cell.seed) for s in sweeps if s.algo == cell.algo for name in s.names]
+    return list(dict.fromkeys(out))
 
 
 def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:

@@ -122,6 +122,9 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
 
     from plcql_bench.datasets import manifest
 
+    source = profile.import_for(task, tier)
+    if build is None:
+        build = importer(source) if source else None
     if build is None:
         from plcql_bench.datasets.build import build_dataset as build
     root = Path(data_root)
@@ -141,7 +144,7 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
             echo(f"building dataset {task}/{tier}")
             started = time.monotonic()
             try:
-                build(task, tier, profile.episodes_for(task, tier), root, profile=profile.data_profile,
+                build(task, tier, 0 if source else profile.episodes_for(task, tier), root, profile=profile.data_profile,
                       generation_name=profile.generation)
             except Exception as exc:  # noqa: BLE001 - isolated: only this dataset's cells fail
                 problem = diagnose(task, tier, exc, profile.name)
@@ -219,13 +222,33 @@ def clear_failure(cell, profile, results_dir: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def check_buildable(task: str, tier: str, profile_name: str, generation: str | None = None) -> DatasetProblem | None:
-    """Why `all` could not build task/tier here (no behaviour policy, a missing extra), or None.
-    Cheap: looks up the behaviour policy without collecting anything."""
+def importer(source: dict):
+    """A builder (build_dataset's signature) that imports a profile's `datasets.import` source instead."""
+    def build(task: str, tier: str, _episodes: int, root: Path, profile: str, **_) -> dict:
+        from plcql_bench.datasets.importers import import_dataset
+        from plcql_bench.suite.tasks import get_task
+
+        return import_dataset(source["format"], source["path"], get_task(task).spec, tier, root, profile=profile,
+                              seed=source.get("seed", 0), uid=source.get("uid"))
+
+    return build
+
+
+def check_buildable(task: str, tier: str, profile_name: str, profile=None) -> DatasetProblem | None:
+    """Why `all` could not build task/tier here (no behaviour policy, a missing extra, a profile's import
+    source that is not there), or None. Cheap: looks up the behaviour policy without collecting anything."""
     from plcql_bench.datasets.behaviour import unavailable
 
+    source = profile.import_for(task, tier) if profile is not None else None
+    if source:
+        if Path(source["path"]).exists():
+            return None
+        return DatasetProblem(task, tier, f"the profile imports it from {source['path']}, which is not there",
+                              f"download it there (OG-MARL vaults: og_marl.vault_utils.download_vault), or change "
+                              f"datasets.import in {profile.source}")
+
     try:
-        found = unavailable(task, tier, generation)
+        found = unavailable(task, tier, profile.generation if profile is not None else None)
     except Exception as exc:  # noqa: BLE001 - e.g. the task's env stack is not installed
         return diagnose(task, tier, exc, profile_name)
     return DatasetProblem(task, tier, *found) if found else None

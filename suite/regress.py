@@ -169,6 +169,7 @@ def regress(obj, profile, band_path, report_path, update_band, note) -> None:
     if band.get("profile") != profile:
         raise click.ClickException(f"{band_path} is a band for profile {band.get('profile')!r}, not {profile!r}")
     rows = compare(band, cells)
+    click.echo(f"regress: {profile} runs in {obj['results_dir']} against {band_path}")
     text = report(rows, band, sorted(set(cells) - set(band["cells"])))
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)

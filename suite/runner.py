@@ -16,7 +16,7 @@ import json
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,9 @@ class RunPlan:
     run_dir: Path
     file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
     dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
+    dataset_source: str = ""  # an imported dataset's origin (its `source` attribute), recorded in final.json
+    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/tracking.py)
+    tracking: Any = field(default=None, repr=False, compare=False)  # their open Session while it trains
 
     @property
     def final_path(self) -> Path:
@@ -142,8 +145,8 @@ def run_identity(cell: Cell, profile: Profile, config: Any, dataset_sha256: str)
 
 
 def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | None = None):
-    """The cell's algorithm config (task defaults < profile overrides < --set), each layer checked
-    against the config's schema (suite/core/validate.py: field names, types, ranges); BenchError naming
+    """The cell's algorithm config (task defaults < profile overrides < a sweep variant's value < --set), each
+    layer checked against the config's schema (suite/core/validate.py: field names, types, ranges); BenchError naming
     the file or flag and the field when the task, tier, algorithm or a config value is not valid."""
     task = get_task(cell.task)
     if cell.tier not in task.spec.tiers:
@@ -159,8 +162,12 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
     from_profile = {k: v for k, v in profile.algo_overrides.items() if k in fields}
     check_config(cls, from_profile, profile.source, path="algo_overrides.")
     check_config(cls, overrides or {}, "--set")
+    # A sweep variant's value (all --set ALGO.FIELD=V, algorithms/base.py) wins over the task's and the
+    # profile's values of its field, as --set does; a --set of the same field still wins over it.
+    swept = getattr(cls, "sweep", {})
+    check_config(cls, swept, f"--set {cell.algo}")
     try:
-        return make_config(cls, {**defaults, **from_profile, **(overrides or {})})
+        return make_config(cls, {**defaults, **from_profile, **swept, **(overrides or {})})
     except (KeyError, TypeError) as exc:
         raise BenchError(str(exc).strip("'\"")) from None
 
@@ -220,6 +227,7 @@ def load_run_dataset(plan: RunPlan):
     # One open file: the sha256 checked (and recorded in the run key) is of the bytes the arrays come from
     dataset = fmt.load_dataset(plan.dataset_path, spec=spec, expected_sha256=plan.file_sha256 or plan.dataset_sha256)
     check_dataset_identity(plan.dataset_path, plan.cell.task, plan.cell.tier, dataset.attrs)  # of those bytes
+    plan.dataset_source = str(dataset.attrs.get("source") or "")  # results on imported data say where it came from
     return card_scoring(dataset, plan.dataset_rebuild)  # a rebuild scores with its card's reference returns
 
 
@@ -308,9 +316,11 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
+        open_tracking(plan, log)
         try:
             result = _validated(_train_and_evaluate(plan, dataset, device, log, progress), device)
         except BaseException as exc:
+            close_tracking(plan)
             # Exceptions are failures (kept until --rerun-failed); Ctrl-C and SystemExit leave
             # the run interrupted, so the next `all` resumes it like a killed run. `update` is
             # the checkpoint a resume starts from, `reached` the last round completed.
@@ -324,8 +334,30 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
         atomic_write_json(plan.final_path, result)  # last: its presence means done
         _write_status(plan, "done", update=result["train"]["updates"],
                       runtime_s=result["train"]["wall_clock_s"])
+        finish_tracking(plan, result)
         log(f"done {plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
         return True, result
+
+
+def open_tracking(plan: RunPlan, log) -> None:
+    """The run's `--log` trackers (suite/tracking.py), opened lazily at its first logged point."""
+    if plan.trackers:
+        from plcql_bench.suite.tracking import Session
+
+        plan.tracking = Session(plan.trackers, plan.run_dir, _identity_record(plan), log)
+
+
+def finish_tracking(plan: RunPlan, result: dict) -> None:
+    """Log the final evaluation to the run's trackers and close them."""
+    if plan.tracking is not None:
+        plan.tracking.final(result)
+    close_tracking(plan)
+
+
+def close_tracking(plan: RunPlan) -> None:
+    if plan.tracking is not None:
+        plan.tracking.close()
+        plan.tracking = None
 
 
 def _set_aside_rejected_final(plan: RunPlan, log) -> None:
@@ -488,6 +520,8 @@ def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, pr
     pending.clear()
     lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in state["history"])
     atomic_write_bytes(plan.run_dir / "metrics.jsonl", lines.encode())
+    if plan.tracking is not None:  # the record is written first; trackers mirror it
+        plan.tracking.point(state["history"][-1])
 
 
 def _score(task, ev: dict) -> float:
@@ -571,6 +605,7 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),
         **({"dataset_rebuild": plan.dataset_rebuild} if plan.dataset_rebuild else {}),
+        **({"dataset_source": plan.dataset_source} if plan.dataset_source else {}),
     )
     return record
 

@@ -111,6 +111,8 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
     first = plans[todo[0]]
     R.configure_process(device, discrete=get_task(first.cell.task).spec.discrete)
     dataset = R.load_run_dataset(first)  # one dataset for the cell's seeds
+    for plan in plans:
+        plan.dataset_source = first.dataset_source
     with ExitStack() as held:
         runs: list[tuple[int, _Run]] = []
         for i in todo:
@@ -129,6 +131,8 @@ def execute_stack(plans: list, device: str = "cpu", logs: list | None = None, fr
                 continue
             try:
                 runs.append((i, _start(plan, logs[i], dataset, device, [plans[j].cell.seed for j in todo])))
+                R.open_tracking(plan, logs[i])
+                held.callback(R.close_tracking, plan)  # closed however the stack ends (finish_tracking first)
             except BaseException as exc:  # as `runner.execute`: the run's status says why (the others stop too)
                 _stopped([_Run(plan, logs[i], progress={"update": 0, "reached": 0, "runtime_s": 0.0})], exc)
                 _stopped([run for _, run in runs], KeyboardInterrupt(f"{plan.cell.label()} of its stack did not start"))
@@ -256,5 +260,6 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
         result["train"]["wall_clock_s"] += wall
         atomic_write_json(r.plan.final_path, result)  # last: its presence means done
         R._write_status(r.plan, "done", update=result["train"]["updates"], runtime_s=result["train"]["wall_clock_s"])
+        R.finish_tracking(r.plan, result)
         r.log(f"done {r.plan.cell.label()}: score {result['score']} in {result['train']['wall_clock_s']:.1f}s")
     return results

@@ -28,6 +28,8 @@ LEGACY_TEMP_AGE_S = 3600.0  # a temp file named without its writer counts as sta
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``path`` = ``data``, atomically. Its mode is what open() would give (0666 less the umask): the temp
+    file mkstemp makes is private (0600), and results, exports and cards are shared with a group or others."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
@@ -36,6 +38,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with named_errors(path):
             fd, tmp = new_temp_file(path)
+            os.fchmod(fd, 0o666 & ~current_umask())
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
@@ -252,6 +255,20 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status); elsewhere set
+    and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

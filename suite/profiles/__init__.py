@@ -36,10 +36,17 @@ class Profile:
     data_profile: str = ""
     # The dataset generation its continuous tasks' tiers are built with (datasets/generations.py).
     generation: str = "v1"
+    # `datasets: {import: {<task>/<tier>: {format, path, uid, seed}}}`: tiers imported (an OG-MARL vault, OMAR
+    # .npy, CFCQL .h5) when missing, instead of collected; path made absolute (relative to the profile file).
+    dataset_imports: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.data_profile:
             object.__setattr__(self, "data_profile", self.name)
+
+    def import_for(self, task_id: str, tier: str) -> dict | None:
+        """The import that makes task/tier's dataset (datasets.import), or None: it is built."""
+        return self.dataset_imports.get(f"{task_id}/{tier}")
 
     def episodes_for(self, task_id: str, tier: str) -> int:
         return _lookup(self.dataset_episodes, task_id, tier)
@@ -188,11 +195,11 @@ def _matrix(raw: Any, source: str) -> dict[str, list]:
 
 def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None, str]:
     """(episodes table, the built-in profile whose datasets are reused or None, dataset generation)."""
-    _keys(raw, ("episodes", "from", "generation"), (), source, "datasets.")
+    _keys(raw, ("episodes", "from", "import", "generation"), (), source, "datasets.")
     if "from" in raw:  # reuse another built-in profile's datasets (same files, same sizes)
-        if "episodes" in raw or "generation" in raw:
-            raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes' "
-                             "(and 'generation'), not both")
+        if "episodes" in raw or "import" in raw or "generation" in raw:
+            raise BenchError(f"{source}: datasets: give either 'from: <profile>' or 'episodes' (and 'import', "
+                             "'generation'), not both")
         data_profile = raw["from"]
         if data_profile not in builtin_profiles():
             raise BenchError(f"{source}: datasets.from: unknown built-in profile {data_profile!r}"
@@ -202,6 +209,8 @@ def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None, str]:
         return (_table(other["datasets"]["episodes"], f"builtin:{data_profile}", "datasets.episodes"), data_profile,
                 _generation(other["datasets"], f"builtin:{data_profile}"))
     if "episodes" not in raw:
+        if "import" in raw:  # every dataset it trains on is imported (a tier it would build has no size)
+            return {}, None, _generation(raw, source)
         raise BenchError(f"{source}: datasets.episodes: required key missing (or datasets.from)")
     return _table(raw["episodes"], source, "datasets.episodes"), None, _generation(raw, source)
 
@@ -214,6 +223,43 @@ def _generation(raw: dict, source: str) -> str:
         raise BenchError(f"{source}: datasets.generation: unknown generation {_kind(name)}"
                          f"{did_you_mean(str(name), GENERATIONS)} (known: {', '.join(GENERATIONS)})")
     return name
+
+
+IMPORT_KEYS = ("format", "path", "uid", "seed")
+
+
+def _imports(raw: Any, source: str) -> dict[str, dict]:
+    """datasets.import: '<task>/<tier>' -> {format (auto, vault, omar-npy, cfcql-h5), path, uid, seed}; a
+    relative path is taken from the profile file's folder (the working directory for a built-in)."""
+    from plcql_bench.suite.tasks import get_task
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BenchError(f"{source}: datasets.import: must be a mapping of '<task>/<tier>' -> source, got {_kind(raw)}")
+    base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else Path.cwd()
+    tasks, _ = _table_keys()
+    out = {}
+    for key, spec in raw.items():
+        task, _, tier = str(key).partition("/")
+        if task not in tasks:
+            raise unknown_key(source, task, sorted(tasks), what="unknown task", path="datasets.import.")
+        tiers = get_task(task).spec.tiers
+        if tier not in tiers:
+            raise unknown_key(source, f"{task}/{tier}", [f"{task}/{q}" for q in tiers], what="unknown tier",
+                              path="datasets.import.")
+        _keys(spec, IMPORT_KEYS, ("path",), source, f"datasets.import.{key}.")
+        fmt_name = spec.get("format", "auto")
+        if fmt_name not in ("auto", "vault", "omar-npy", "cfcql-h5"):
+            raise BenchError(f"{source}: datasets.import.{key}.format: must be auto, vault, omar-npy or cfcql-h5, "
+                             f"got {_kind(fmt_name)}")
+        path = spec["path"]
+        if not isinstance(path, str) or not path:
+            raise BenchError(f"{source}: datasets.import.{key}.path: must be a path, got {_kind(path)}")
+        out[f"{task}/{tier}"] = {"format": fmt_name, "path": str((base / path).resolve()),
+                                 "uid": spec.get("uid"), "seed": _count(spec.get("seed", 0), source,
+                                                                        f"datasets.import.{key}.seed", minimum=0)}
+    return out
 
 
 def _parse(raw: Any, source: str) -> Profile:
@@ -236,6 +282,7 @@ def _parse(raw: Any, source: str) -> Profile:
         data_profile=data_profile or name,
         generation=generation,
         dataset_episodes=episodes,
+        dataset_imports=_imports(raw["datasets"].get("import"), source),
         updates=_table(train["updates"], source, "train.updates"),
         eval_every=eval_every,
         eval_episodes=_table(train["eval_episodes"], source, "train.eval_episodes"),
