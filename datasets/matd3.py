@@ -89,7 +89,7 @@ _TASK_OVERRIDES: dict[str, dict[str, Any]] = {
                                  "tau": 0.005, "lr_actor": 3e-4, "lr_critic": 3e-4,
                                  "updates_per_step": 0.5, "num_envs": 4, "eval_episodes": 10},
 }
-_HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000, "v2": 1_000_000}
+_HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000, "v2": 3_000_000}
 
 
 def budget_for(task_id: str, profile: str) -> Budget:
@@ -117,6 +117,9 @@ def budget_for(task_id: str, profile: str) -> Budget:
 # (docs/datasets.md, "v2: how each tier was chosen").
 _V2_TASK: dict[str, dict[str, Any]] = {
     "mpe-pp": {"updates_per_step": 0.02},
+    # Half-Cheetah: a checkpoint every 10k env steps (10 episodes), the resumable state (its replay reaches
+    # ~1 GB) every 100k.
+    "mamujoco-halfcheetah-2x3": {"eval_every": 10_000, "checkpoint_every": 100_000},
 }
 
 
