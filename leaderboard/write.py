@@ -1,5 +1,5 @@
-"""The site's data files: results.json / results.csv (every cell under every view) and a CSV and
-JSON per table in ``tables/`` (the page links each)."""
+"""The site's files: its pages, results.json / results.csv (every cell under every view) and a CSV
+and JSON per table in ``tables/`` (the page links each)."""
 
 from __future__ import annotations
 
@@ -57,12 +57,14 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=2, default=str) + "\n"
 
 
-def write_outputs(out_dir: Path, html: str, results: dict, downloads: dict[str, list[dict]]) -> Path:
-    """index.html, results.json/.csv and tables/<name>.csv/.json; returns the index path."""
+def write_outputs(out_dir: Path, pages: dict[str, str], results: dict, downloads: dict[str, list[dict]]) -> Path:
+    """The pages ({file name: HTML}: index.html and the figure pages it links), results.json/.csv
+    and tables/<name>.csv/.json; returns the index path."""
     out_dir = Path(out_dir)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
+    for name, html in pages.items():
+        (out_dir / name).write_text(html, encoding="utf-8")
     index = out_dir / "index.html"
-    index.write_text(html, encoding="utf-8")
     (out_dir / "results.json").write_text(_json({"schema_version": OUTPUT_SCHEMA_VERSION, **results}), encoding="utf-8")
     (out_dir / "results.csv").write_text(csv_text([_flat(c) for c in results["cells"]]), encoding="utf-8")
     for name, records in downloads.items():
