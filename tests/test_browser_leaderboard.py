@@ -87,7 +87,7 @@ def test_no_page_overflow_at_390px(pages):
 # and renders first in about 0.3 s on a busy 2-core machine; these bounds leave room for more results
 # and a slower machine, not for a return of the figures to the front page.
 FRONT_PAGE_MAX_BYTES = 2_500_000
-FIRST_PAINT_MAX_MS = 5_000
+FIRST_RENDER_MAX_MS = 5_000
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +113,9 @@ def test_front_page_is_the_committed_board_fast_and_fits_a_laptop(made_site):
     t = report.timing
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "leaderboard-front.json").write_text(json.dumps({"bytes": report.page_bytes, **t}, indent=1) + "\n")
-    print(f"front page: {report.page_bytes:,} bytes, first contentful paint {t['first_contentful_paint_ms']} ms, "
-          f"load {t['load_ms']} ms")
+    print(f"front page: {report.page_bytes:,} bytes, first render {t['first_render_ms']} ms, load {t['load_ms']} ms")
     assert report.page_bytes < FRONT_PAGE_MAX_BYTES
-    assert t["first_contentful_paint_ms"] is not None and 0 < t["first_contentful_paint_ms"] < FIRST_PAINT_MAX_MS
+    assert t["first_render_ms"] is not None and 0 < t["first_render_ms"] < FIRST_RENDER_MAX_MS
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
