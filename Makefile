@@ -1,13 +1,17 @@
 # plcql-bench: every task a user or maintainer runs.
 #   make all    venv + install (extras of the default matrix only) + smoke datasets + default matrix
-#               + site/index.html (the main job)
+#               + the site: the committed results' board as site/index.html, the smoke runs' board
+#               one click away in site/your-runs/ (the main job)
+#   make board  the same site, training nothing: the committed board (and your runs' when there are any)
 #   make test   venv + install (the dev extras: every task family, Ray, Parquet) + the test suite
 #   make bench  throughput (bench-speed) and the datasets benchmark
 #   make nightly       the nightly regression subset vs ci/reference_band.json (report in build/nightly)
 #   make nightly-band  regenerate ci/reference_band.json from a real nightly run
 #   make nightly-selftest  prove the band: seed noise passes, an injected regression fails (slow)
-#   make leaderboard   site/ from results/
-#   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing
+#   make leaderboard   the same as make board
+#   make readme        the README's board summary from leaderboard/results, and its screenshot (needs chromium)
+#   make publish-results PROFILE=paper   copy finished runs' small files (final/config/metrics) to leaderboard/results/ for committing,
+#               and rewrite the README's board summary from them
 #   make campaign      run ci/campaigns/paper.yaml in the background (resumable), publishing as runs finish
 #   make images        build the CPU, CUDA and SC2 images (docker, or podman via DOCKER=podman)
 #   make image-test    build the CPU image on a local debootstrap base and smoke-run it (podman; .ci/run does too)
@@ -20,12 +24,16 @@ BIN    := $(VENV)/bin
 EXTRAS ?= mpe
 TEST_EXTRAS ?= dev
 
-.PHONY: all setup setup-dev test bench datasets run leaderboard version clean nightly nightly-band nightly-selftest images image-test lint publish-results campaign
+.PHONY: all setup setup-dev test bench datasets run board leaderboard readme version clean nightly nightly-band nightly-selftest images image-test lint publish-results campaign
+
+# The site: the committed results (leaderboard/results) are the front page, the runs of results/
+# (what `make all` trained) are one click away in site/your-runs/.
+BOARD = $(BIN)/plcql-bench leaderboard --front leaderboard/results --out site
 
 all: setup
 	$(BIN)/plcql-bench all --profile $(PROFILE)
-	$(BIN)/plcql-bench leaderboard --out site
-	@echo "open site/index.html"
+	$(BOARD)
+	@echo "open site/index.html (the committed results; your runs: site/your-runs/index.html)"
 
 # torch==2.13.0 first: on this project's machines that spec resolves to the local CPU wheel,
 # so the resolver never pulls a multi-GB CUDA build. pyproject accepts any torch 2.x >= 2.4.
@@ -62,8 +70,22 @@ test: setup-dev
 datasets: setup
 	$(BIN)/plcql-bench datasets build --matrix --profile $(PROFILE)
 
-leaderboard: setup
-	$(BIN)/plcql-bench leaderboard --out site
+board: setup
+	$(BOARD)
+	@echo "open site/index.html"
+
+leaderboard: board
+
+# The README's board summary (leaderboard/readme.py; tests/test_readme_board.py fails when it is
+# out of date) and its screenshot: the front page a clean clone's `make board` writes (no runs of
+# your own yet), checked and shot at 1,366 px by the browser test's checker (leaderboard/browser.py).
+README_SITE = build/readme
+readme: setup
+	$(BIN)/python -m plcql_bench.leaderboard.readme
+	rm -rf $(README_SITE) && mkdir -p $(README_SITE)/results
+	cd $(README_SITE) && $(abspath $(BIN))/plcql-bench leaderboard --front $(CURDIR)/leaderboard/results --out site
+	$(BIN)/python -m plcql_bench.leaderboard.browser $(README_SITE)/site/index.html --window 1366,768 \
+	  --screenshot docs/img/leaderboard-front.png
 
 bench: setup-dev
 	$(BIN)/plcql-bench bench-speed
@@ -80,6 +102,7 @@ NIGHTLY_RUN = OMP_NUM_THREADS=1 $(BIN)/plcql-bench --data-dir $(NIGHTLY_DIR)/dat
 publish-results: setup
 	$(BIN)/plcql-bench campaign publish --profile $(PROFILE)
 	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
+	$(BIN)/python -m plcql_bench.leaderboard.readme
 
 # The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
 # resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.

@@ -12,7 +12,14 @@ Three headless runs against ``file://`` (so the page must work offline):
    every scoring view with and without the empty columns, the ``table.board`` tables shown
    (size, ``display``/``visibility``), every table wider than its box or the viewport
    (clipped) and the page's width; ``--dump-dom`` returns the probe's findings from the DOM;
-3. a screenshot of the page as built.
+3. a screenshot of the page as built;
+4. with ``timing`` (the command line always): a copy of the page with a small script that reads,
+   once the page has loaded, its own performance timeline: first contentful paint,
+   DOMContentLoaded and the load event, top level at the requested window size (median of
+   ``timing_runs`` loads; each number is wall time on this machine, so the same page on a busier
+   machine reads slower). *First render* is the first contentful paint, or the load event for a
+   page small enough to load before Chromium's first frame (headless Chromium then records no
+   paint before it reports).
 
 Exit status 0 when the page passes, 1 with the problems listed otherwise, 2 when Chromium is
 not installed.
@@ -26,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,6 +103,18 @@ PROBE = """<script id="lb-probe">
 </script>"""
 
 
+TIMING = """<script id="lb-timing">
+window.addEventListener("load", function () { setTimeout(function () {
+  var nav = performance.getEntriesByType("navigation")[0] || {}, paint = {};
+  performance.getEntriesByType("paint").forEach(function (p) { paint[p.name] = p.startTime; });
+  var pre = document.createElement("pre"); pre.id = "lb-timing-result";
+  pre.textContent = JSON.stringify({first_contentful_paint_ms: paint["first-contentful-paint"],
+                                    dom_content_loaded_ms: nav.domContentLoadedEventEnd, load_ms: nav.loadEventStart});
+  document.body.appendChild(pre);
+}, 0); });
+</script>"""
+
+
 FRAME = """<!doctype html><html><head><meta charset="utf-8"><title>probe</title></head>
 <body style="margin:0"><script>
 window.addEventListener("message", function (e) {{
@@ -112,6 +132,9 @@ class PageReport:
     inner_width: int = 0  # the viewport width the page was laid out in
     svgs: int = 0
     screenshot: Path | None = None
+    page_bytes: int = 0  # the HTML file's size
+    # ms: first_render_ms, first_contentful_paint_ms, dom_content_loaded_ms, load_ms (module doc, run 4)
+    timing: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -146,17 +169,19 @@ def check_page(
     timeout: float = 60.0,
     min_tables: int = 1,
     allow_scroll: bool = False,
+    timing: bool = False,
+    timing_runs: int = 3,
 ) -> PageReport:
     """Load ``page`` in headless Chromium at ``window`` (width, height); report console errors,
     invisible or missing ``table.board`` tables, a page wider than the viewport, and (unless
     ``allow_scroll``, for phone widths where tables scroll in their boxes) any table wider than
     its box. Every scoring view and the "all columns" state are measured. Saves a screenshot
-    when ``screenshot`` is given."""
+    when ``screenshot`` is given; measures the time to first render with ``timing``."""
     page = Path(page).resolve()
     chromium = chromium or find_chromium()
     if chromium is None:
         raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
-    report = PageReport()
+    report = PageReport(page_bytes=page.stat().st_size)
     url = page.as_uri()
     size = f"--window-size={window[0]},{window[1]}"
     with tempfile.TemporaryDirectory(prefix="lb-chromium-") as tmp:
@@ -222,7 +247,38 @@ def check_page(
                 report.errors.append(f"no screenshot written: {r.stderr.strip()[-300:]}")
             else:
                 report.screenshot = screenshot
+
+        # 4. time to first render, top level
+        if timing:
+            report.timing = _timing(chromium, page, text, size, tmp, timeout, timing_runs, report.errors)
     return report
+
+
+def _timing(chromium: str, page: Path, text: str, size: str, tmp: Path, timeout: float, runs: int,
+            errors: list[str]) -> dict:
+    """The median over ``runs`` loads of each of the page's own timings (see the module doc)."""
+    fd, name = tempfile.mkstemp(prefix=".timing-", suffix=".html", dir=page.parent)
+    os.close(fd)
+    copy = Path(name)
+    found: list[dict] = []
+    try:
+        copy.write_text(text.replace("<head>", "<head>\n" + TIMING, 1) if "<head>" in text else TIMING + text,
+                        encoding="utf-8")
+        for i in range(runs):
+            r = _run(chromium, [size, "--dump-dom", copy.as_uri()], tmp / f"t{i}", timeout)
+            m = re.search(r'<pre id="lb-timing-result">(.*?)</pre>', r.stdout, re.S)
+            if m:
+                found.append(json.loads(htmlmod.unescape(m.group(1))))
+    finally:
+        copy.unlink(missing_ok=True)
+    if not found:
+        errors.append("the timing run did not report (page failed to load or scripts could not run)")
+        return {}
+    for f in found:
+        f["first_render_ms"] = f.get("first_contentful_paint_ms") or f.get("load_ms")
+    keys = ("first_render_ms", "first_contentful_paint_ms", "dom_content_loaded_ms", "load_ms")
+    return {k: round(statistics.median(f[k] for f in found if f.get(k) is not None)) if any(f.get(k) is not None for f in found)
+            else None for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: chromium is not installed (Debian: apt-get install chromium)", file=sys.stderr)
         return 2
     w, h = (int(v) for v in args.window.split(","))
-    report = check_page(args.page, screenshot=args.screenshot, window=(w, h), allow_scroll=args.allow_scroll)
+    report = check_page(args.page, screenshot=args.screenshot, window=(w, h), allow_scroll=args.allow_scroll, timing=True)
     for t in report.tables:
         print(f"table {t['id']}: {t['rows']} rows, {t['width']:.0f}x{t['height']:.0f}px")
     print(f"{report.svgs} inline SVG figures; page {report.page_width} px wide in a {report.inner_width} px viewport")
+    t = report.timing
+    print(f"{report.page_bytes / 1e6:.2f} MB; first render {t.get('first_render_ms')} ms (first contentful paint "
+          f"{t.get('first_contentful_paint_ms')} ms), DOMContentLoaded {t.get('dom_content_loaded_ms')} ms, "
+          f"load {t.get('load_ms')} ms (median of 3 loads, this machine)")
     if report.screenshot:
         print(f"screenshot: {report.screenshot}")
     for e in report.errors:

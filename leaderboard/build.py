@@ -9,6 +9,7 @@ The orchestrator only: loading (load.py) -> cells (cells.py) -> per scoring view
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,18 +18,19 @@ from pathlib import Path
 from plcql_bench.leaderboard import analysis, summary
 from plcql_bench.leaderboard import stats as st
 from plcql_bench.leaderboard.cells import critic_diverged, format_mean_std, group_cells
-from plcql_bench.leaderboard.load import DIVERGENCE_RULE, archives, load
+from plcql_bench.leaderboard.load import DIVERGENCE_RULE, Loaded, archives, load
 from plcql_bench.leaderboard.official import load_official, official_cells, official_rows
 from plcql_bench.leaderboard.paper import (algo_label, ablation_variants, load_paper_results, load_variants,
                                            paper_ablation_value, paper_claims_check, paper_value, reference_tables)
 from plcql_bench.leaderboard.provenance import build_provenance, dataset_cards, load_cards, run_rows
 from plcql_bench.leaderboard.registry import n_agents, registered_names, support
-from plcql_bench.leaderboard.render import render_page
+from plcql_bench.leaderboard.render import render_pages
 from plcql_bench.leaderboard.scoring import NORMS, SCORINGS, VIEWS
 from plcql_bench.leaderboard.tables import RIVAL, TARGET, ablation_table, main_tables
 from plcql_bench.leaderboard.write import cell_json, write_outputs
 
-__all__ = ["Built", "build", "build_site", "load_paper_results", "paper_value", "support"]
+__all__ = ["Board", "BoardLink", "Built", "Page", "board", "build", "build_site", "load_paper_results", "paper_value",
+           "prepare", "support", "write"]
 
 
 @dataclass(frozen=True)
@@ -36,18 +38,41 @@ class Built:
     index: Path
     n_runs: int
     skipped: list  # of Damaged: files in no number on the page (``--strict`` fails on any)
+    profiles: tuple[str, ...] = ()  # of the runs on the board
 
 
-def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, paper_path: Path | None = None,
-          cards_root: Path | None = None, bootstrap_reps: int | None = None, poi_reps: int | None = None) -> Built:
-    """Build the site from ``results_dir`` into ``out_dir``. ``now`` fixes the build date,
-    ``paper_path`` / ``cards_root`` override the paper tables and the committed dataset cards,
-    ``bootstrap_reps`` / ``poi_reps`` the bootstrap replicates (tests)."""
-    results_dir, out_dir = Path(results_dir), Path(out_dir)
+@dataclass(frozen=True)
+class Board:
+    """The tables and the comparison with the paper, per scoring view, of one results folder:
+    what the page shows before its figures (also the README's summary, leaderboard/readme.py)."""
+    paper: dict | None
+    cards: list
+    loaded: Loaded  # with the damaged official-check files among its skipped
+    checks: list
+    official: dict  # official_cells(checks)
+    cells: list
+    family: set  # the PLCQL variants on the board (the target itself not included)
+    label: object  # algorithm id -> its label on the page
+    views: list  # per VIEWS entry: {"view", "tables": [main, smac, ablation], "comparisons", "claims", "findings"}
+
+
+@dataclass(frozen=True)
+class BoardLink:
+    """One board of a site of several (leaderboard/site.py), named in the bar atop each page."""
+    name: str  # "Committed results", "Your runs"
+    index: Path | None  # its index.html; None when it has no runs (no page)
+    results: str  # the results folder it renders, as the user named it
+    n_runs: int
+    profiles: tuple[str, ...]
+    about: str = ""  # what its profile(s) mean
+
+
+def board(results_dir: Path, *, paper_path: Path | None = None, cards_root: Path | None = None,
+          views=VIEWS) -> Board:
+    """Load ``results_dir`` and lay out its tables and comparisons under each of ``views``."""
+    results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"results directory not found: {results_dir}")
-    now = now or datetime.now(timezone.utc)
-    reps, preps = bootstrap_reps or st.BOOTSTRAP_REPS, poi_reps or st.POI_REPS
     paper, cards = load_paper_results(paper_path), load_cards(cards_root)
     loaded = load(results_dir, {c["sha256"]: c for c in cards})
     checks, damaged_checks = load_official(results_dir)
@@ -62,13 +87,46 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
     def label(a: str) -> str:
         return suite_labels.get(a) or algo_label(paper, a)
 
-    views = []
-    for view in VIEWS:
+    out = []
+    for view in views:
         main, smac = main_tables(cells, loaded.unfinished, paper, view, family)
         abl = ablation_table(cells, loaded.unfinished, paper, variants, view)
         comps = summary.comparisons([main, smac, abl], label, official, view)
-        views.append({"view": view, "tables": [main, smac, abl], "comparisons": comps,
-                      "claims": summary.claims([main, smac], label, paper), "findings": summary.findings(comps, label)})
+        out.append({"view": view, "tables": [main, smac, abl], "comparisons": comps,
+                    "claims": summary.claims([main, smac], label, paper), "findings": summary.findings(comps, label)})
+    return Board(paper, cards, loaded, checks, official, cells, family, label, out)
+
+
+@dataclass(frozen=True)
+class Page:
+    """A board laid out for its page, not yet written: ``write`` renders it (with the bar of
+    the site's boards, when there are several)."""
+    context: dict
+    downloads: dict
+    results: dict
+    n_runs: int
+    skipped: list
+    profiles: tuple[str, ...]
+
+
+def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, paper_path: Path | None = None,
+          cards_root: Path | None = None, bootstrap_reps: int | None = None, poi_reps: int | None = None) -> Built:
+    """Build the site from ``results_dir`` into ``out_dir``. ``now`` fixes the build date,
+    ``paper_path`` / ``cards_root`` override the paper tables and the committed dataset cards,
+    ``bootstrap_reps`` / ``poi_reps`` the bootstrap replicates (tests)."""
+    return write(prepare(results_dir, now=now, paper_path=paper_path, cards_root=cards_root,
+                         bootstrap_reps=bootstrap_reps, poi_reps=poi_reps), out_dir)
+
+
+def prepare(results_dir: Path, *, now: datetime | None = None, paper_path: Path | None = None,
+            cards_root: Path | None = None, bootstrap_reps: int | None = None, poi_reps: int | None = None) -> Page:
+    """Everything of ``build`` but the writing: the page's context, its data files and counts."""
+    results_dir = Path(results_dir)
+    now = now or datetime.now(timezone.utc)
+    reps, preps = bootstrap_reps or st.BOOTSTRAP_REPS, poi_reps or st.POI_REPS
+    b = board(results_dir, paper_path=paper_path, cards_root=cards_root)
+    paper, cards, loaded, checks, official = b.paper, b.cards, b.loaded, b.checks, b.official
+    cells, family, label, views = b.cells, b.family, b.label, b.views
     main, smac, abl = views[0]["tables"]  # VIEWS[0] is the default view
     aggs = [analysis.aggregates(t, label, TARGET, reps=reps, poi_reps=preps, salt=f"agg-{t.key}") for t in (main, smac)]
     par = analysis.par_diagnostics([main, smac, abl], results_dir, family | {TARGET}, label)
@@ -100,7 +158,6 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "run_groups": runs, "provenance": prov, "paper_tables": reference_tables(paper, format_mean_std),
         "tie_test": st.TIE_TEST, "bootstrap": {"reps": reps, "poi_reps": preps, "seed": st.BOOTSTRAP_SEED},
     }
-    html = render_page(context)
     downloads = {
         "main": [r for v in views for r in v["tables"][0].records],
         "smac": [r for v in views for r in v["tables"][1].records],
@@ -124,7 +181,20 @@ def build(results_dir: Path, out_dir: Path, *, now: datetime | None = None, pape
         "skipped": [{"path": s.path, "reason": s.reason} for s in loaded.skipped],
         "unfinished": [u.__dict__ for u in loaded.unfinished], "provenance": prov,
     }
-    return Built(write_outputs(out_dir, html, results, downloads), len(loaded.runs), list(loaded.skipped))
+    return Page(context, downloads, results, len(loaded.runs), list(loaded.skipped), tuple(context["profiles"]))
+
+
+def write(page: Page, out_dir: Path, *, title: str | None = None, boards: list[BoardLink] = (),
+          current: int = 0) -> Built:
+    """Render ``page`` into ``out_dir``; ``boards`` (with ``boards[current]`` this one) puts the
+    bar of the site's boards atop the page, with relative links, and ``title`` replaces its own."""
+    out_dir = Path(out_dir)
+    bar = [{"name": b.name, "href": b.index and Path(os.path.relpath(b.index, out_dir)).as_posix(), "results": b.results,
+            "n_runs": b.n_runs, "profiles": b.profiles, "about": b.about, "current": i == current}
+           for i, b in enumerate(boards)]
+    pages = render_pages({**page.context, "boards": bar, "title": title or page.context["title"]})
+    index = write_outputs(out_dir, pages, page.results, page.downloads)
+    return Built(index, page.n_runs, page.skipped, page.profiles)
 
 
 def build_site(results_dir: Path, out_dir: Path, **kw) -> Path:

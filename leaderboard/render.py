@@ -1,5 +1,6 @@
-"""Rendering: the Jinja environment (autoescaping, strict undefined), its number filters, and the
-inlined stylesheet."""
+"""Rendering: the Jinja environment (autoescaping, strict undefined), its number filters, the
+inlined stylesheet, and the pages of one board: index.html, and the figures that would make it slow
+to load (learning curves, PAR diagnostics) on pages of their own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from markupsafe import Markup
 from plcql_bench.leaderboard.cells import format_interval, format_mean_std, format_score, format_spread
 from plcql_bench.leaderboard.provenance import short_commit
 
-__all__ = ["render_page"]
+__all__ = ["PAGES", "render_pages"]
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -47,5 +48,10 @@ def _css() -> Markup:
     return Markup(css)
 
 
-def render_page(context: dict) -> str:
-    return _environment().get_template("index.html.j2").render(css=_css(), **context)
+PAGES = ("index", "curves", "par")  # <name>.html.j2 -> <name>.html, each self-contained
+
+
+def render_pages(context: dict) -> dict[str, str]:
+    """{file name: HTML} of every page of a board."""
+    env, css = _environment(), _css()
+    return {f"{name}.html": env.get_template(f"{name}.html.j2").render(css=css, page=name, **context) for name in PAGES}

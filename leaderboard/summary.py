@@ -23,9 +23,11 @@ from plcql_bench.leaderboard.cells import MIN_SEEDS, display_resolution
 from plcql_bench.leaderboard.stats import TIE_ALPHA, welch_p, welch_p_summary
 from plcql_bench.leaderboard.tables import RIVAL, TARGET, Table, mark_group
 
-__all__ = ["Comparison", "coverage", "comparisons", "claims", "findings", "verdict"]
+__all__ = ["VERDICTS", "Comparison", "coverage", "comparisons", "claims", "findings", "verdict", "verdict_counts"]
 
 PAPER_ROWS = {"main": ("main_results", "MPE + MaMuJoCo"), "smac": ("starcraft_results", "SMAC (SMAX here, not comparable)")}
+# The verdicts a comparable cell can get, in the order the summaries list them.
+VERDICTS = ("reproduced", "below", "above", "not distinguishable", "too few seeds")
 
 
 def _compared(tc):
@@ -33,15 +35,18 @@ def _compared(tc):
 
 
 def coverage(tables: list[Table], paper: dict | None) -> dict:
-    """How many of the paper's rows have our (compared) results, per algorithm and table, with
+    """How many of the paper's rows have our (compared) results, in all and per table
+    (``by_table``: {table key: (rows covered, the paper's rows)}), and per algorithm and table with
     the seeds per row; the algorithms without any result are only named."""
     algos: dict[str, dict] = {}
     covered: set[tuple] = set()
     total = 0
+    papers_rows: dict[str, int] = {}
     for t in tables:
         key = PAPER_ROWS[t.key][0]
         n_paper = sum(len(tiers) for tiers in ((paper or {}).get("tables", {}).get(key, {}).get("rows", {}) or {}).values())
         total += n_paper
+        papers_rows[t.key] = n_paper
         for col in t.columns:
             in_paper = col.id in pp.table_columns(paper, key)
             seeds = []
@@ -59,8 +64,9 @@ def coverage(tables: list[Table], paper: dict | None) -> dict:
     for a in ran:
         a["min_seeds_rows"] = sum(s >= MIN_SEEDS for k in PAPER_ROWS for s in a.get(k, {}).get("seeds", []))
     ran.sort(key=lambda a: (not a["target"], a["label"]))
+    by_table = {k: (sum(w[0] == PAPER_ROWS[k][0] for w in covered), n) for k, n in papers_rows.items()}
     return {"ran": ran, "not_run": [a["label"] for a in algos.values() if a not in ran],
-            "rows_covered": len(covered), "rows_total": total}
+            "rows_covered": len(covered), "rows_total": total, "by_table": by_table}
 
 
 @dataclass(frozen=True)
@@ -185,20 +191,26 @@ def claims(tables: list[Table], label, paper: dict | None = None) -> dict:
             "algos": sorted(label(a) for a in algos)}
 
 
-def findings(comps: list[Comparison], label) -> list[str]:
-    """One sentence per algorithm with comparable cells: its verdicts against the paper."""
+def _by_algo(comps: list[Comparison]) -> dict[str, list[Comparison]]:
+    """The comparable cells per algorithm, PLCQL first, then by id."""
     by: dict[str, list[Comparison]] = defaultdict(list)
     for c in comps:
         if c.verdict not in ("not comparable", "not reported"):
             by[c.algo].append(c)
-    order = [TARGET] + sorted(a for a in by if a != TARGET)
+    return {a: by[a] for a in [TARGET] + sorted(a for a in by if a != TARGET) if by.get(a)}
+
+
+def verdict_counts(comps: list[Comparison]) -> dict[str, Counter]:
+    """{algorithm: Counter of its cells' verdicts} over the comparable cells, PLCQL first."""
+    return {algo: Counter(c.verdict for c in cs) for algo, cs in _by_algo(comps).items()}
+
+
+def findings(comps: list[Comparison], label) -> list[str]:
+    """One sentence per algorithm with comparable cells: its verdicts against the paper."""
     out = []
-    for algo in order:
-        cs = by.get(algo)
-        if not cs:
-            continue
+    for algo, cs in _by_algo(comps).items():
         counts = Counter(c.verdict for c in cs)
-        parts = ", ".join(f"{v} on {counts[v]}" for v in ("reproduced", "below", "above", "not distinguishable", "too few seeds") if counts[v])
+        parts = ", ".join(f"{v} on {counts[v]}" for v in VERDICTS if counts[v])
         detail = "; ".join(f"{c.task} {c.dataset}: {c.mean:.{2 if c.score_name == 'win_rate' else 1}f} vs "
                            f"{c.paper_mean:.{2 if c.score_name == 'win_rate' else 1}f}" for c in cs if c.verdict in ("below", "above"))
         out.append(f"{label(algo)}: {parts} of {len(cs)} cell{'s' if len(cs) > 1 else ''} compared with the paper"

@@ -1,5 +1,6 @@
-"""The site's files: index.html, results.json / results.csv (every cell under every view) and a CSV and
-JSON per table in ``tables/`` (the page links each), written as one folder swapped in atomically."""
+"""The site's files: its pages (index.html and the figure pages it links), results.json / results.csv
+(every cell under every view) and a CSV and JSON per table in ``tables/`` (the page links each), written as
+one folder swapped in atomically."""
 
 from __future__ import annotations
 
@@ -60,11 +61,13 @@ def _json(obj) -> str:
 
 
 SITE_MARKER = ".plcql-site"  # in every site folder this writes: it is replaced as a whole by the next build
-LEGACY_SITE = {"index.html", "results.json", "results.csv", "tables"}  # what sites held before the marker
+# what sites held before the marker (your-runs/ and the figure pages: a --front site's)
+LEGACY_SITE = {"index.html", "results.json", "results.csv", "tables", "your-runs", "curves.html", "par.html"}
 
 
-def write_outputs(out_dir: Path, html: str, results: dict, downloads: dict[str, list[dict]]) -> Path:
-    """index.html, results.json/.csv and tables/<name>.csv/.json; returns the index path. The site is
+def write_outputs(out_dir: Path, pages: dict[str, str], results: dict, downloads: dict[str, list[dict]]) -> Path:
+    """The pages ({file name: HTML}: index.html and the figure pages it links), results.json/.csv and
+    tables/<name>.csv/.json; returns the index path. The site is
     written to a folder beside ``out_dir`` and swapped in whole (suite/core/store.py, staged_directory):
     a reader sees the old site or the new one, never a mix, and a build stopped or failing on the way
     (Ctrl-C, SIGTERM, a full disk) leaves the old site as it was."""
@@ -74,7 +77,8 @@ def write_outputs(out_dir: Path, html: str, results: dict, downloads: dict[str, 
         (stage / "tables").mkdir()
         _write(stage / SITE_MARKER, f"a plcql-bench leaderboard site (schema {OUTPUT_SCHEMA_VERSION}); "
                                     "`plcql-bench leaderboard` replaces this folder as a whole\n")
-        _write(stage / "index.html", html)
+        for name, html in pages.items():
+            _write(stage / name, html)
         _write(stage / "results.json", _json({"schema_version": OUTPUT_SCHEMA_VERSION, **results}))
         _write(stage / "results.csv", csv_text([_flat(c) for c in results["cells"]]))
         for name, records in downloads.items():

@@ -60,6 +60,23 @@ def _results_root(obj) -> Path:
     return root
 
 
+def _reading(obj) -> None:
+    """The first line of a command that reads results: which folder, and how it was chosen."""
+    from plcql_bench.leaderboard.site import shown
+
+    click.echo(f"results: {shown(obj['results_dir'])} ({obj['results_from']})")
+
+
+def _hint(obj, command: str, profile: str | None = None) -> None:
+    """For a command that found nothing in the results folder: where the committed results are
+    and the command that reads them (nothing when there are none, or they are what it read)."""
+    from plcql_bench.leaderboard.site import committed_hint
+
+    hint = committed_hint(obj["results_dir"], command, profile)
+    if hint:
+        click.echo(f"hint: {hint}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data-dir", type=click.Path(path_type=Path), envvar=DATA_ENV, default="data",
               show_default=True, help=f"Where datasets live (env {DATA_ENV}).")
@@ -78,7 +95,13 @@ def cli(ctx: click.Context, data_dir: Path, results_dir: Path, omar_prey: Path |
     restore_interrupts()
     if omar_prey is not None:  # through the environment, so worker processes find it too
         os.environ[OMAR_PREY_ENV] = str(omar_prey.resolve())
-    ctx.obj = {"data_dir": data_dir, "results_dir": results_dir}
+    source = ctx.get_parameter_source("results_dir")
+    # Where the results folder came from: a missing default one is "nothing trained yet", a missing
+    # named one a typo; `plan` and `status` say which folder they read.
+    ctx.obj = {"data_dir": data_dir, "results_dir": results_dir,
+               "results_default": source == click.core.ParameterSource.DEFAULT,
+               "results_from": {click.core.ParameterSource.DEFAULT: "the default --results-dir",
+                                click.core.ParameterSource.ENVIRONMENT: f"${RESULTS_ENV}"}.get(source, "--results-dir")}
 
 
 @cli.command()
@@ -438,6 +461,7 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
 
     prof, cells = _select(obj, profile, only, shard, queue, sets)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
+    _reading(obj)
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []
     if show_cells:
@@ -475,6 +499,8 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
     rows = estimate_cells(items, obj["results_dir"], prof, calib)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     click.echo(f"plan ({prof.name}): {len(items)} cells: {summary}")
+    if counts["todo"] == len(items):
+        _hint(obj, "plan", prof.name)
     _print_coverage(done_seeds)
     if rows:
         if jobs is None:
@@ -569,7 +595,13 @@ def status(obj, profile, states, strict) -> None:
     from plcql_bench.suite.matrix import format_seconds, run_record
     from plcql_bench.suite.core.schema import Damaged, links_out
 
+    if obj["results_default"] and not Path(obj["results_dir"]).is_dir():
+        _reading(obj)
+        click.echo("0 runs: none")  # nothing trained yet here: not a typo in --results-dir
+        _hint(obj, "status")
+        return
     root = _results_root(obj)
+    _reading(obj)
     rows, damaged = [], links_out(root)  # a run directory linked outside the results folder: named, skipped
     for run_dir in _run_dirs(root):
         rec = run_record(run_dir)
@@ -594,6 +626,8 @@ def status(obj, profile, states, strict) -> None:
                    f"{ident.get('dataset', ''):<13} {ident.get('seed', ''):>4}  {rec['state']:<8} "
                    f"{step:>11} {runtime:>8}  {reason}")
     click.echo(f"{len(rows)} runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+    if not _run_dirs(root):
+        _hint(obj, "status")
     _finish(damaged, strict)
 
 
@@ -664,6 +698,8 @@ def _dir_option(flag: str, key: str, *aliases: str) -> click.Option:
     def store(ctx: click.Context, _param, value):
         if value is not None:
             ctx.obj[key] = value
+            if key == "results_dir":  # named on the command line: `plan`/`status` say so, a typo is an error
+                ctx.obj.update(results_default=False, results_from="--results-dir")
 
     return click.Option([flag, *aliases], type=click.Path(path_type=Path), default=None, expose_value=False,
                         callback=store, help=f"As the global {flag} (default: ${DATA_ENV if key == 'data_dir' else RESULTS_ENV}, "
@@ -684,15 +720,22 @@ def _accept_dir_options(group: click.Group) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(path_type=Path), default="site", show_default=True)
+@click.option("--front", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Render DIR's board as the front page (e.g. leaderboard/results, the committed results) and the "
+                   "results folder's one click away, in OUT/your-runs/ (make all, make board).")
 @click.option("--strict", is_flag=True, help="Exit with status 2 when any result file is skipped (the site is still written).")
 @click.pass_obj
-def leaderboard(obj, out, strict) -> None:
-    """Render the static leaderboard from result files (--results-dir; --results is the same option)."""
+def leaderboard(obj, out, front, strict) -> None:
+    """Render the static leaderboard from result files (--results-dir; --results is the same option); with
+    --front DIR, DIR's board is the front page and the results folder's one click away."""
     from plcql_bench.leaderboard.build import build
 
-    root = Path(obj["results_dir"])
+    own = Path(obj["results_dir"])
     try:
-        built = build(root, out)
+        if front is None:
+            built = [build(own, out)]
+        else:
+            built = _boards(obj, front, own, out, explicit=not obj["results_default"])
     except FileNotFoundError as exc:
         raise BenchError(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the site is swapped in whole or not at all
@@ -701,9 +744,29 @@ def leaderboard(obj, out, strict) -> None:
     except OSError as exc:  # a full disk, a read-only folder: named, and the old site kept
         raise BenchError(f"{exc.filename or out}: {exc.strerror or exc} ({type(exc).__name__}); the site "
                          f"in {out} is unchanged") from None
-    skipped = f", {len(built.skipped)} result file(s) skipped" if built.skipped else ""
-    click.echo(f"leaderboard -> {built.index} ({built.n_runs} runs from {root}{skipped})")
-    _finish(built.skipped, strict)
+    for b in built:
+        skipped = f", {len(b.skipped)} result file(s) skipped" if b.skipped else ""
+        click.echo(f"leaderboard -> {b.index} ({b.n_runs} runs{skipped})")
+    _finish([s for b in built for s in b.skipped], strict)
+
+
+def _boards(obj, front: Path, own: Path, out: Path, explicit: bool) -> list:
+    """`leaderboard --front`: the front board and, when the results folder holds runs, its own. A
+    results folder named on the command line must exist; the default one may not yet."""
+    from plcql_bench.leaderboard.site import COMMITTED_RESULTS, YOUR_RUNS, build_boards, committed_results, shown
+
+    if not Path(front).is_dir():
+        raise BenchError(f"results directory not found: {front} (--front)")
+    if (explicit or not obj["results_default"]) and not Path(own).is_dir():
+        raise BenchError(f"results directory not found: {own} (--results-dir or ${RESULTS_ENV})")
+    committed = committed_results()
+    if committed and committed.resolve() == Path(front).resolve():
+        site = build_boards(front, own, out, front_name="Committed results", front_shown=f"{COMMITTED_RESULTS.as_posix()}/")
+    else:
+        site = build_boards(front, own, out, front_name=f"Results in {shown(front)}")
+    if site.yours is None and Path(own).resolve() != Path(front).resolve():
+        click.echo(f"no runs in {shown(own)} yet: {Path(out) / YOUR_RUNS} not written (make all trains the smoke matrix)")
+    return [site.front] + ([site.yours] if site.yours else [])
 
 
 leaderboard.params.insert(0, _dir_option("--results-dir", "results_dir", "--results"))

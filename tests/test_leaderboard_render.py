@@ -66,7 +66,8 @@ def site(tmp_path_factory):
     res = make_results(tmp / "results")
     built = build.build(res, tmp / "site", now=NOW, bootstrap_reps=REPS, poi_reps=POI_REPS)
     html = built.index.read_text(encoding="utf-8")
-    return {"out": tmp / "site", "html": html, "board": board(html), "built": built, "results": res}
+    return {"out": tmp / "site", "html": html, "board": board(html), "built": built, "results": res,
+            "par_page": (tmp / "site" / "par.html").read_text(encoding="utf-8")}
 
 
 def section(html, name):
@@ -113,7 +114,9 @@ def test_collapse_badges_on_cells_and_runs(site):
 
 
 def test_par_components_plotted_per_k(site):
-    par = section(site["html"], "par")
+    """The table on the front page, the figures on par.html (linked from it)."""
+    table, par = section(site["html"], "par"), section(site["par_page"], "par")
+    assert '<a href="par.html">' in table and "4 figures" in table and "<svg" not in table
     rows = {(r["algo"], r["task"], r["dataset"]): r for r in csv.DictReader(open(site["out"] / "tables" / "par_diagnostics.csv"))}
     assert set(rows) == {("plcql", "mpe-cn", "expert"), ("plcql", "mpe-cn", "medium-replay"),
                          ("plcql-lcb", "mpe-cn", "medium-replay"), ("plcql", "smax-2s3z", "expert")}
@@ -128,6 +131,7 @@ def test_par_components_plotted_per_k(site):
     old = rows[("plcql", "smax-2s3z", "expert")]
     assert old["source"] == "train" and float(old["p_k5"]) == pytest.approx(0.1)
     assert "E[k]" in par
+    assert '<a href="index.html#' in par  # each figure's caption leads back to its cell's runs
 
 
 def test_par_component_means_equal_the_metrics(site):
@@ -201,7 +205,8 @@ def test_learning_curves_are_thinned_and_legends_outside(tmp_path):
     for seed in range(3):
         write_run(res, "bc", "mpe-cn", "expert", seed, 50.0, curve=curve_for(50.0, points=600))
     html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
-    curves = section(html, "curves")
+    assert '<a href="curves.html">' in section(html, "curves") and "<svg" not in section(html, "curves")
+    curves = section((tmp_path / "s" / "curves.html").read_text(), "curves")
     assert curves.count("<svg") == 1 and "BC" in curves
     idx = analysis._thin_index(600)
     assert len(idx) <= analysis.MAX_POINTS + 1 and idx[0] == 0 and idx[-1] == 599
@@ -232,10 +237,13 @@ def test_html_is_escaped(tmp_path):
         write_run(res, evil, "mpe-cn", "expert", seed, 10.0 + seed, versions={"torch": '<img src=x onerror="alert(1)">'})
     write_run(res, "plcql", "mpe-cn", "expert", 0, 11.0, profile="smoke<i>", commit='"><script>1</script>')
     html = build.build(res, tmp_path / "s", now=NOW, bootstrap_reps=20, poi_reps=10).index.read_text()
-    assert "<b onclick" not in html and "<img" not in html and "smoke<i>" not in html and "<script" not in html
     assert "&lt;b onclick=alert(1)&gt;x$y$" in html and "&lt;img src=x" in html and "smoke&lt;i&gt;" in html
     assert "&#34;&gt;&lt;script&gt;1" in html
-    assert section(html, "curves").count("&lt;b onclick=alert(1)&gt;x$y$") >= 1  # matplotlib escapes SVG text
+    for page in ("index", "curves", "par"):  # every page of the board
+        text = (tmp_path / "s" / f"{page}.html").read_text()
+        assert "<b onclick" not in text and "<img" not in text and "smoke<i>" not in text and "<script" not in text, page
+    curves = (tmp_path / "s" / "curves.html").read_text()
+    assert section(curves, "curves").count("&lt;b onclick=alert(1)&gt;x$y$") >= 1  # matplotlib escapes SVG text
 
 
 def test_empty_results(tmp_path):
