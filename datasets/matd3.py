@@ -117,6 +117,7 @@ def budget_for(task_id: str, profile: str) -> Budget:
 # (docs/datasets.md, "v2: how each tier was chosen").
 _V2_TASK: dict[str, dict[str, Any]] = {
     "mpe-pp": {"updates_per_step": 0.02},
+    "mpe-world": {"updates_per_step": 0.0175},
     # Half-Cheetah: a checkpoint every 10k env steps (10 episodes), the resumable state (its replay reaches
     # ~1 GB) every 100k.
     "mamujoco-halfcheetah-2x3": {"eval_every": 10_000, "checkpoint_every": 100_000},

@@ -744,9 +744,10 @@ def leaderboard(obj, out, front, strict) -> None:
     except OSError as exc:  # a full disk, a read-only folder: named, and the old site kept
         raise BenchError(f"{exc.filename or out}: {exc.strerror or exc} ({type(exc).__name__}); the site "
                          f"in {out} is unchanged") from None
-    for b in built:
+    folders = [front, own] if front is not None else [own]
+    for b, folder in zip(built, folders):
         skipped = f", {len(b.skipped)} result file(s) skipped" if b.skipped else ""
-        click.echo(f"leaderboard -> {b.index} ({b.n_runs} runs{skipped})")
+        click.echo(f"leaderboard -> {b.index} ({b.n_runs} runs from {folder}{skipped})")
     _finish([s for b in built for s in b.skipped], strict)
 
 
