@@ -201,9 +201,21 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str, echo=l
         atomic_write_bytes(base.with_suffix(".md"), card_markdown(entry).encode())
         atomic_write_bytes(base.with_suffix(".json"), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
         written += [base.with_suffix(".md"), base.with_suffix(".json")]
+    for card_file in sorted(out_dir.glob("*/*.json")):  # committed cards of datasets not built here stay listed
+        card = _read_card(card_file)
+        if card and card.get("quality") not in by_task.get(card.get("task_id"), {}):
+            by_task.setdefault(card["task_id"], {})[card["quality"]] = card
     index = out_dir / "README.md"
     atomic_write_bytes(index, _index(by_task, profile).encode())
     return written + [index]
+
+
+def _read_card(card_file: Path) -> dict[str, Any] | None:
+    try:
+        card = json.loads(card_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return card if isinstance(card, dict) and "task_id" in card and "quality" in card else None
 
 
 def _card_it_rebuilds(entry: dict[str, Any], card_file: Path) -> dict[str, Any] | None:

@@ -106,3 +106,18 @@ def test_a_rebuilds_return_statistics_drift_on_the_returns_scale():
     assert rebuild_difference({**card, "return_mean": card["return_mean"] + 0.15}, card) > REBUILD_RTOL
     assert rebuild_difference({**card, "n_transitions": 1_000_000 + 2_000}, card) > REBUILD_RTOL  # counts keep their own scale
     assert rebuild_difference({**card, "ref_return_expert": 30.0 + 0.1}, card) > REBUILD_RTOL  # and the references
+
+
+def test_export_keeps_committed_cards_of_datasets_not_built_here_in_the_index(tmp_path):
+    """Exporting a few rebuilt tiers (e.g. a new generation's MPE tiers) lists the other committed cards
+    (SMAX's) in the index too, unchanged."""
+    data = tmp_path / "data"
+    build_dataset("mpe-cn", "random", 4, data, profile="cardtest")
+    other = tmp_path / "cards" / "smax-2s3z" / "expert.json"
+    other.parent.mkdir(parents=True)
+    card = {"task_id": "smax-2s3z", "quality": "expert", "n_transitions": 7, "n_episodes": 1, "return_mean": 2.0,
+            "return_std": 0.0, "return_min": 2.0, "return_max": 2.0, "sha256": "s" * 64}
+    other.write_text(json.dumps(card))
+    export_cards(data, tmp_path / "cards", "cardtest")
+    index = (tmp_path / "cards" / "README.md").read_text()
+    assert "smax-2s3z" in index and "mpe-cn" in index and json.loads(other.read_text()) == card
