@@ -3,7 +3,7 @@
 The originals' statistics live in one data file, `datasets/originals.json`, with their source. A tier
 is **in tolerance** when its mean return is within 5 % of the original's expert − random range of the
 original's mean, its std within 25 % of the original's, and its transitions and episodes equal.
-`plcql-bench datasets cards --compare originals` prints the comparison; tests/test_originals.py holds
+`plcql-bench datasets cards --compare originals` prints the comparison; tests/test_datasets_v2.py holds
 the committed cards to it.
 
 The originals' returns are agent 0's (og-marl's cards sum agent 0's reward); a v2 card records agent

@@ -133,13 +133,13 @@ def clone(tmp_path, monkeypatch) -> Path:
 def test_leaderboard_front_writes_both_boards(clone, monkeypatch, capsys):
     code, out, err = bench(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
     assert code == 0, err
-    assert "no runs in results/ yet: site/your-runs not written" in out and "site/index.html (6 runs)" in out
+    assert "no runs in results/ yet: site/your-runs not written" in out and "site/index.html (6 runs from leaderboard/results)" in out
     t = words(bar(clone / "site" / "index.html"))
     assert "Committed results (this page) 6 runs · profile paper · leaderboard/results/" in t
     smoke(clone / "results")
     code, out, err = bench(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
     assert code == 0, err
-    assert "site/index.html (6 runs)" in out and "site/your-runs/index.html (2 runs)" in out
+    assert "site/index.html (6 runs from leaderboard/results)" in out and "site/your-runs/index.html (2 runs from results)" in out
     assert 'href="your-runs/index.html"' in bar(clone / "site" / "index.html")
 
 
