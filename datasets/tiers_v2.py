@@ -34,6 +34,7 @@ NOISES: dict[tuple[str, str], tuple[float, ...]] = {
 DEFAULT_NOISE = (0.1,)
 # Episodes each candidate is rolled out for: the first episodes of the tier's own collection.
 EPISODES = {"mpe": 1024, "mamujoco": 64}
+CANDIDATE_EVERY = 10_000  # env steps between the checkpoints tried for expert and medium
 INDEX = "index-v2.json"
 SUBDIR = "v2"  # checkpoints under datasets/assets/behaviour/<task>/v2/
 
@@ -108,6 +109,7 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
     state = torch.load(run_dir / "state.pt", map_location="cpu", weights_only=False)
     budget, log = state["budget"], _log(run_dir)
     steps = [e["env_steps"] for e in log if e["env_steps"] > 0]
+    candidates = [s for s in steps if s % CANDIDATE_EVERY == 0]
     index: dict[str, Any] = {
         "task_id": task_id, "trainer": TRAINER_VERSION, "generation": "v2", "profile": "v2",
         "budget": budget, "train_seed": int(state.get("seed", 0)), "prey": task.spec.env_versions().get("prey"),
@@ -118,7 +120,7 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
     }
     by_step = {e["env_steps"]: e for e in log}
     for tier in tiers:
-        sel = select_tier(task, run_dir, tier, steps, progress)
+        sel = select_tier(task, run_dir, tier, candidates, progress)
         best = sel["chosen"]
         name = f"{SUBDIR}/{tier}.pt"
         shutil.copyfile(run_dir / f"ckpt_{best['env_steps']:09d}.pt", d / name)
