@@ -48,6 +48,15 @@ def _log(run_dir: Path) -> list[dict]:
     return [by_step[k] for k in sorted(by_step)]
 
 
+def _run_record(run_dir: Path) -> dict:
+    """The run's task, seed and budget: run.json, or the state.pt of a run that predates it."""
+    if (run_dir / "run.json").is_file():
+        return json.loads((run_dir / "run.json").read_text())
+    import torch
+
+    return torch.load(run_dir / "state.pt", map_location="cpu", weights_only=False)
+
+
 def candidate_stats(task, ckpt: Path, noise: float, tier: str, episodes: int) -> dict[str, float]:
     """Agent 0's return statistics over the first `episodes` episodes the tier's build would collect with
     this checkpoint and noise (same seeds, same noise generator: datasets/build.py)."""
@@ -96,8 +105,6 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
                progress: Callable[[str], None] = print, tiers: tuple[str, ...] = ("expert", "medium")) -> dict:
     """Choose the tiers of a finished v2 run and write `<assets>/<task>/index-v2.json` with the checkpoints
     under `<assets>/<task>/v2/`. Returns the index."""
-    import torch
-
     from plcql_bench.datasets.generations import prey_for
     from plcql_bench.datasets.matd3 import ASSETS_DIR, REPLAY_RECIPE, TRAINER_VERSION, replay_parts
     from plcql_bench.suite.tasks import get_task
@@ -106,7 +113,7 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
     d = Path(assets or ASSETS_DIR) / task_id
     (d / SUBDIR / "replay").mkdir(parents=True, exist_ok=True)
     task = get_task(task_id, prey=prey_for(task_id, "v2"))
-    state = torch.load(run_dir / "state.pt", map_location="cpu", weights_only=False)
+    state = _run_record(run_dir)
     budget, log = state["budget"], _log(run_dir)
     steps = [e["env_steps"] for e in log if e["env_steps"] > 0]
     candidates = [s for s in steps if s % CANDIDATE_EVERY == 0]
