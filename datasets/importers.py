@@ -14,7 +14,8 @@ Two source formats here (and OG-MARL's Vaults in datasets/vault.py, `vault`):
   learner. The global state is rebuilt the way our env builds it: CN = the 3 obs concatenated;
   PP/World = the 3 predators' obs then the prey's obs, the prey's obs taken from
   ``obs_3.npy`` when present and otherwise recomputed from the predators' obs (they contain
-  every position and velocity it needs). The team reward is the mean of the learners' rewards
+  every position and velocity it needs). The team reward is the mean of the learners' rewards (each
+  learner's own is kept as `agent_rewards`, dataset format v2)
   (CN: OMAR's evaluation; PP/World/Half-Cheetah: all equal). Neither MPE nor Half-Cheetah has
   true terminals: the last step of each episode is a timeout. A ``dones`` flag inside an
   episode is an error. OMAR's behaviour actions were not clipped by the env; values outside
@@ -212,7 +213,8 @@ def read_omar(src: str | Path, spec: TaskSpec, seed: int = 0) -> tuple[dict[str,
             cols[key].append(_rows(p, _load_npy(p, key), n, width, key))
     obs, next_obs = np.stack(cols["obs"], 1), np.stack(cols["next_obs"], 1)
     actions = np.stack(cols["acs"], 1).astype(np.float32)
-    rewards = np.mean(np.stack(cols["rews"], 1).astype(np.float64), axis=1)
+    per_agent = np.stack(cols["rews"], 1).astype(np.float32)  # OMAR's files hold each learner's own reward
+    rewards = np.mean(per_agent.astype(np.float64), axis=1)
     last = np.zeros(n, bool)
     last[T - 1::T] = True
     for i, dn in enumerate(cols["dones"]):
@@ -265,7 +267,7 @@ def read_omar(src: str | Path, spec: TaskSpec, seed: int = 0) -> tuple[dict[str,
         "obs": obs.astype(np.float32), "next_obs": next_obs.astype(np.float32),
         "state": state.astype(np.float32), "next_state": next_state.astype(np.float32),
         "actions": actions, "next_actions": next_actions, "next_actions_valid": valid,
-        "rewards": rewards.astype(np.float32),
+        "rewards": rewards.astype(np.float32), "agent_rewards": per_agent,  # format v2
         "terminals": np.zeros(n, np.uint8), "timeouts": last.astype(np.uint8),
         "episode_ids": np.repeat(np.arange(e, dtype=np.int64), T),
         "steps": np.tile(np.arange(T, dtype=np.int32), e),

@@ -52,7 +52,7 @@ def _omar_from_env(task_id: str, root: Path, episodes: int = 4, with_prey: bool 
     if with_prey:  # OMAR's buffer also stores the prey as agent 3
         np.save(d / "obs_3.npy", state[:, 48:])
         np.save(d / "next_obs_3.npy", nstate[:, 48:])
-    return {"obs": obs, "actions": acs, "rewards": rews.mean(1), "state": state,
+    return {"obs": obs, "actions": acs, "rewards": rews.mean(1), "agent_rewards": rews, "state": state,
             "next_state": nstate, "dir": d}
 
 
@@ -65,6 +65,8 @@ def test_omar_cn(tmp_path):
     np.testing.assert_array_equal(a["obs"], truth["obs"])
     np.testing.assert_array_equal(a["state"], truth["state"])
     np.testing.assert_allclose(a["rewards"], truth["rewards"], rtol=1e-6)
+    np.testing.assert_array_equal(a["agent_rewards"], truth["agent_rewards"])  # each learner's own (format v2)
+    assert ds.attrs["format_version"] == 2 and (a["agent_rewards"] != a["rewards"][:, None]).any()
     np.testing.assert_array_equal(a["actions"], np.clip(truth["actions"], -1, 1))
     assert ds.attrs["actions_clipped"] > 0
     last = a["steps"] == 24
