@@ -141,7 +141,7 @@ def prepare(results_dir: Path, *, now: datetime | None = None, paper_path: Path 
         "title": "PLCQL-bench: reproduction report and leaderboard", "paper_source": (paper or {}).get("source"),
         "views": views, "default_tables": [main, smac, abl],
         "tables_by_key": {k: [v["tables"][i] for v in views] for i, k in enumerate(("main", "smac", "ablation"))},
-        "scorings": SCORINGS, "norms": list(NORMS), "norm_labels": NORMS,
+        "scorings": SCORINGS, "norms": list(NORMS), "norm_labels": NORMS, "default_label": VIEWS[0].label,
         "coverage": coverage,
         "paper_claims": paper_claims_check(paper, TARGET, RIVAL), "target_label": label(TARGET), "rival_label": label(RIVAL),
         "n_runs": len(loaded.runs), "n_cells": len(cells), "skipped": loaded.skipped, "unfinished": loaded.unfinished,

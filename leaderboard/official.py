@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plcql_bench.leaderboard.cells import cell_stats
-from plcql_bench.leaderboard.scoring import View, omar_reference, omar_score
+from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View, omar_reference, omar_score
 from plcql_bench.suite.core.official import CODES, load_checks
 from plcql_bench.suite.core.schema import Damaged
 
@@ -91,9 +91,9 @@ def official_cells(checks: list[dict]) -> dict[tuple, OfficialCell]:
 
 
 def official_rows(official: dict[tuple, OfficialCell], cells: list, label) -> list[dict]:
-    """The page's list of checks (final policy, our reference returns), each beside our cell of the same
-    algorithm, task, tier and profile."""
-    view = View("final", "ours")
+    """The page's list of checks (the default view: final policy, the paper's reference returns), each beside
+    our cell of the same algorithm, task, tier and profile."""
+    view = DEFAULT_VIEW
     ours = {(c.algo, c.task, c.dataset, c.profile): c for c in cells}
     rows = []
     for key, oc in official.items():

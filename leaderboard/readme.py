@@ -6,7 +6,7 @@
 The block sits between two markers in README.md. It states what the board holds (runs, cells,
 the paper's rows covered, archives), the paper's headline claims as the leaderboard recomputes
 them, and each algorithm's verdicts against the paper's numbers: the default view of the page
-(final policy, our reference returns), computed by the same code (build.board, summary.py).
+(final policy, the paper's reference returns), computed by the same code (build.board, summary.py).
 tests/test_readme_board.py fails when the README and the results disagree.
 """
 

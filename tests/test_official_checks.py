@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from lb_fixtures import NOW, write_run
@@ -73,9 +74,13 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     assert built.skipped == []
     text = " ".join(built.index.read_text().split())
     section = text[text.index('id="official"'):text.index("Coverage of the paper's rows")]
+    # the list is in the board's default view: final policy, the paper's reference returns (PP: 185.6 / -4.1)
+    off = [100 * (r + 4.1) / (185.6 + 4.1) for r in (-9.5, -8.5)]
+    mine = [100 * (r + 4.1) / (185.6 + 4.1) for r in (6.0, -4.0, -3.5)]
     assert ('CFCQL · mpe-pp · random</th> <td><code>thu-rllab/CFCQL@3441019000000000000000000000000000000000</code></td> '
-            '<td class="num">-2.5 ± 0.7 <span class="meta-inline">n=2</span></td> <td class="num">-3.0, -2.0</td>') in section
-    assert "-0.5 ± 5.6</a>" in section  # our cell beside it
+            f'<td class="num">{np.mean(off):.1f} ± {np.std(off, ddof=1):.1f} <span class="meta-inline">n=2</span></td> '
+            f'<td class="num">{off[0]:.1f}, {off[1]:.1f}</td>') in section
+    assert f"{np.mean(mine):.1f} ± {np.std(mine, ddof=1):.1f}</a>" in section  # our cell beside it
     assert "OMAR · mpe-cn · expert" in section and "not run" in section
     rows = json.loads((tmp_path / "site" / "tables" / "comparisons.json").read_text())["rows"]
     ours = {r["view"]: r for r in rows if (r["algo"], r["task"], r["dataset"]) == ("cfcql", "mpe-pp", "random")}
@@ -96,4 +101,4 @@ def test_the_board_shows_the_official_code_beside_our_cell_and_never_ranks_it(tm
     assert "field 'schema' missing" in built.skipped[0].reason
     text = " ".join(built.index.read_text().split())
     section = text[text.index('id="official"'):text.index("Coverage of the paper's rows")]
-    assert 'n=1</span></td> <td class="num">-2.0</td>' in section  # seed 1 alone is left
+    assert f'n=1</span></td> <td class="num">{off[1]:.1f}</td>' in section  # seed 1 alone is left

@@ -15,6 +15,7 @@ import pytest
 
 from lb_fixtures import NOW, write_run
 from plcql_bench.leaderboard import build, readme
+from plcql_bench.leaderboard.scoring import DEFAULT_VIEW
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 REPO = Path(__file__).resolve().parents[1]
@@ -50,13 +51,13 @@ def test_summary_figures_are_the_pages(tmp_path):
     runs = sum(c["n"] for c in results["cells"])
     assert f"{runs} runs in {len(results['cells'])} cells" in block
     claims = next(c for c in json.loads((tmp_path / "site" / "tables" / "claims.json").read_text())["rows"]
-                  if c["view"] == "final-ours")
+                  if c["view"] == DEFAULT_VIEW.key)
     assert (f"PLCQL has the best mean on {claims['best']} of {claims['eligible']} (significantly on {claims['best_sig']}; "
             f"significantly below the row's best on {claims['below_best_sig']})") in block
     assert (f"PLCQL beats SPaCQL on {claims['beats']} of {claims['beats_of']} (significantly on {claims['beats_sig']}; "
             f"behind on {claims['behind']}, significantly on {claims['behind_sig']})") in block
     comps = [c for c in json.loads((tmp_path / "site" / "tables" / "comparisons.json").read_text())["rows"]
-             if c["view"] == "final-ours"]
+             if c["view"] == DEFAULT_VIEW.key]
     header = next(line for line in block.splitlines() if line.startswith("| algorithm"))
     columns = [c.strip() for c in header.strip("|").split("|")]
     for line in block.splitlines():
