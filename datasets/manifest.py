@@ -44,7 +44,7 @@ REQUIRED_FIELDS = ("file", "sha256", "size_bytes", "task_id", "quality", "format
 _COPIED_ATTRS = (
     "task_id", "quality", "format_version", "n_transitions", "n_episodes", "behaviour_policy_id",
     "generator_version", "generator_seed", "return_mean", "return_std", "return_min",
-    "return_max", "win_rate", "ref_return_random", "ref_return_expert", "env_versions", "source",
+    "return_max", "win_rate", "ref_return_random", "ref_return_expert", "env_versions", "source", "generation",
 )  # fmt: skip
 
 

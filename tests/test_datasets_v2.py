@@ -264,3 +264,17 @@ def test_the_cli_option_names_the_prey_folder(v2_behaviour, tmp_path):
 
     entry = manifest.lookup(tmp_path / "data" / "v2test", "mpe-pp", "random")
     assert entry["env_versions"]["prey"].startswith("omar:simple_tag")
+
+
+def test_every_committed_v2_card_is_in_tolerance_of_the_original():
+    """The paper profile's committed cards of the v2 generation (datasets/cards/paper/) hold the originals'
+    rule: mean within 5 % of the expert - random range, std within 25 %, transitions and episodes equal. A v2
+    tier that does not is never committed as the paper's."""
+    from plcql_bench.datasets.cards import CARDS_DIR
+
+    cards = {k: c for k, c in originals.committed_cards(CARDS_DIR / "paper").items() if c.get("generation") == "v2"}
+    rows = [r for r in originals.compare(cards) if r.ours is not None]
+    assert rows, "no v2 card is committed"
+    bad = [f"{r.task}/{r.tier}: {'; '.join(r.problems())}" for r in rows if not r.holds]
+    assert not bad, "\n".join(bad)
+    assert all(r.ours["return"] == "agent 0" for r in rows)
