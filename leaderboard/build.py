@@ -73,6 +73,8 @@ def board(results_dir: Path, *, paper_path: Path | None = None, cards_root: Path
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"results directory not found: {results_dir}")
+    if cards_root is None and (Path(results_dir).parent / "cards").is_dir():
+        cards_root = Path(results_dir).parent / "cards"  # an archived generation carries its own dataset cards
     paper, cards = load_paper_results(paper_path), load_cards(cards_root)
     loaded = load(results_dir, {c["sha256"]: c for c in cards})
     checks, damaged_checks = load_official(results_dir)

@@ -110,8 +110,8 @@ def run_rows(cells: list[Cell], cards: list[dict], label) -> list[dict]:
                 "anchor": r.anchor, "seed": x.seed, "path": r.path, "run_key": x.run_key,
                 "values": {k: format_score(v, x.score_name) for k, v in r.values.items()},
                 "score": format_score(r.values[DEFAULT_VIEW.key], x.score_name),
-                "last10": format_score(r.values[View("last10", "ours").key], x.score_name),
-                "best": format_score(r.values[View("best", "ours").key], x.score_name),
+                "last10": format_score(r.values[View("last10", DEFAULT_VIEW.norm).key], x.score_name),
+                "best": format_score(r.values[View("best", DEFAULT_VIEW.norm).key], x.score_name),
                 "commit": x.git_commit or "unknown", "dirty": x.dirty,
                 "budget": (f"{b['updates']:,} rounds, eval {b.get('eval_episodes', '?')} ep every "
                            f"{b.get('eval_every', '?')}, final {b.get('final_eval_episodes', '?')} ep") if "updates" in b else "not recorded",

@@ -23,6 +23,7 @@ from lb_fixtures import NOW, write_run
 from plcql_bench.leaderboard import build
 from plcql_bench.leaderboard.browser import check_page, find_chromium
 from plcql_bench.leaderboard.paper import load_paper_results, table_columns
+from plcql_bench.leaderboard.scoring import DEFAULT_VIEW
 from plcql_bench.leaderboard.site import YOUR_RUNS, build_boards
 
 pytestmark = [
@@ -65,9 +66,9 @@ def test_no_table_clipped_at_desktop_widths(pages, width):
         assert report.ok, f"{name}:\n" + "\n".join(report.errors)
         assert report.clipped == [] and report.page_width <= width
         shown = {t["id"] for t in report.tables}
-        assert {"table-main-final-ours", "table-ablation-final-ours"} <= shown
+        assert {f"table-main-{DEFAULT_VIEW.key}", f"table-ablation-{DEFAULT_VIEW.key}"} <= shown  # the default view
         if name == "wide":
-            assert "table-smac-final-ours" in shown  # the 12-column table
+            assert f"table-smac-{DEFAULT_VIEW.key}" in shown  # the 12-column table
         for t in report.tables:
             assert t["rows"] >= 1 and t["width"] > 100  # visible (an ablation table with no results yet is one label column)
         if shot is not None:
@@ -108,7 +109,7 @@ def test_front_page_is_the_committed_board_fast_and_fits_a_laptop(made_site):
     report = check_page(front, screenshot=shot, window=(1366, 768), timing=True)
     assert report.ok, "\n".join(report.errors)
     assert report.clipped == [] and report.page_width <= 1366
-    main = next(t for t in report.tables if t["id"] == "table-main-final-ours")
+    main = next(t for t in report.tables if t["id"] == f"table-main-{DEFAULT_VIEW.key}")
     assert main["rows"] >= 1 and main["width"] <= 1366
     t = report.timing
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ from plcql_bench.suite.core.schema import RunRecord
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # arch's RandomState deprecation
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"
+# the v1 generation's MPE runs (leaderboard/archive/datasets-v1/: rendered with their own cards and checks)
+ARCHIVE_V1 = Path(__file__).resolve().parents[1] / "leaderboard" / "archive" / "datasets-v1" / "results"
 
 
 def build_quick(res, out, **kw):
@@ -251,7 +253,7 @@ def test_every_view_is_rendered_and_selectable(small_n_site):
         assert f'class="view v-{v.key}"' in small_n_site["html"]
     for ctl in ("sc-final", "sc-last10", "sc-best", "nm-ours", "nm-omar", "hide-empty", "show-paper"):
         assert f'id="{ctl}"' in small_n_site["html"]
-    assert re.search(r'id="sc-final"\s+checked', small_n_site["html"]) and re.search(r'id="nm-ours"\s+checked', small_n_site["html"])
+    assert re.search(r'id="sc-final"\s+checked', small_n_site["html"]) and re.search(r'id="nm-omar"\s+checked', small_n_site["html"])
     best = small_n_site["board"]["table-main-best-ours"]["main-mpe-cn-random"]["cfcql"]["text"]
     final = small_n_site["board"]["table-main-final-ours"]["main-mpe-cn-random"]["cfcql"]["text"]
     assert best.startswith("56.0") and final.startswith("56.0")  # curve_for ends at the final score
@@ -410,23 +412,36 @@ def test_cli_strict_exit_codes(tmp_path, monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def committed(tmp_path_factory):
+    """The archived v1 generation's board: the committed MPE runs these tests read (the current results start
+    again on the v2 tiers)."""
     out = tmp_path_factory.mktemp("committed")
-    built = build_quick(COMMITTED, out)
+    built = build_quick(ARCHIVE_V1, out)
     return {"built": built, "html": built.index.read_text(), "out": out}
 
 
-def _committed_finals() -> list[dict]:
-    return [json.loads(f.read_text()) for f in sorted(COMMITTED.rglob("final.json"))]
+def _committed_finals(root: Path = ARCHIVE_V1) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(root.rglob("final.json"))]
+
+
+VERDICTS = {"reproduced", "below", "above", "not distinguishable", "too few seeds", "not comparable"}
+
+
+def test_committed_results_build_strict(tmp_path):
+    """Whatever is committed builds without a skipped file, with a verdict of the known kinds for every cell."""
+    built = build_quick(COMMITTED, tmp_path / "site")
+    assert built.skipped == [] and built.n_runs == len(_committed_finals(COMMITTED))
+    rows = json.loads((tmp_path / "site" / "tables" / "comparisons.json").read_text())["rows"]
+    assert {c["verdict"] for c in rows} <= VERDICTS
 
 
 def test_committed_results_build_strict_and_state_the_finding(committed):
-    """Whatever is committed builds without a skipped file, and the comparison table gives a verdict for
-    every committed cell the paper has a number for (CFCQL on CN random: reproduced)."""
+    """The archived v1 runs build without a skipped file, and the comparison table gives a verdict for
+    every cell the paper has a number for (CFCQL on CN random: reproduced)."""
     assert committed["built"].skipped == [] and committed["built"].n_runs == len(_committed_finals())
     comps = {(c["task"], c["dataset"], c["algo"]): c for c in json.loads((committed["out"] / "tables" / "comparisons.json").read_text())["rows"]
              if c["view"] == "final-ours"}
     assert comps[("mpe-cn", "random", "cfcql")]["verdict"] == "reproduced"
-    assert {c["verdict"] for c in comps.values()} <= {"reproduced", "below", "above", "not distinguishable", "too few seeds", "not comparable"}
+    assert {c["verdict"] for c in comps.values()} <= VERDICTS
 
 
 def test_the_finding_is_stated_for_plcql_below_the_paper(tmp_path):
