@@ -66,9 +66,9 @@ def test_no_table_clipped_at_desktop_widths(pages, width):
         assert report.ok, f"{name}:\n" + "\n".join(report.errors)
         assert report.clipped == [] and report.page_width <= width
         shown = {t["id"] for t in report.tables}
-        assert {f"table-main-{DEFAULT_VIEW.key}", f"table-ablation-{DEFAULT_VIEW.key}"} <= shown  # the default view
-        if name == "wide":
-            assert f"table-smac-{DEFAULT_VIEW.key}" in shown  # the 12-column table
+        assert shown and all(t.endswith(DEFAULT_VIEW.key) for t in shown)  # the default view's tables
+        if name == "wide":  # every table has results there (the committed board may hold SMAX runs alone)
+            assert {f"table-{k}-{DEFAULT_VIEW.key}" for k in ("main", "ablation", "smac")} <= shown  # smac: 12 columns
         for t in report.tables:
             assert t["rows"] >= 1 and t["width"] > 100  # visible (an ablation table with no results yet is one label column)
         if shot is not None:
@@ -109,8 +109,7 @@ def test_front_page_is_the_committed_board_fast_and_fits_a_laptop(made_site):
     report = check_page(front, screenshot=shot, window=(1366, 768), timing=True)
     assert report.ok, "\n".join(report.errors)
     assert report.clipped == [] and report.page_width <= 1366
-    main = next(t for t in report.tables if t["id"] == f"table-main-{DEFAULT_VIEW.key}")
-    assert main["rows"] >= 1 and main["width"] <= 1366
+    assert report.tables and all(t["rows"] >= 1 and t["width"] <= 1366 for t in report.tables)  # what holds results
     t = report.timing
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "leaderboard-front.json").write_text(json.dumps({"bytes": report.page_bytes, **t}, indent=1) + "\n")

@@ -37,11 +37,11 @@ def test_collector_hook_and_mixed(tmp_path, monkeypatch):
     task, recipe, calls = _fake_task()
     monkeypatch.setitem(RECIPES, "fake-smax", recipe)
     monkeypatch.setitem(tasks._FACTORIES, "fake-smax", ("tests.none", "none"))
-    monkeypatch.setattr(build, "get_task", lambda tid: task)
+    monkeypatch.setattr(build, "get_task", lambda tid, **_: task)
     import plcql_bench.suite.tasks as t
 
     orig = t.get_task
-    monkeypatch.setattr(t, "get_task", lambda tid: task if tid == "fake-smax" else orig(tid))
+    monkeypatch.setattr(t, "get_task", lambda tid, **kw: task if tid == "fake-smax" else orig(tid, **kw))
     e = build.build_dataset("fake-smax", "expert", 4, tmp_path, profile="smoke")
     assert e["behaviour_policy_id"] == "fake-expert" and e["n_episodes"] == 4
     assert e["win_rate"] == 0.5 and np.isnan(e["ref_return_expert"])

@@ -16,19 +16,22 @@ COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "results"
 
 
 def test_committed_results_round_trip_and_pass_every_check():
-    files = sorted(COMMITTED.rglob("final.json"))
-    tasks = {f.relative_to(COMMITTED).parts[2] for f in files}
+    """Every committed record, on the board (leaderboard/results) and in the v1 generation's archive."""
+    roots = [COMMITTED, COMMITTED.parent / "archive" / "datasets-v1" / "results"]
+    tasks = {f.relative_to(root).parts[2] for root in roots for f in root.rglob("final.json")}
     assert "mpe-cn" in tasks and "smax-2s3z" in tasks, tasks  # both kinds of record are checked
-    for f in files:
-        raw = json.loads(f.read_text())
-        if "curve" not in raw:  # published compact: the metrics beside it hold the curve (campaign._without_curve)
-            raw["curve"] = curve_from_metrics(f.parent)
-            assert raw["curve"], f
-        rec = read_record(f)
-        assert rec.to_json() == raw, f  # nothing lost or added
-        check_location(rec, f.relative_to(COMMITTED).as_posix())
-    good, bad = scan_records(COMMITTED)
-    assert bad == [] and len(good) == len(files)
+    for root in roots:
+        files = sorted(root.rglob("final.json"))
+        for f in files:
+            raw = json.loads(f.read_text())
+            if "curve" not in raw:  # published compact: the metrics beside it hold the curve (campaign._without_curve)
+                raw["curve"] = curve_from_metrics(f.parent)
+                assert raw["curve"], f
+            rec = read_record(f)
+            assert rec.to_json() == raw, f  # nothing lost or added
+            check_location(rec, f.relative_to(root).as_posix())
+        good, bad = scan_records(root)
+        assert bad == [] and len(good) == len(files)
 
 
 def test_runner_identity_hash_is_the_schema_key():
