@@ -237,7 +237,8 @@ def dataset_task(task_id: str, dataset):
     learned from OMAR-prey data is never scored against another prey."""
     from plcql_bench.suite.envs.prey import prey_kind
 
-    return get_task(task_id, prey=prey_kind(dataset.attrs.get("env_versions") or {}))
+    versions = dataset.attrs.get("env_versions") or {}
+    return get_task(task_id, prey=prey_kind(versions, task_id if "prey" in versions else None))
 
 
 def check_dataset_identity(path: Path, task: str, tier: str, attrs: dict | None = None) -> None:

@@ -278,3 +278,11 @@ def test_every_committed_v2_card_is_in_tolerance_of_the_original():
     bad = [f"{r.task}/{r.tier}: {'; '.join(r.problems())}" for r in rows if not r.holds]
     assert not bad, "\n".join(bad)
     assert all(r.ours["return"] == "agent 0" for r in rows)
+
+
+def test_a_dataset_collected_against_an_unknown_prey_is_not_scored_against_another():
+    with pytest.raises(prey.PreyUnavailable, match="neither OMAR's nor the suite's"):
+        prey.prey_kind({"prey": "unknown (pretrained_adv_model.pt not given)"}, "mpe-pp")
+    with pytest.raises(prey.PreyUnavailable):
+        prey.prey_kind({"prey": "my_prey.pt:sha256=0123456789abcdef"}, "mpe-world")
+    assert prey.prey_kind({"prey": prey.suite_prey_version("mpe-pp")}, "mpe-pp") == "suite"

@@ -156,15 +156,28 @@ def omar_prey_version(task_id: str) -> str:
     return f"omar:{name}:sha256={sha}"
 
 
-def prey_kind(env_versions: dict) -> str:
-    """'omar' when a dataset's env_versions name OMAR's prey (built here, or imported with its file),
-    else 'suite' (the shipped prey, or no prey)."""
+def prey_kind(env_versions: dict, task_id: str | None = None) -> str:
+    """'omar' when a dataset's env_versions name OMAR's prey (built here, or imported with its file), else
+    'suite' (the shipped prey, or no prey). With `task_id`, a prey that is neither (an imported dataset's
+    unknown or unnamed prey file) is PreyUnavailable: its runs would be scored against another prey."""
     v = str(env_versions.get("prey", ""))
     if v.startswith("omar:"):
         return "omar"
     digest = v.rsplit("sha256=", 1)[-1] if "sha256=" in v else ""
     known = [sha for _, sha in OMAR_PREY_FILES.values()]
-    return "omar" if len(digest) >= 16 and any(sha.startswith(digest) for sha in known) else "suite"
+    if len(digest) >= 16 and any(sha.startswith(digest) for sha in known):
+        return "omar"
+    if task_id is not None and v and v != suite_prey_version(task_id):
+        raise PreyUnavailable(f"{task_id}: the dataset was collected against the prey {v!r}, neither OMAR's nor the "
+                              "suite's: its runs cannot be evaluated against it (re-import it with OMAR's "
+                              "pretrained_adv_model.pt, --prey)")
+    return "suite"
+
+
+def suite_prey_version(task_id: str) -> str:
+    """env_versions['prey'] of the suite's shipped prey for `task_id`."""
+    path = default_prey_path(task_id)
+    return f"{path.name}:sha256={file_digest(path)}"
 
 
 _SHA_CACHE: dict[tuple[str, int, int], str] = {}
