@@ -92,11 +92,12 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text
 
     src_root = Path(results_dir) / profile
+    archived = archived_runs(dest)
     n = 0
     for final in sorted(src_root.rglob("final.json")):
         rel = final.parent.relative_to(Path(results_dir))
         target = Path(dest) / rel
-        if (target / "final.json").exists():
+        if (target / "final.json").exists() or rel.as_posix() in archived:  # an archived run stays archived
             continue
         try:
             check_location(read_record(final), (rel / "final.json").as_posix())
@@ -134,6 +135,19 @@ def _without_curve(final: Path) -> dict | None:
     if not isinstance(raw, dict) or not raw.get("curve") or raw["curve"] != curve_from_metrics(final.parent):
         return None
     return {k: v for k, v in raw.items() if k != "curve"}
+
+
+def archived_runs(dest: Path) -> set[str]:
+    """The run directories (`<profile>/<algo>/<task>/<tier>/<run>`) of the archives beside a published results
+    folder (leaderboard/archive/<name>/[results/]...): runs moved out of the board on purpose (another dataset
+    generation, another config), which a results folder that adopted them before the move must not publish
+    again."""
+    out = set()
+    for final in Path(dest).resolve().parent.glob("archive/*/**/final.json"):
+        parts = final.parent.parts
+        if len(parts) >= 5:
+            out.add("/".join(parts[-5:]))
+    return out
 
 
 def adopt_published(published: Path, results_dir: Path, profile: str) -> int:

@@ -63,6 +63,20 @@ def test_publish_copies_finished_runs_once(tmp_path):
     assert publish(tmp_path / "results", "paper", dest, warn=warnings.append) == 0  # already there
 
 
+def test_runs_moved_to_an_archive_are_not_published_again(tmp_path):
+    """A results folder that adopted the board's runs before some moved to an archive (a new dataset
+    generation) publishes only the others: the archived ones stay out of the board."""
+    old = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
+    new = write_run(tmp_path / "results", "bc", "mpe-pp", "random", 0, 2.0)
+    board = tmp_path / "leaderboard" / "results"
+    rel = old.relative_to(tmp_path / "results")
+    archived = tmp_path / "leaderboard" / "archive" / "datasets-v1" / "results" / rel
+    archived.mkdir(parents=True)
+    (archived / "final.json").write_bytes((old / "final.json").read_bytes())
+    assert publish(tmp_path / "results", "paper", board) == 1
+    assert (board / new.relative_to(tmp_path / "results") / "final.json").exists() and not (board / rel).exists()
+
+
 def test_adopt_copies_published_runs_into_an_empty_results_folder_only(tmp_path):
     from plcql_bench.suite.campaign import adopt_published
 
