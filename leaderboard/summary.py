@@ -121,8 +121,8 @@ def comparisons(tables: list[Table], label, official: dict | None = None, view=N
         for row in t.rows:
             for tc in row.cells:
                 e = _compared(tc)
-                if e is None or tc.paper is None or (tc.task, tc.dataset, tc.algo) in seen:
-                    continue
+                if e is None or tc.paper is None or e.stats.mean is None or (tc.task, tc.dataset, tc.algo) in seen:
+                    continue  # (no mean: the view cannot be derived for its runs, e.g. no OMAR reference)
                 seen.add((tc.task, tc.dataset, tc.algo))
                 s, ref = e.stats, tc.paper
                 v, p = verdict(s.values, s.mean, ref.mean, ref.std, ref.sc2, display_resolution(e.cell.score_name))
