@@ -12,7 +12,7 @@
 # Prepare once on the development machine (what the loan machine lacks, it cannot download):
 #   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
 # Then, through the device tool: carry [".wheels"] and run
-#   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
+#   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
@@ -40,8 +40,8 @@
 #   LIMIT=520 PER_GPU=6 CPU_JOBS=8 STACK=3 BENCH_STACK=8 STACK_ROUNDS=8 \
 #   STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 plcql:mamujoco-halfcheetah-2x3" \
 #   SPEED_BENCH="plcql+spacql:smax-6h_vs_8z" \
-#   GPU_ONLY='algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql-k2,task=mpe-cn,dataset=medium-replay,seed=2;algo=plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
+#   GPU_ONLY='algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,tier=random,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql-k2,task=mpe-cn,tier=medium-replay,seed=2;algo=plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,tier=medium-replay,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
@@ -54,7 +54,7 @@
 # six CN PLCQL checkpoints, tree + wheels + tarball, of the 64 MiB).
 # Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
-#   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
+#   GPU_ONLY='algo=plcql,task=mpe-cn,tier=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,tier=random,seed=0' \
 #   bash ci/gpu_loan.sh          (checked 2026-11-27: 3 runs trained and packed in 18 s; later, a stack of 5 PLCQL
 #   seeds and a CFCQL run stopped at LIMIT with checkpoints at rounds 33 and 547, and a second call resumed both)
 set -uo pipefail
@@ -183,8 +183,8 @@ LIMIT=${LIMIT:-500}              # seconds of training before the clean stop
 PROFILE=${PROFILE:-paper}
 DEVICE=${DEVICE:-cuda}
 PER_GPU=${PER_GPU:-3}
-GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
-CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
+GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2}
+CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,tier=random,seed=0,1,2}
 PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
 STACK=${STACK:-1}                # seeds of a GPU_ONLY cell trained in one process as stacked models
 STACK_BENCH=${STACK_BENCH:-}     # "algo:task ..." timed with bench-speed --stack $STACK before training

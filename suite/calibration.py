@@ -102,7 +102,8 @@ def _base_algorithm(name: str) -> str | None:
     from plcql_bench.algorithms.base import REGISTRY, load_all
 
     load_all()
-    return getattr(REGISTRY.get(name), "variant_of", None)
+    cls = REGISTRY.get(name)
+    return cls.variant_of if cls is not None else None
 
 
 def cell_cost(cell, profile, calib: dict, rounds_done: int = 0) -> CellCost:

@@ -6,7 +6,7 @@ A campaign file (YAML):
     profile: paper
     stages:
       - name: plcql-study-cn-random
-        only: algo=plcql,plcql-kn,task=mpe-cn,dataset=random,seed=0,1,2
+        only: algo=plcql,plcql-kn,task=mpe-cn,tier=random,seed=0,1,2
       - ...
 
 `plcql-bench campaign run FILE` runs the stages as ONE priority queue, `plcql-bench all --profile P

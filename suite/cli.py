@@ -142,7 +142,8 @@ _LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tens
 @cli.command()
 @click.option("--algo", required=True)
 @click.option("--task", required=True)
-@click.option("--dataset", "tier", required=True, help="Dataset tier, e.g. expert.")
+@click.option("--tier", "--dataset", "tier", required=True, help="Dataset tier, e.g. expert (--dataset: the old "
+              "spelling, still accepted).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--profile", default="smoke", show_default=True)
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
@@ -184,7 +185,7 @@ def _matrix_options(f):
                      help="Only shard I of N (0-based) of the selected cells, for CI matrices and "
                           "Slurm arrays (e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")(f)
     f = click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
-                     help="Filter the matrix: algo=, task=, dataset=, seed= with comma lists, "
+                     help="Filter the matrix: algo=, task=, tier=, seed= with comma lists, "
                           "e.g. --only algo=bc,cfcql,seed=0,1.")(f)
     f = click.option("--queue", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
                      help="Like --only, but several --queue options add up in the order given (a "
@@ -465,7 +466,7 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []
     if show_cells:
-        click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
+        click.echo(f"{'algo':<12} {'task':<24} {'tier':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
@@ -612,7 +613,7 @@ def status(obj, profile, states, strict) -> None:
         if states and rec["state"] not in states:
             continue
         rows.append((ident, rec))
-    click.echo(f"{'profile':<8} {'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} "
+    click.echo(f"{'profile':<8} {'algo':<12} {'task':<24} {'tier':<13} {'seed':>4}  {'state':<8} "
                f"{'step':>11} {'runtime':>8}  reason")
     counts: dict[str, int] = {}
     for ident, rec in rows:
@@ -669,7 +670,7 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
               help="Output file (default: results.csv / results.parquet / marl_eval.json).")
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
 @click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
-              help="Only these runs: algo=, task=, dataset=, seed= with comma lists, as for `all`.")
+              help="Only these runs: algo=, task=, tier=, seed= with comma lists, as for `all`.")
 @click.option("--consistent", is_flag=True,
               help="marl-eval: cut the export to what marl-eval's matrices accept (per env the tasks with the "
                    "same evaluation steps, the algorithms all of them have, the seeds all of those have); "
@@ -677,7 +678,8 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
 @_STRICT
 @click.pass_obj
 def export_cmd(obj, fmt, out, profile, only, consistent, strict) -> None:
-    """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON.
+    """Tidy table of finished runs (one row per algo/task/tier/seed/step/metric; the tier's column is named
+    `dataset`, as in final.json), or marl-eval JSON.
     A damaged run (final.json or metrics.jsonl) is left out with a warning line naming the file."""
     from plcql_bench.suite.export import export
     from plcql_bench.suite.matrix import parse_only

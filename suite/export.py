@@ -74,9 +74,8 @@ def select_runs(results_dir: Path, profile: str | None = None, only: dict | None
         have = sorted({str(getattr(rec, field_name)) for _, rec in runs}, key=_natural)
         missing = [w for w in wanted if w not in have]
         if missing:
-            name = "dataset" if key == "tier" else key
-            raise BenchError(f"--only {name}={','.join(missing)}: no finished run has it "
-                             f"({name}s: {', '.join(have) or 'none'}){did_you_mean(missing[0], have)}")
+            raise BenchError(f"--only {key}={','.join(missing)}: no finished run has it "
+                             f"({key}s: {', '.join(have) or 'none'}){did_you_mean(missing[0], have)}")
         runs = [(d, rec) for d, rec in runs if str(getattr(rec, field_name)) in wanted]
     return runs
 

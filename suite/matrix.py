@@ -25,7 +25,7 @@ from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.core.store import read_json
 from plcql_bench.suite.core.validate import did_you_mean
 
-# --only keys, with the aliases users type.
+# --only keys, with the aliases users type (`dataset`: the tier's old spelling).
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
          "datasets": "tier", "tier": "tier", "tiers": "tier", "seed": "seed", "seeds": "seed"}
 STATES = ("done", "partial", "running", "failed", "todo")
@@ -49,7 +49,7 @@ def parse_only(specs: Iterable[str], flag: str = "--only") -> dict[str, list[str
             if "=" in token:
                 key, value = (part.strip() for part in token.split("=", 1))
                 if key not in _KEYS:
-                    raise BenchError(f"{flag}: unknown key {key!r} (use algo, task, dataset, seed)"
+                    raise BenchError(f"{flag}: unknown key {key!r} (use algo, task, tier, seed)"
                                      f"{did_you_mean(key, _KEYS)}")
                 if not value:  # `seed=` must not mean "every seed", nor be dropped after `seed=0`
                     raise BenchError(f"{flag} {spec!r}: {key}= has no value (expected {key}=V[,V...])")
@@ -97,9 +97,8 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     for key, wanted in only.items():
         missing = [w for w in wanted if w not in axes[key]]
         if missing:
-            name = "dataset" if key == "tier" else key
-            raise BenchError(f"--only {name}={','.join(missing)}: not in profile {profile.name!r} "
-                             f"matrix ({name}s: {', '.join(axes[key])})")
+            raise BenchError(f"--only {key}={','.join(missing)}: not in profile {profile.name!r} "
+                             f"matrix ({key}s: {', '.join(axes[key])})")
     keep = {k: set(only.get(k, axes[k])) for k in axes}
     cells = []
     for b in blocks:

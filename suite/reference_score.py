@@ -163,6 +163,9 @@ class OfficialPolicy:
         out = torch.stack([a.reshape(-1, self.act_dim) for a in acts], 1)
         return out.reshape(*lead, self.n, self.act_dim).clamp(-1.0, 1.0).numpy()
 
+    def begin_episodes(self, num_envs: int) -> None:
+        """Feed-forward actors keep no state between steps: nothing to reset (the evaluation calls it)."""
+
 
 def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
     """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds, as a

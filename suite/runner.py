@@ -164,7 +164,7 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
     check_config(cls, overrides or {}, "--set")
     # A sweep variant's value (all --set ALGO.FIELD=V, algorithms/base.py) wins over the task's and the
     # profile's values of its field, as --set does; a --set of the same field still wins over it.
-    swept = getattr(cls, "sweep", {})
+    swept = cls.sweep
     check_config(cls, swept, f"--set {cell.algo}")
     try:
         return make_config(cls, {**defaults, **from_profile, **swept, **(overrides or {})})
@@ -424,7 +424,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     algo = cls(task.spec, plan.config, cell.seed, device)
     sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
-    probe = _probe_batch(sampler) if hasattr(algo, "diagnostics") else None
+    probe = _probe_batch(sampler)
     state = _resume(plan, algo, sampler, log, device) or fresh_state(device)
     progress.update(update=state["update"], reached=state["update"], runtime_s=state["train_s"])
     if state["update"] > 0:
@@ -458,11 +458,16 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     state["train_s"] += time.time() - clock
     final = evaluate_policy(task, algo, dataset, budget["final_eval_episodes"])
     result = _result(plan, task, final, state, budget)
-    if hasattr(algo, "run_warnings"):  # e.g. PLCQL: "PAR collapsed to k = n"
-        warnings, extra = algo.run_warnings(state["history"])
-        for w in warnings:
-            log(f"WARNING {cell.label()}: {w}")
-        result.update(warnings=warnings, **extra)
+    return with_run_warnings(result, algo, state["history"], cell, log)
+
+
+def with_run_warnings(result: dict, algo, history: list[dict], cell: Cell, log) -> dict:
+    """The result with the algorithm's warnings and their fields (e.g. PLCQL: "PAR collapsed to k = n"), each
+    warning also in the run log (empty ones are left out of final.json: RunRecord.to_json)."""
+    warnings, extra = algo.run_warnings(history)
+    for w in warnings:
+        log(f"WARNING {cell.label()}: {w}")
+    result.update(warnings=warnings, **extra)
     return result
 
 
@@ -483,11 +488,11 @@ def _probe_batch(sampler):
 
 
 def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
-    """The suite's evaluation of a policy (anything with `act(obs, avail)`, and `begin_episodes` if it is
-    recurrent) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
-    runs and the reference-code scorer (suite/reference_score.py) all evaluate through it."""
+    """The suite's evaluation of a policy (an Algorithm's `act(obs, avail)` and `begin_episodes(num_envs)`) on
+    the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked runs and the
+    reference-code scorer (suite/reference_score.py) all evaluate through it."""
     out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
-                                   begin=getattr(algo, "begin_episodes", None))
+                                   begin=algo.begin_episodes)
     returns = out["returns"]
     return {
         "episodes": int(len(returns)),
@@ -509,11 +514,11 @@ def _normalised(ret: float, attrs: dict) -> float | None:
         return None
 
 
-def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe=None) -> None:
+def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe) -> None:
     ev = evaluate_policy(task, algo, dataset, episodes)
     point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
-    diag = algo.diagnostics(probe) if probe is not None else {}
+    diag = algo.diagnostics(probe)
     state["curve"].append(point)
     # float32 precision for the training and diagnostic values (the curve point stays exact): the row in the
     # checkpoint and the file are the same, so a resumed run writes what an uninterrupted one does
@@ -570,7 +575,7 @@ def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None, device: str = "
     torch.set_rng_state(payload["torch_rng"])
     np.random.set_state(payload["numpy_rng"])
     sampler.generator.set_state(payload["sampler_rng"])
-    return _note_device(payload["state"], getattr(algo, "reseeded_generators", []), device, log)
+    return _note_device(payload["state"], list(algo.reseeded_generators), device, log)
 
 
 def _note_device(state: dict, reseeded: list[str], device: str, log) -> dict:

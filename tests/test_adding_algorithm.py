@@ -39,6 +39,7 @@ def blocks(lang: str) -> list[str]:
 def toy_package(tmp_path, monkeypatch):
     """The toy's file and table in a folder added to the algorithms package; the registry and the
     table cache as they were afterwards."""
+    base.load_all()  # the suite's own registered before saving: a module imported once never registers again
     (tmp_path / "algos").mkdir()
     (tmp_path / "algos" / "toy.py").write_text(blocks("python")[0])
     cfg_dir = tmp_path / "configs"

@@ -13,7 +13,7 @@ from crash import interrupt_on_call
 from unit_runs import profile_with_dataset
 import torch
 
-from plcql_bench.algorithms.common.protocol import restore_generator
+from plcql_bench.algorithms.common.checkpoint import restore_generator
 from plcql_bench.suite import runner
 from plcql_bench.suite.runner import Cell, execute, plan_run
 

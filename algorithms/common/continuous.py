@@ -32,7 +32,7 @@ from torch import nn
 from plcql_bench.algorithms.base import Batch, BatchSampler
 from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+from plcql_bench.algorithms.common.checkpoint import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import (
     StackedInputNorm,
     StackedLinear,
@@ -374,7 +374,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
         """configs/cfcql_backbone.yaml < cql_alpha of configs/cfcql.yaml < the algorithm's own configs/<name>.yaml."""
         alpha = {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
-        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)
+        own = tier_table(cls.variant_of or cls.name, spec, tier)
         return {**tier_table("cfcql_backbone", spec, tier), **alpha, **own}
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:

@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plcql_bench.algorithms.base import EpisodeBatch
+from plcql_bench.algorithms.base import Algorithm, EpisodeBatch
 from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common import kernels_discrete as fast
-from plcql_bench.algorithms.common.protocol import Checkpointable
+from plcql_bench.algorithms.common.checkpoint import Checkpointable
 from plcql_bench.suite.core.spec import TaskSpec
 
 # Finite stand-in for log(0) in returned log-probabilities (exp() of it is exactly 0 in float32,
@@ -351,7 +351,7 @@ def bc_step(agent: RNNAgent, opt: torch.optim.Optimizer, batch: EpisodeBatch, gr
 # Acting and the algorithm base
 
 
-class RecurrentActing:
+class RecurrentActing(Algorithm):
     """`begin_episodes()` / `act()` for a greedy GRU policy held in `self.policy_agent()`.
 
     The evaluation protocol calls `begin_episodes(num_envs)` before each batch of episodes; `act()`
@@ -415,7 +415,7 @@ class DiscreteAlgorithm(Checkpointable, RecurrentActing):
 
         declared = {f.name for f in fields(cls.Config)}
         shared = {k: v for k, v in tier_table("discrete_common", spec, tier).items() if k in declared}
-        return {**shared, **tier_table(cls.table or f"{getattr(cls, 'variant_of', cls.name)}_discrete", spec, tier)}
+        return {**shared, **tier_table(cls.table or f"{cls.variant_of or cls.name}_discrete", spec, tier)}
 
     def scaled(self, batch: EpisodeBatch) -> EpisodeBatch:
         """The batch as the TD learners see it: rewards multiplied by the config's `reward_scale`

@@ -331,7 +331,7 @@ def time_evaluation(algo_name: str, task, overrides: dict[str, Any] | None = Non
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     torch.manual_seed(seed)
     algo = cls(spec, make_config(cls, dict(overrides or {})), seed, device)
-    begin = getattr(algo, "begin_episodes", None)
+    begin = algo.begin_episodes
 
     def once(n: int) -> float:
         t0 = timer()

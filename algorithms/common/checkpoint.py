@@ -1,4 +1,5 @@
-"""Protocol pieces every algorithm shares: checkpoint state and deterministic actor actions.
+"""Pieces of the algorithm contract (algorithms/base.py: Algorithm) every algorithm shares: checkpoint
+state and deterministic actor actions.
 
 An algorithm lists its networks in `modules()`, its optimisers in `optimisers()` and its private
 random generators in `generators()`; `state_dict()` / `load_state_dict()` then cover all of them
@@ -14,17 +15,20 @@ actors, `critic_opt` for a critic and its mixer). A class that renamed a key lis
 from __future__ import annotations
 
 import hashlib
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from plcql_bench.algorithms.base import Algorithm
 
-class Checkpointable:
+
+class Checkpointable(Algorithm):
+    """`state_dict()` / `load_state_dict()` from `modules()`, `optimisers()`, `generators()` and `rounds`
+    (`legacy_keys`, old checkpoint key -> today's, is the contract's: see the module docstring)."""
+
     rounds: int
-    # checkpoint key of an earlier version -> today's key (see the module docstring)
-    legacy_keys: ClassVar[dict[str, str]] = {}
 
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
@@ -79,7 +83,7 @@ def renamed_keys(state: dict[str, Any], legacy: dict[str, str]) -> dict[str, Any
     return {legacy.get(k, k): v for k, v in state.items()}
 
 
-class DeterministicActors:
+class DeterministicActors(Algorithm):
     """`act()` for algorithms with stacked deterministic tanh actors in `self.actors`."""
 
     actors: nn.Module

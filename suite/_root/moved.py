@@ -1,0 +1,39 @@
+"""Import paths that moved: an old module name imports the module that holds its code now, as the same
+module object (one set of globals: a monkeypatch or a registry seen through either name is one), so
+users' imports, `python -m` lines and anything pickled under an old path keep working. Installed by the
+package's __init__; tests/test_moved.py imports every old name."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+# old import name -> the module that holds its code now
+MOVED = {
+    "plcql_bench.algorithms.common.protocol": "plcql_bench.algorithms.common.checkpoint",
+}
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec):
+        module = importlib.import_module(MOVED[spec.name])
+        spec.loader_state = module.__spec__  # the import system sets the alias's spec on the module ...
+        return module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = module.__spec__.loader_state  # ... which gets its own back here
+
+    def get_code(self, name: str):
+        """`python -m <old name>` runs the moved module's code."""
+        real = importlib.util.find_spec(MOVED[name])
+        return real.loader.get_code(real.name)
+
+
+def install() -> None:
+    if not any(isinstance(f, _Alias) for f in sys.meta_path):
+        sys.meta_path.append(_Alias())
