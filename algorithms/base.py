@@ -14,7 +14,9 @@ nothing is probed with hasattr.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import pkgutil
 import re
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 # The batch types are the runner's (suite/core/batch.py); algorithms import them from here.
 from plcql_bench.suite.core.batch import Batch, BatchSampler, EpisodeBatch  # noqa: F401
 from plcql_bench.suite.core.spec import TaskSpec
+import plcql_bench.algorithms as package
 
 
 class Algorithm:
@@ -184,9 +187,6 @@ NOT_ALGORITHMS = frozenset({"base", "cli"})
 
 def algorithm_modules() -> list[str]:
     """The algorithm modules of this package (algorithms/*.py but base and cli), sorted by name."""
-    import pkgutil
-
-    import plcql_bench.algorithms as package
 
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
                   if not m.ispkg and m.name not in NOT_ALGORITHMS)
@@ -194,7 +194,6 @@ def algorithm_modules() -> list[str]:
 
 def load_all() -> dict[str, type]:
     """Import every algorithm module (discovered in the package) so their @register decorators run."""
-    import importlib
 
     for name in algorithm_modules():
         importlib.import_module(f"plcql_bench.algorithms.{name}")

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
 import statistics
+import numpy as np
+import os
+import platform
 
 import click
+import torch
+
+from plcql_bench.algorithms.base import get_algorithm, implementations, load_all
+from plcql_bench.algorithms.common import native
+from plcql_bench.algorithms.common.kernels import fused_kernels
+from plcql_bench.algorithms.common.speed import (
+    batch_size_of,
+    matmul_rate,
+    paired_ratio,
+    time_evaluation,
+    time_interleaved,
+    time_on_dataset_episodes,
+    time_rounds_within,
+    time_stacked,
+    time_update_rounds,
+    time_variants,
+)
+from plcql_bench.algorithms.common.stacked import stackable
+from plcql_bench.datasets.format import DatasetError, load_dataset
+from plcql_bench.suite.calibration import calibrations_dir, save_calibration
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.validate import did_you_mean
+from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runner import configure_process
+from plcql_bench.suite.tasks import get_task, task_tiers
 
 
 @click.command("bench-speed")
@@ -51,11 +81,6 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
     machine compare numbers taken in the same minute only. With --calibrate, writes the per-machine
     costs that `plan` estimates from."""
-    import torch
-
-    from plcql_bench.suite.runner import configure_process
-
-    from plcql_bench.algorithms.common.speed import time_on_dataset_episodes
 
     configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
     time_on_dataset_episodes(None)  # synthetic episodes unless --episodes-from says otherwise (below)
@@ -66,16 +91,10 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                   description, seconds)
         return
 
-    from plcql_bench.algorithms.base import get_algorithm, load_all
-    from plcql_bench.algorithms.base import implementations
-    from plcql_bench.algorithms.common.speed import batch_size_of, matmul_rate, time_update_rounds
-    from plcql_bench.suite.tasks import get_task
-
     torch.set_num_threads(threads)
     names = list(algos) or sorted(load_all())
     check_algo_names(names)
     results = {}
-    import os
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     click.echo(f"# torch threads {threads}, device {device}, clock {clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -127,13 +146,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 def use_dataset_episodes(path: str | None, tasks) -> str:
     """`--episodes-from`: load the dataset (checked against the task: one task only) and make the timing
     helpers sample its episodes; returns the header line saying so ('' without a file)."""
-    from plcql_bench.algorithms.common.speed import time_on_dataset_episodes
-    from plcql_bench.suite.core.errors import BenchError
 
     if path is None:
         return ""
-    from plcql_bench.datasets.format import DatasetError, load_dataset
-    from plcql_bench.suite.tasks import get_task
 
     if len(tasks) != 1:
         raise BenchError(f"--episodes-from {path}: give exactly one --task (the dataset's)")
@@ -145,7 +160,6 @@ def use_dataset_episodes(path: str | None, tasks) -> str:
     if not spec.discrete:
         raise BenchError(f"--episodes-from {path}: {tasks[0]} is not an episode-batch (discrete) task")
     lens = ds.arrays["episode_ids"]
-    import numpy as np
 
     counts = np.bincount(lens)
     time_on_dataset_episodes(ds.arrays)
@@ -156,7 +170,6 @@ def use_dataset_episodes(path: str | None, tasks) -> str:
 def compare_fused_plain(name, spec, task_id, overrides, rounds, warmup, batch, device, clock) -> None:
     """One algorithm built with the fused kernels against one built with the plain torch path (both in
     this process, same process settings), timed in alternation: the median per-round ratio fused/plain."""
-    from plcql_bench.algorithms.common.kernels import fused_kernels
 
     _compare_switch(name, task_id, spec, overrides, fused_kernels, ("fused", "plain"), ("fused", "plain"),
                     rounds, warmup, batch, device, clock)
@@ -166,7 +179,6 @@ def compare_native_torch(name, spec, task_id, overrides, rounds, warmup, batch, 
     """The algorithm with the native C kernels allowed against the same algorithm with their torch form
     (two instances in this process), timed in alternation: the median per-round ratio native/torch. Says so
     when the kernels cannot be built here (the two would be the same)."""
-    from plcql_bench.algorithms.common import native
 
     if not native.enabled() or native.library("cf_negative") is None:
         click.echo(f"# {name} {task_id}: native kernels off or not buildable here (PLCQL_NATIVE, cc), "
@@ -180,9 +192,6 @@ def _compare_switch(name, task_id, spec, overrides, switch, labels, shown, round
                     clock) -> None:
     """The algorithm built and run inside switch(True) (labels[0]) and inside switch(False) (labels[1]), timed
     in alternation (A B, B A, ...): both medians and the median per-round ratio with its 95% bootstrap interval."""
-    import functools
-
-    from plcql_bench.algorithms.common.speed import paired_ratio, time_variants
 
     on, off = labels
     variants = {on: (name, overrides, functools.partial(switch, True)),
@@ -198,8 +207,6 @@ def _compare_switch(name, task_id, spec, overrides, switch, labels, shown, round
 def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup, batch, device, clock) -> None:
     """S separate runs' rounds against one stacked round of S seeds (`time_stacked`): medians, and the median
     per-pair ratio separate/stacked (the gain in runs per hour) with its 95% bootstrap interval."""
-    from plcql_bench.algorithms.common.speed import paired_ratio, time_stacked
-    from plcql_bench.algorithms.common.stacked import stackable
 
     if not stackable(cls):
         click.echo(f"# {name} {task_id}: no stacked round (the continuous CFCQL family only), --stack skipped")
@@ -218,9 +225,6 @@ def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup
 
 def check_algo_names(names) -> None:
     """BenchError (exit 2) for a name no algorithm is registered under."""
-    from plcql_bench.algorithms.base import load_all
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.core.validate import did_you_mean
 
     known = load_all()
     for name in names:
@@ -232,8 +236,6 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
     """PLCQL's round against SPaCQL's, timed in alternation: the median per-round ratio with its 95%
     bootstrap interval (an interval below 1 means PLCQL's round is measurably cheaper), and the ratio of
     the target construction alone (the part that PLCQL cuts from n joint actions to 1)."""
-    from plcql_bench.algorithms.base import get_algorithm
-    from plcql_bench.algorithms.common.speed import batch_size_of, paired_ratio, time_interleaved
 
     pair = ["plcql", "spacql"]
     inter = time_interleaved(pair, spec, {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier)
@@ -257,16 +259,6 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
               seconds) -> None:
     """bench-speed --calibrate: round and evaluation costs per algorithm x task, written (merged)
     into a calibration file (suite/calibration.py)."""
-    import datetime
-    import os
-    import platform
-
-    from plcql_bench.algorithms.base import get_algorithm, implementations
-    from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
-    from plcql_bench.suite.runner import configure_process
-    from plcql_bench.suite.calibration import calibrations_dir, save_calibration
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.tasks import get_task, task_tiers
 
     prof = load_profile(profile)
     check_algo_names(algos)

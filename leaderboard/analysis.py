@@ -24,6 +24,7 @@ from plcql_bench.leaderboard.stats import (
     score_matrix,
 )
 from plcql_bench.leaderboard.tables import Table
+from plcql_bench.suite.core.store import read_metrics_text
 
 __all__ = ["aggregates", "learning_curves", "par_diagnostics", "compute_cost", "read_metrics"]
 
@@ -161,7 +162,6 @@ def run_metrics(results_dir: Path, final_path: str) -> list[dict]:
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl, or of its published metrics.jsonl.gz (unreadable lines and files give
     nothing)."""
-    from plcql_bench.suite.core.store import read_metrics_text
 
     out = []
     try:
@@ -182,9 +182,6 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-COMPONENTS = (("q1", "mean Q\u03b81(s\u2032, a\u2032(k))"), ("u", "u_Q"), ("w", "w"), ("rpar", "r_par"), ("p", "\u03c0_par(k | s\u2032)"))
-
-
 def _run_diag(hist: list[dict]) -> dict:
     """{"x": updates, "<comp>": {k: [values]}, "entropy": [..]} from the diag/* keys, or the
     older train/par/p_k* keys (then only "p" and "E_k")."""
@@ -197,7 +194,7 @@ def _run_diag(hist: list[dict]) -> dict:
         comps = {"p": "train/par/p_k{k}"}
         extra = {"E_k": "train/par/E_k"}
     else:
-        comps = {c: f"diag/{c}_k{{k}}" for c, _ in COMPONENTS}
+        comps = {c: f"diag/{c}_k{{k}}" for c, _ in plots.COMPONENTS}
         extra = {"entropy": "diag/par_entropy"}
     for c in list(comps) + list(extra):
         out[c] = {k: [] for k in ks} if c in comps else []

@@ -21,6 +21,9 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+# PLCQL's diagnostic components (diag/<c>_k<k> in metrics.jsonl) and their panel titles
+COMPONENTS = (("q1", "mean Q\u03b81(s\u2032, a\u2032(k))"), ("u", "u_Q"), ("w", "w"), ("rpar", "r_par"), ("p", "\u03c0_par(k | s\u2032)"))
+
 __all__ = [
     "algo_color",
     "learning_curves_svg",
@@ -155,7 +158,6 @@ def par_components_svg(title: str, mean: dict, salt: str) -> str:
     ``train/par/p_k`` keys give the p(k) and E[k] panels.
 
     ``mean``: ``{"x": [...], "<comp>": {k: [...]}, "entropy" or "E_k": [...]}``."""
-    from plcql_bench.leaderboard.analysis import COMPONENTS
 
     comps = [(c, name) for c, name in COMPONENTS if c in mean]
     scalar = "entropy" if "entropy" in mean else "E_k"

@@ -14,13 +14,13 @@ from plcql_bench.leaderboard import paper as pp
 from plcql_bench.leaderboard.cells import Cell, format_score
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
 from plcql_bench.suite.core.schema import device_kind, run_seconds
+from plcql_bench.datasets.cards import CARDS_DIR
+from plcql_bench.suite.versions import TRACKED
 
 __all__ = ["load_cards", "dataset_cards", "run_rows", "build_provenance", "short_commit"]
 
 
 def cards_dir() -> Path:
-    from plcql_bench.datasets.cards import CARDS_DIR
-
     return CARDS_DIR
 
 
@@ -129,7 +129,6 @@ def run_rows(cells: list[Cell], cards: list[dict], label) -> list[dict]:
 def build_provenance(runs: list, now: datetime) -> dict:
     """Footer summary: build date, profiles, protocol/schema versions, commits (dirty flagged),
     package versions and the environment settings (per task: episode limits, physics variants)."""
-    from plcql_bench.suite.versions import TRACKED
 
     packages: dict[str, Counter] = defaultdict(Counter)
     settings: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.store import atomic_write_bytes
+from plcql_bench.algorithms.base import REGISTRY, load_all
 
 DEFAULT_MACHINE = "cpu-dev-2core"
 
@@ -99,7 +100,6 @@ def eval_seconds(entry: dict, episodes: int) -> float:
 
 def _base_algorithm(name: str) -> str | None:
     """The algorithm a registered variant (e.g. plcql-k1, `register_variant`) is built on, else None."""
-    from plcql_bench.algorithms.base import REGISTRY, load_all
 
     load_all()
     cls = REGISTRY.get(name)

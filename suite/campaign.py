@@ -36,6 +36,17 @@ import click
 from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.validate import load_user_yaml
+from plcql_bench.suite.calibration import calibration_for, makespan
+from plcql_bench.suite.core.schema import (
+    RecordError,
+    check_location,
+    compact_metrics_text,
+    curve_from_metrics,
+    read_record,
+)
+from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text, read_json
+from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, parse_only, resolve, select_cells
+from plcql_bench.suite.profiles import load_profile
 
 # metrics.jsonl is published gzipped (.gz), and final.json without its curve where the metrics hold the same points
 PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
@@ -75,8 +86,6 @@ def load_campaign(path: Path) -> Campaign:
 
 def stage_cells(campaign: Campaign, stage: Stage):
     """The profile and the cells a stage selects (validated like `all --only`)."""
-    from plcql_bench.suite.matrix import parse_only, select_cells
-    from plcql_bench.suite.profiles import load_profile
 
     prof = load_profile(campaign.profile)
     return prof, select_cells(prof, parse_only([stage.only]))
@@ -88,8 +97,6 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     final.json that is not a valid result of its run directory is not published (one warning line).
     A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
     (`_without_curve`): the committed results must stay within what a GPU loan can carry."""
-    from plcql_bench.suite.core.schema import RecordError, check_location, compact_metrics_text, read_record
-    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text
 
     src_root = Path(results_dir) / profile
     archived = archived_runs(dest)
@@ -125,8 +132,6 @@ def _without_curve(final: Path) -> dict | None:
     """final.json's object without its curve when the metrics beside it rebuild exactly the same points
     (schema.curve_from_metrics; schema.read_record puts it back on reading); None when they do not, or
     when there are no metrics (the file is then kept as it is)."""
-    from plcql_bench.suite.core.schema import curve_from_metrics
-    from plcql_bench.suite.core.store import read_json
 
     try:
         raw = read_json(final)
@@ -268,8 +273,6 @@ def campaign_status(obj, file, jobs, machine) -> None:
     """Per stage: how many of its cells are done, partial, running, failed or still to do, and the
     time its cells still need (serial, as `plan` estimates it); then the whole queue's wall clock with
     --jobs runs taking the cells in queue order."""
-    from plcql_bench.suite.calibration import calibration_for, makespan
-    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve
 
     camp = load_campaign(file)
     calib = calibration_for(machine)

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -26,8 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.suite import preflight
+from plcql_bench.suite.core.store import read_json
+from plcql_bench.suite.runner import RunBusy, data_profile_dir, execute_here, plan_run
+from plcql_bench.suite.stacking import execute_stack
 
 
 @dataclass
@@ -113,8 +122,6 @@ def run_job(job: Job) -> dict:
     out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
                            "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
     try:
-        from plcql_bench.suite.runner import RunBusy, execute_here, plan_run
-
         device = _worker_device(job)
         if _missing_dataset(job, [out]):
             return out
@@ -146,7 +153,6 @@ def run_job(job: Job) -> dict:
 def _user_error(exc: BaseException) -> bool:
     """Whether a failure is the user's to fix (exit status 2): bad input, or a file or folder that cannot be
     read or written (a read-only results folder, a full disk), as the CLI treats them."""
-    from plcql_bench.datasets.format import DatasetError
 
     return isinstance(exc, (BenchError, DatasetError, OSError))
 
@@ -157,10 +163,6 @@ def _missing_dataset(job: Job, outs: list[dict]) -> bool:
     and the fix, as `all` records an unbuildable dataset; returns True then."""
     if not job.build_dataset:
         return False
-    import sys
-
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.runner import data_profile_dir
 
     def say(line: str, err: bool = False) -> None:  # the console: a pool worker's lines go to stderr
         print(line, file=sys.stderr if err or not job.echo else sys.stdout, flush=True)
@@ -180,7 +182,6 @@ def _missing_dataset(job: Job, outs: list[dict]) -> bool:
 
 def _worker_device(job: Job) -> str:
     """Set the worker's torch threads and resolve the job's device ("auto": CUDA when there is one)."""
-    import torch
 
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -197,9 +198,6 @@ def _run_stack_job(job: Job) -> dict:
     outs = [{"cell": c, "state": "failed", "score": None, "error": "", "traceback": "", "run_dir": None,
              "seconds": 0.0, "pid": os.getpid()} for c in cells]
     try:
-        from plcql_bench.suite.runner import plan_run
-        from plcql_bench.suite.stacking import execute_stack
-
         device = _worker_device(job)
         if _missing_dataset(job, outs):
             return {"stack_outcomes": outs}
@@ -229,8 +227,6 @@ def _resumable(plan, job: Job) -> bool:
 
 
 def _score(plan) -> float | None:
-    from plcql_bench.suite.core.store import read_json
-
     try:
         return read_json(plan.final_path).get("score")
     except (OSError, ValueError):
@@ -271,8 +267,6 @@ def restore_interrupts() -> None:
 def _init_worker(threads: int | None) -> None:
     restore_interrupts()
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
 
 
@@ -340,9 +334,6 @@ def build_left_s(job: Job) -> float:
     left the dataset to be built and no worker has built it yet, else 0."""
     if not job.build_dataset:
         return 0.0
-    from plcql_bench.datasets import manifest
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.runner import data_profile_dir
 
     try:
         if manifest.lookup(data_profile_dir(job.data_dir, job.profile), job.cell.task, job.cell.tier) is not None:
@@ -440,7 +431,6 @@ def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
 def _worker_died(job: Job) -> dict:
     """Outcome of a job whose process died without reporting; it resumes from its checkpoint
     on the next `all` (its status.json still says running or interrupted). A seed stack: one per seed."""
-    from plcql_bench.suite.runner import plan_run
 
     if job.stack:
         return {"stack_outcomes": [_worker_died(Job(c, job.profile, job.data_dir, job.results_dir,

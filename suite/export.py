@@ -34,6 +34,7 @@ own validation and aggregation on it. `--only` (select_runs) filters every forma
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -299,8 +300,6 @@ def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None,
         return sum(len(runs) for tasks in data.values() for algos in tasks.values() for runs in algos.values())
     rows = tidy_rows(results_dir, profile, damaged, only)
     if fmt == "csv":
-        import io
-
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()

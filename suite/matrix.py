@@ -13,8 +13,10 @@ files a run directory holds, so it is cheap enough for `plan` and `status` on th
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,23 @@ from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.core.store import read_json
 from plcql_bench.suite.core.validate import did_you_mean
+from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.cards import committed_entry
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.suite.calibration import cell_cost
+from plcql_bench.suite.core.schema import (
+    RecordError,
+    check_location,
+    device_kind,
+    device_kinds,
+    read_record,
+    run_seconds,
+    scan_records,
+)
+from plcql_bench.suite.core.validate import check_config, unknown_key
+from plcql_bench.suite.runner import Cell, data_profile_dir, plan_run, resolve_config
+from plcql_bench.suite.tasks import task_tiers
 
 # --only keys, with the aliases users type (`dataset`: the tier's old spelling).
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
@@ -88,8 +107,6 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     (`sweeps`: parse_sweeps), then every N-th cell from i for shard i/N (shards are disjoint and
     cover the selection). Task x tier pairs the task does not have (SMAC random, MPE mixed) are not
     cells; a cell listed by two blocks appears once."""
-    from plcql_bench.suite.runner import Cell
-    from plcql_bench.suite.tasks import task_tiers
 
     blocks = matrix_blocks(profile)
     axes = {key: list(dict.fromkeys(v for b in blocks for v in b[key + "s"])) for key in ("algo", "task", "tier", "seed")}
@@ -141,8 +158,6 @@ def parse_sweeps(specs: Iterable[str]) -> list[Sweep]:
     """Each `ALGO.FIELD=V1[,V2...]`, its values read as `run --set` reads them (JSON, else a string) and
     checked as `--set` values are (the field's type and range) for every implementation of ALGO that has the
     field; BenchError naming the option otherwise."""
-    from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
-    from plcql_bench.suite.core.validate import check_config, unknown_key
 
     out = []
     for spec in specs:
@@ -170,15 +185,12 @@ def parse_sweeps(specs: Iterable[str]) -> list[Sweep]:
 
 
 def _config_fields(cls) -> set[str]:
-    import dataclasses
-
     return {f.name for f in dataclasses.fields(cls.Config)}
 
 
 def expand_sweeps(cells: list, sweeps: list[Sweep]) -> list:
     """Each cell of a swept algorithm followed by the same cell of each of its variants; BenchError when a
     sweep's algorithm has no cell in the selection (a sweep that trains nothing is a mistake)."""
-    from plcql_bench.suite.runner import Cell
 
     if not sweeps:
         return cells
@@ -195,7 +207,6 @@ def expand_sweeps(cells: list, sweeps: list[Sweep]) -> list:
 
 def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:
     """The (task, tier) datasets the profile's matrix trains on, in matrix order."""
-    from plcql_bench.suite.tasks import task_tiers
 
     pairs = [(t, q) for b in matrix_blocks(profile) for t in b["tasks"] for q in b["tiers"] if q in task_tiers(t)]
     return list(dict.fromkeys(pairs))
@@ -210,10 +221,6 @@ class Resolved:
 
 
 def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[Resolved]:
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.format import DatasetError
-    from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
-
     out = []
     root = data_profile_dir(data_dir, profile)
     for cell in cells:
@@ -237,8 +244,6 @@ def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[
 def plan_on_card(cell, profile: Profile, data_dir: Path, results_dir: Path):
     """A cell whose dataset is not built here, planned on its committed card's sha256 (the dataset a
     build reproduces), so the runs already done on it count; None without a card."""
-    from plcql_bench.datasets.cards import committed_entry
-    from plcql_bench.suite.runner import plan_run
 
     entry = committed_entry(profile.data_profile, cell.task, cell.tier)
     return plan_run(cell, profile, data_dir, results_dir, entry=entry) if entry else None
@@ -269,7 +274,6 @@ def run_record(run_dir: Path) -> dict:
     `damaged`: [(file, why)] for each file it holds that cannot be used (a final.json that is not
     a valid result of the run in this directory, an unreadable status.json or config.json). A run
     whose final.json is rejected is not done: its state comes from its other files."""
-    from plcql_bench.suite.core.schema import RecordError, check_location, read_record
 
     run_dir = Path(run_dir)
     damaged: list[tuple[Path, str]] = []
@@ -329,7 +333,6 @@ def recorded_runtimes(results_dir: Path) -> list[dict]:
     """(algo, task, tier, profile, updates, seconds, devices) of every valid finished run under results_dir:
     seconds as schema.run_seconds counts them (every process of a resumed run), devices the kinds it trained
     on (damaged files are skipped: the read commands report them)."""
-    from plcql_bench.suite.core.schema import device_kinds, run_seconds, scan_records
 
     out = []
     records, _damaged = scan_records(Path(results_dir)) if Path(results_dir).is_dir() else ([], [])
@@ -388,8 +391,6 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
     else algo, else any run, times the updates left (the level used is the estimate's `basis`).
     A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
     recorded here say nothing about it, so its unmeasured cells are not counted."""
-    from plcql_bench.suite.calibration import cell_cost
-    from plcql_bench.suite.core.schema import device_kind
 
     fallback = calib is None or calib.get("recorded_fallback", True)
     device = device_kind((calib or {}).get("device", "cpu"))
@@ -419,7 +420,6 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as 90m, 2h30m, 1.5h or 45s (units s, m, h; at least one); ValueError otherwise."""
-    import re
 
     parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", text.strip())
     if not parts or "".join(n + u for n, u in parts) != text.strip():

@@ -41,6 +41,7 @@ check trains the profile's rounds like every other.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 import types
@@ -51,6 +52,12 @@ import torch
 
 from plcql_bench.suite.core import official
 from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.cards import card_scoring, dataset_identity
+from plcql_bench.datasets.format import load_dataset
+from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
+from plcql_bench.suite.tasks import get_task
 
 # main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
 OMAR_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
@@ -170,20 +177,12 @@ class OfficialPolicy:
 def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
     """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds, as a
     run of this suite is evaluated (runner.evaluate_policy)."""
-    from plcql_bench.suite.runner import evaluate_policy
 
     ev = evaluate_policy(task, policy, dataset, episodes)
     return float(ev["normalised_score"]), float(ev["return_mean"])
 
 
 def main(argv: list[str] | None = None) -> None:
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.cards import card_scoring, dataset_identity
-    from plcql_bench.datasets.format import load_dataset
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import configure_process, data_profile_dir, dataset_task
-    from plcql_bench.suite.tasks import get_task
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--omar", type=Path, help="checkout of ling-pan/OMAR (0e52ad6)")
@@ -265,7 +264,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def checkout_commit(checkout: Path) -> str | None:
     """The checkout's git commit (None when it is not a git checkout), '+dirty' when its tracked files differ."""
-    import subprocess
 
     def git(*a):
         return subprocess.run(["git", "-C", str(checkout), *a], capture_output=True, text=True, timeout=60)

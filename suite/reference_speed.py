@@ -31,6 +31,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plcql_bench.algorithms.base import get_algorithm, make_config
+from plcql_bench.algorithms.common.speed import SyntheticBuffer, paired_ratio
+from plcql_bench.suite.runner import configure_process
+from plcql_bench.suite.tasks import get_task
+
 
 def cpu_shims() -> None:
     """Let CUDA-only reference code (OMAR, and CFCQL's continuous code built on it) run on the CPU
@@ -61,10 +66,6 @@ def load_official_omar(path: Path):
 
 
 def build(path: Path, seed: int = 0):
-    from plcql_bench.algorithms.base import get_algorithm, make_config
-    from plcql_bench.algorithms.common.speed import SyntheticBuffer
-    from plcql_bench.suite.tasks import get_task
-
     MATD3, ReplayBuffer = load_official_omar(path)
     spec = get_task("mpe-cn").spec
     n, o, a = spec.n_agents, spec.obs_dim, spec.act_dim
@@ -100,8 +101,6 @@ def build(path: Path, seed: int = 0):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from plcql_bench.algorithms.common.speed import paired_ratio
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--omar", type=Path, required=True, help="checkout of ling-pan/OMAR (0e52ad6)")
     p.add_argument("--rounds", type=int, default=80)
@@ -110,7 +109,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from plcql_bench.suite.runner import configure_process
 
     configure_process("cpu")  # a run's process settings (kernels, allocator), for both sides
     rounds, cfg = build(args.omar.resolve())

@@ -40,6 +40,9 @@ from plcql_bench.suite.core.validate import check_config, config_fields, did_you
 from plcql_bench.suite.profiles import Profile
 from plcql_bench.suite.tasks import get_task
 from plcql_bench.suite.versions import git_commit, image_labels, package_versions
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.envs.prey import prey_kind
+from plcql_bench.suite.tracking import Session
 
 
 @dataclass(frozen=True)
@@ -215,8 +218,6 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
     """The sampler the algorithm class asks for (`batch_kind`): uniform transitions (Sampler) or
     whole padded episodes (datasets/episodes.py: EpisodeSampler). Both expose `.generator`."""
     if batch_kind(cls) == "episodes":
-        from plcql_bench.datasets.episodes import EpisodeSampler
-
         return EpisodeSampler(arrays, seed, device)
     return Sampler(arrays, discrete, seed, device, reward=reward_kind(cls))
 
@@ -235,7 +236,6 @@ def dataset_task(task_id: str, dataset):
     """The task a dataset's runs train and are evaluated on: PP and World against the prey the data was
     collected with (its env_versions name it: OMAR's pretrained prey, or the suite's own), so a policy
     learned from OMAR-prey data is never scored against another prey."""
-    from plcql_bench.suite.envs.prey import prey_kind
 
     versions = dataset.attrs.get("env_versions") or {}
     return get_task(task_id, prey=prey_kind(versions, task_id if "prey" in versions else None))
@@ -343,8 +343,6 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
 def open_tracking(plan: RunPlan, log) -> None:
     """The run's `--log` trackers (suite/tracking.py), opened lazily at its first logged point."""
     if plan.trackers:
-        from plcql_bench.suite.tracking import Session
-
         plan.tracking = Session(plan.trackers, plan.run_dir, _identity_record(plan), log)
 
 
@@ -478,7 +476,6 @@ PROBE_SIZE = {"transitions": 1024, "episodes": 16}
 def _probe_batch(sampler):
     """A fixed batch for the algorithm's diagnostics at every evaluation point (the same rows at every
     point and after a resume), drawn without touching the sampler's training random stream."""
-    from plcql_bench.datasets.episodes import EpisodeSampler
 
     saved = sampler.generator.get_state()
     sampler.generator.manual_seed(PROBE_SEED)
@@ -581,7 +578,7 @@ def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None, device: str = "
 def _note_device(state: dict, reseeded: list[str], device: str, log) -> dict:
     """Extend a resumed state's `devices` when this process trains on another kind of device than the one
     that wrote the checkpoint, and say in the run log what that changes (floating point, and the streams of
-    `reseeded`: algorithms/common/protocol.py, restore_generator)."""
+    `reseeded`: algorithms/common/checkpoint.py, restore_generator)."""
     kind = torch.device(device).type
     if "devices" not in state:  # checkpoints written before `devices`: a stream that did not fit came from the other kind
         other = "cpu" if kind != "cpu" else "cuda"

@@ -5,9 +5,11 @@
 
 Every import of one of our modules counts, also one inside a function: a lazy import is still a
 dependency. A module may import its own layer or any layer below it; no module may import a layer
-above it, so no cycle can run between layers. Module-level imports form no cycle at all (within a
-layer either). The graph is read from the sources (ast), so the test needs none of the optional
-environment stacks.
+above it, so no cycle can run between layers. The imports form no cycle at all (within a layer either,
+those inside functions included). An import inside a function is only for a heavy or optional
+third-party package, each named in LAZY with its reason: never one of our modules (it would hide a
+dependency) nor the standard library. The graph is read from the sources (ast), so the test needs none
+of the optional environment stacks.
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaderboard", ("plcql_bench.leaderboard",)),
     ("cli", ("plcql_bench.suite.cli", "plcql_bench.datasets.cli", "plcql_bench.algorithms.cli")),
 ]
+# The only packages imported inside a function (longest dotted prefix wins), and why.
+LAZY = {
+    "torch": "heavy (about 1.5 s): datasets/ and suite/ modules that use it in one function stay light without it",
+    "torch.utils.tensorboard": "optional extra [tensorboard]",
+    "jax": "optional extra [smax]", "jaxmarl": "optional extra [smax]", "optax": "optional extra [smax]",
+    "mpe2": "optional extra [mpe]",
+    "gymnasium_robotics": "optional extra [mamujoco]", "mujoco": "optional extra [mamujoco]",
+    "smac": "optional: SMAC on StarCraft II, installed by hand (docs/smax.md)",
+    "ray": "optional extra [ray]", "pyarrow": "optional extra [export]", "flashbax": "optional extra [vault]",
+    "wandb": "optional extra [wandb]",
+    "pandas": "heavy: only the Python API's results_frame builds a DataFrame",
+    "scipy": "heavy: only the leaderboard's statistical tests", "rliable": "heavy: only the leaderboard's intervals",
+    "resource": "Unix only: datasets/format.py reads the memory limit where the module exists",
+    "utils": "the official code's own module (suite/reference_score.py), on sys.path only while it runs",
+}
 # Package __init__ files that only name their package (a docstring); importing a submodule runs them.
 DOC_ONLY = ("plcql_bench.suite", "plcql_bench.algorithms", "plcql_bench.datasets", "plcql_bench.leaderboard")
 
@@ -112,23 +129,78 @@ def test_package_inits_import_nothing_of_ours():
         assert GRAPH[pkg] == [], pkg
 
 
-def test_module_level_imports_have_no_cycle():
-    graph = {m: {t for t, _, top in edges if top} for m, edges in GRAPH.items()}
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph (module -> modules it imports), or None."""
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
 
-    def visit(m: str, stack: list[str]) -> None:
+    def visit(m: str, stack: list[str]) -> list[str] | None:
         state[m] = 1
-        for t in sorted(graph[m]):
+        for t in sorted(graph.get(m, ())):
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
-                pytest.fail("module-level import cycle: " + " -> ".join(cycle))
-            if t not in state:
-                visit(t, stack + [t])
+                return stack[stack.index(t):] + [t]
+            if t not in state and (cycle := visit(t, stack + [t])):
+                return cycle
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+        if m not in state and (cycle := visit(m, [m])):
+            return cycle
+    return None
+
+
+def test_imports_have_no_cycle():
+    """Over every import, those inside functions too: a cycle closed by a lazy import is still a cycle."""
+    cycle = find_cycle({m: {t for t, _, _ in edges} for m, edges in GRAPH.items()})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from plcql_bench.datasets import build\n")
+    b.write_text("def f():\n    from plcql_bench.datasets import matd3\n")
+    graph = {"plcql_bench.datasets.matd3": {t for t, _, _ in imports("plcql_bench.datasets.matd3", a)},
+             "plcql_bench.datasets.build": {t for t, _, _ in imports("plcql_bench.datasets.build", b)}}
+    assert find_cycle(graph) == ["plcql_bench.datasets.build", "plcql_bench.datasets.matd3",
+                                 "plcql_bench.datasets.build"]
+    assert find_cycle({"x": {"y"}, "y": set()}) is None
+
+
+def lazy_imports(path: Path) -> list[tuple[str, int]]:
+    """(module named, line) for every import inside a function or class body of the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(n) for n in tree.body} | {id(n) for s in tree.body if isinstance(s, (ast.If, ast.Try))
+                                        for n in ast.walk(s)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+            if isinstance(node, ast.ImportFrom):
+                out.append(("." * node.level + (node.module or ""), node.lineno))
+            else:
+                out.extend((a.name, node.lineno) for a in node.names)
+    return out
+
+
+def lazy_reason(name: str) -> str | None:
+    keys = [k for k in LAZY if name == k or name.startswith(k + ".")]
+    return LAZY[max(keys, key=len)] if keys else None
+
+
+def test_imports_inside_functions_are_heavy_or_optional_packages_only():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in MODULES.values()
+           for name, line in lazy_imports(path) if lazy_reason(name) is None]
+    assert not bad, ("imports inside functions (move them to the top of the module, or name a heavy or optional "
+                     "package in LAZY with its reason):\n" + "\n".join(bad))
+
+
+def test_the_lazy_checker_sees_lazy_imports(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("import json\n\ndef f():\n    import jax\n    from plcql_bench.suite import runner\n"
+                   "    from . import tasks\n    import os.path\n")
+    found = lazy_imports(src)
+    assert found == [("jax", 4), ("plcql_bench.suite", 5), (".", 6), ("os.path", 7)]
+    assert [lazy_reason(n) is not None for n, _ in found] == [True, False, False, False]
+    assert lazy_reason("torch.utils.tensorboard") == LAZY["torch.utils.tensorboard"]
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

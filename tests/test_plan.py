@@ -374,7 +374,7 @@ def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_d
     """An estimate from recorded runtimes says which runs it came from (the same cell, the algorithm on the task,
     the algorithm elsewhere, anything); --finish-within gives a job priced only from other tasks no estimate,
     so it is left for later instead of being started and cut off."""
-    from plcql_bench.suite import calibration, cli as cli_module
+    from plcql_bench.suite import cli as cli_module
     from plcql_bench.suite.executors import Job
     from plcql_bench.suite.matrix import estimate_cells, resolve
 
@@ -391,7 +391,7 @@ def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_d
     assert all(estimates[c].source == "recorded" and estimates[c].seconds > 0 for c in cells.values())
     assert [basis for basis, c in cells.items() if estimates[c].weak] == ["algo", "any"]
 
-    monkeypatch.setattr(calibration, "calibration_for", lambda machine=None: empty)
+    monkeypatch.setattr(cli_module, "calibration_for", lambda machine=None: empty)  # as the CLI looks it up
     jobs = [Job(cell=c, profile=prof, data_dir=data, results_dir=results) for c in cells.values()]
     cli_module._set_estimates(jobs, prof, {"data_dir": data, "results_dir": results})
     priced = {basis: job.estimate_s is not None for basis, job in zip(cells, jobs)}

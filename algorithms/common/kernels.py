@@ -23,6 +23,7 @@ the algorithms.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Iterator
 
 import torch
@@ -386,8 +387,6 @@ def keep_freed_memory() -> None:
         return
     _MALLOC_TUNED = True
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD: glibc's maximum, 32 MiB
         libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never trim the heap top
@@ -414,8 +413,6 @@ def large_allocations_from_heap(on: bool = True) -> None:
     the runner sets it once for discrete tasks on CPU (suite/runner.py: configure_process), after
     `keep_freed_memory`; silently does nothing where glibc is not available."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
     except (OSError, AttributeError):
         pass

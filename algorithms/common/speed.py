@@ -13,9 +13,16 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common.stacked import SeedStack
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.datasets.format import synthetic_dataset
+from plcql_bench.suite import protocol
 
 
 class SyntheticBuffer:
@@ -49,8 +56,6 @@ class SyntheticBuffer:
 def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, device: str = "cpu"):
     """An EpisodeSampler over random SMAX-shaped episodes of the task's episode limit (for timing
     episode-batch algorithms: every batch is padded to the full limit, the worst case)."""
-    from plcql_bench.datasets.format import synthetic_dataset
-    from plcql_bench.datasets.episodes import EpisodeSampler
 
     arrays, _ = synthetic_dataset(spec, n_episodes=n_episodes, episode_len=spec.episode_limit, seed=seed)
     return EpisodeSampler(arrays, seed, device)
@@ -73,8 +78,6 @@ def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
     as the algorithm's batch_kind asks."""
     if batch_kind(cls) == "episodes":
         if _EPISODE_ARRAYS is not None:
-            from plcql_bench.datasets.episodes import EpisodeSampler
-
             return EpisodeSampler(_EPISODE_ARRAYS, seed, device)
         return synthetic_episodes(spec, max(8, min(128, size // max(spec.episode_limit, 1))), seed, device)
     return SyntheticBuffer(spec, size, device, seed)
@@ -203,7 +206,6 @@ def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_se
     alternation (A B, then B A, ...): {"separate": [...], "stacked": [...]}, one entry per timed pair. Their
     ratio separate/stacked is the stack's gain in runs per hour, for runs sharing one process's device.
     `count_ops`: also {"ops": {"separate": n, "stacked": m}}, the operators each dispatches (`dispatched_ops`)."""
-    from plcql_bench.algorithms.common.stacked import SeedStack
 
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     ov = dict(overrides)
@@ -248,9 +250,6 @@ def dispatched_ops(fn: Callable[[], Any]) -> int:
     the profiler's call tree: on a GPU each is about one kernel launch, so for rounds bound by the host
     issuing kernels this count is a proxy for their cost. (A matmul whose work runs in child operators is
     counted by its children.) The fused CF-CQL penalty runs as one block, as on a GPU (kernels.block_bytes)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from plcql_bench.algorithms.common import kernels
 
     cpu_blocks = kernels.BLOCK_BYTES
     kernels.BLOCK_BYTES = kernels.GPU_BLOCK_BYTES
@@ -290,7 +289,6 @@ def round_flops(algo, sample) -> float:
     matrix products it executes (mm, bmm, addmm, baddbmm and their in-place forms, forward and
     backward, recomputations included); elementwise work is not counted, so FLOPs / matmul_rate is
     a floor no implementation of the same arithmetic can beat on that machine."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     def bmm_(self_shape, b1, b2, *args, out_shape=None, **kwargs) -> int:
         return 2 * b1[0] * b1[1] * b1[2] * b2[2]
@@ -324,7 +322,6 @@ def time_evaluation(algo_name: str, task, overrides: dict[str, Any] | None = Non
     is run once untimed first (env construction, JAX compilation happen once per run too). An
     untrained policy's episodes can be shorter or longer than a trained one's where episodes end
     early (SMAX); MPE and Half-Cheetah episodes have a fixed length."""
-    from plcql_bench.suite import protocol
 
     timer = time.process_time if clock == "cpu" else time.perf_counter
     spec = task.spec

@@ -38,11 +38,11 @@ from torch.func import stack_module_state, vmap
 from plcql_bench.algorithms.base import Batch
 from plcql_bench.algorithms.common.continuous import CentralCriticAlgorithm, mean_metrics
 from plcql_bench.algorithms.common.rng import SeedGenerators
+from plcql_bench.algorithms.plcql import PLCQL
 
 
 def _round_kind(cls) -> str | None:
     """"backbone" or "plcql": whose round `cls.update` is; None when the stack has no round for it."""
-    from plcql_bench.algorithms.plcql import PLCQL
 
     if not (isinstance(cls, type) and issubclass(cls, CentralCriticAlgorithm)):
         return None

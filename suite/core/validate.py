@@ -22,6 +22,7 @@ import re
 import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+import yaml
 
 from plcql_bench.suite.core.errors import BenchError
 
@@ -61,7 +62,6 @@ def load_user_yaml(text: str, source: str) -> Any:
     """A YAML document a user wrote (a profile, a campaign), refusing aliases (``*name``): nothing such a
     file needs them for, and a few lines of nested aliases expand to billions of values. ConfigError
     naming ``source`` (and the line) on an alias or invalid YAML."""
-    import yaml
 
     class _NoAliases(yaml.SafeLoader):
         def compose_node(self, parent, index):
