@@ -54,9 +54,9 @@ def _trace_par(algo, monkeypatch):
         drawn.append((float(batch.next_state[0, 0]), aux["k"].clone()))
         return y, aux
 
-    def step(next_state, k, logp_old, r_par, m):
+    def step(next_state, k, logp_old, r_par, m, steps=None):
         updated.append((float(next_state[0, 0]), k.clone()))
-        return real_step(next_state, k, logp_old, r_par, m)
+        return real_step(next_state, k, logp_old, r_par, m, steps)
 
     monkeypatch.setattr(algo, "compute_target", target)
     monkeypatch.setattr(algo.par, "step", step)
