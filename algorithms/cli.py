@@ -37,6 +37,14 @@ from plcql_bench.suite.runner import configure_process
 from plcql_bench.suite.tasks import get_task, task_tiers
 
 
+@click.command("build-kernels")
+def build_kernels() -> None:
+    """Build the native (C) kernels now, outside any training run (`all` also builds them before it starts a
+    selection with discrete tasks); prints each kernel's library, or why the torch form will run instead."""
+    for name, where in native.build_all().items():
+        click.echo(f"{name}: {where}")
+
+
 @click.command("bench-speed")
 @click.option("--algo", "algos", multiple=True, help="Algorithm(s); default: all registered.")
 @click.option("--task", "tasks", multiple=True, default=("mpe-cn",), show_default=True)

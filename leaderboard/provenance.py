@@ -84,6 +84,8 @@ def _hardware(rec) -> str:
         where = h.get("gpu") or h.get("cpu") or "?"
         where += f" ({h['cpu_isa']})" if h.get("cpu_isa") and not h.get("gpu") else ""
         label = f"{h.get('device', '?')}: {where}" + (f", {h['torch_threads']} torch thread(s)" if h.get("torch_threads") else "")
+        if isinstance(h.get("kernels"), dict):  # older runs did not record their kernels
+            label += f", kernels {h['kernels'].get('choice', '?')}"
         return label + _device_changes(rec.train.get("devices") or [])
     torch = rec.versions.get("torch", "")
     return f"not recorded (torch {torch})" if torch else "not recorded"

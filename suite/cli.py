@@ -8,6 +8,7 @@ import re
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import click
@@ -18,7 +19,8 @@ from plcql_bench.suite.api import DATA_ENV, RESULTS_ENV  # the Python API reads 
 from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench import __version__
-from plcql_bench.algorithms.cli import bench_speed
+from plcql_bench.algorithms.cli import bench_speed, build_kernels
+from plcql_bench.algorithms.common import native
 from plcql_bench.datasets.cli import datasets
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.leaderboard.build import build
@@ -64,6 +66,7 @@ from plcql_bench.suite.profiles import load_profile
 from plcql_bench.suite.regress import regress
 from plcql_bench.suite.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
 from plcql_bench.suite.stacking import stack_groups
+from plcql_bench.suite.tasks import get_task
 from plcql_bench.suite.tracking import check_available
 from plcql_bench.suite.versions import git_commit, package_versions
 
@@ -319,6 +322,7 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     data_root = data_profile_dir(obj["data_dir"], prof)
     # A missing dataset is built by the job of its first cell, just before it trains (preflight.ensure_dataset):
     # the queue's first cells do not wait for every dataset of the selection.
+    _build_native_kernels(cells)
     problems, deferred = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof, data_root,
                                                     build_missing, click.echo)
     token = uuid.uuid4().hex
@@ -402,6 +406,19 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
 
 
 DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
+
+
+def _build_native_kernels(cells) -> None:
+    """The discrete networks' native (C) kernels, built here once before any run starts (not inside a training
+    process); where they cannot be built, one line says the torch form runs instead."""
+    if not native.enabled() or not any(get_task(c.task).spec.discrete for c in cells):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # said once below instead of once per kernel
+        built = native.build_all()
+    missing = [name for name in built if name not in native.loaded()]
+    if missing:
+        click.echo(f"note: native kernels {', '.join(missing)} {built[missing[0]]}", err=True)
 
 
 def _records_failure(status_file: Path | None) -> bool:
@@ -780,7 +797,7 @@ leaderboard.params.insert(0, _dir_option("--results-dir", "results_dir", "--resu
 
 def _register_subcommands() -> None:
     """Command groups that live next to what they drive."""
-    for group in (datasets, bench_speed, regress, campaign):
+    for group in (datasets, bench_speed, build_kernels, regress, campaign):
         cli.add_command(group)
 
 

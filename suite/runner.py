@@ -275,12 +275,18 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
         kernels.large_allocations_from_heap(discrete)
 
 
-def _kernels_label() -> str:
-    """The kernels a run's log names: fused or plain, and whether the native (C) kernels may be used
-    (PLCQL_NATIVE; where no compiler is present they fall back to torch, with one warning on stderr)."""
-    if not kernels.fused_default():
-        return "plain"
-    return "fused" + (" (native on)" if native.enabled() else " (native off: PLCQL_NATIVE)")
+def kernel_choice(stacked: bool = False) -> dict:
+    """The kernels a run used, as its log line and final.json (`hardware.kernels`) record them: `choice` plain,
+    fused, or native (fused, with the C kernels allowed), from PLCQL_KERNELS and PLCQL_NATIVE (a seed stack's
+    critic takes the plain kernels); `native_loaded`: the C kernels this process loaded (none where no compiler
+    is present: the torch form then runs, with one warning). Not part of the run key, like the device and the
+    thread count: the forms agree within tests/test_speed_equivalence.py's and tests/test_native.py's
+    tolerances."""
+    if stacked or not kernels.fused_default():
+        choice = "plain"
+    else:
+        choice = "native" if native.enabled() else "fused"
+    return {"choice": choice, "native_loaded": native.loaded()}
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
@@ -313,7 +319,7 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
-            f"torch threads {torch.get_num_threads()} kernels {_kernels_label()}")
+            f"torch threads {torch.get_num_threads()} kernels {kernel_choice()['choice']}")
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
@@ -368,10 +374,11 @@ def _set_aside_rejected_final(plan: RunPlan, log) -> None:
         log(f"final.json is not a valid result of this run ({problem}); kept as final.json.rejected, training")
 
 
-def _validated(result: dict, device: str) -> dict:
-    """The result as the one schema (suite/core/schema.py) states it, with the hardware it ran on; an
-    inconsistent result raises here, so it is recorded as failed, never as done."""
-    return RunRecord.from_json({**result, "hardware": hardware_info(device)}).to_json()
+def _validated(result: dict, device: str, stacked: bool = False) -> dict:
+    """The result as the one schema (suite/core/schema.py) states it, with the hardware and the kernels it ran
+    on; an inconsistent result raises here, so it is recorded as failed, never as done."""
+    hardware = {**hardware_info(device), "kernels": kernel_choice(stacked)}
+    return RunRecord.from_json({**result, "hardware": hardware}).to_json()
 
 
 LOCK_GRACE_S = 2.0  # how long a starting run waits for a lock held by someone else

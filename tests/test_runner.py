@@ -80,3 +80,23 @@ def test_corrupt_dataset_leaves_no_run_directory(setup):
     with pytest.raises(Exception, match="random.h5"):
         execute(plan, log=lambda *_: None)
     assert not plan.run_dir.exists()
+
+
+def test_final_json_records_the_kernels_outside_the_run_key(setup, monkeypatch):
+    """The kernel choice (PLCQL_KERNELS, PLCQL_NATIVE) is in final.json's hardware record; the run key, which
+    names the result, is the same whichever form ran."""
+    tmp, profile = setup
+    choices, keys = {}, set()
+    for results, env in (("a", {}), ("b", {"PLCQL_KERNELS": "plain"}), ("c", {"PLCQL_NATIVE": "0"})):
+        for name in ("PLCQL_KERNELS", "PLCQL_NATIVE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        plan = _plan(tmp, profile, results=results)
+        logs: list[str] = []
+        out = execute(plan, log=logs.append)
+        choices[results] = out["hardware"]["kernels"]["choice"]
+        assert json.loads(plan.final_path.read_text())["hardware"]["kernels"] == out["hardware"]["kernels"]
+        assert any(f"kernels {choices[results]}" in line for line in logs)
+        keys.add(plan.run_key)
+    assert choices == {"a": "native", "b": "plain", "c": "fused"} and len(keys) == 1
