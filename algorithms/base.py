@@ -296,7 +296,7 @@ SWEEPS: dict[bool, dict[str, type]] = {False: {}, True: {}}
 def _register_sweep(name: str) -> dict[bool, type]:
     """{discrete: class} of the sweep variant `name` (each action kind its base has the field for), made
     now; {} when `name` names no sweep. Its value applies after the task's and the profile's config
-    (suite/runner.py: resolve_config), as `--set` does, so a field the task tables set still varies."""
+    (suite/runs/runner.py: resolve_config), as `--set` does, so a field the task tables set still varies."""
     parsed = parse_sweep_name(name)
     if parsed is None:
         return {}

@@ -20,7 +20,7 @@
 # the rest of phase 1 is PLCQL and SPaCQL on the four World rows (5,001 rounds a run, ~80 min each at 1 thread
 # on the development VM). On the GPU as stacks of 3 seeds (all 8 stacks at once), DoF on the MPE rows (phase 1's
 # next algorithm) on the cores. Carry no partial World run: a cell's seeds at different rounds train one stack
-# after the other, the lowest round first (suite/stacking.py), so a carried seed would wait behind its cell's
+# after the other, the lowest round first (suite/runs/stacking.py), so a carried seed would wait behind its cell's
 # fresh ones; the loan trains all three from the start, and --take-back keeps whichever copy got further.
 # Carrying [".wheels"]:
 #   LIMIT=500 PER_GPU=4 CPU_JOBS=7 STACK=3 \
@@ -218,14 +218,14 @@ if [[ -d .wheels ]]; then
 fi
 # MPE imports pygame only to draw; without it (its wheel would put the trip over 64 MiB) a render-only stub.
 python3 -c "import pygame" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$ROOT/ci/loan_stubs"
-BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
+BENCH=(python3 -m plcql_bench.suite.commands.main --data-dir "$DATA" --results-dir "$RESULTS")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 # Fail fast (a lent minute is precious): the CLI and the MPE env must import.
-python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
+python3 -c "import plcql_bench.suite.commands.main, mpe2" || { log "imports failed"; exit 2; }
 # PROFILE may be a built-in name or a .yaml path; runs and datasets live under the profile's own name.
 PROFILE_NAME=$(python3 -c 'import sys
-from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runs.profiles import load_profile
 from plcql_bench.suite.core.errors import BenchError
 try:
     print(load_profile(sys.argv[1]).name)

@@ -12,8 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from plcql_bench.suite.matrix import expand_sweeps, parse_sweeps, resolve, select_cells
-from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runs.matrix import expand_sweeps, parse_sweeps, resolve, select_cells
+from plcql_bench.suite.runs.profiles import load_profile
 
 # variants made from a name alone (algorithms/base.py: sweeps), one per action kind and value type
 SWEEPS = ("plcql.temperature=0.5,2", "cfcql.cql_alpha=0.1", "plcql.fixed_k=uniform")

@@ -35,7 +35,7 @@ from plcql_bench.datasets.generations import generation
 from plcql_bench.suite.core.spec import Policy
 from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir, load_actor, noisy_policy, resolve_replay
 from plcql_bench.datasets.recipes import Behaviour, recipe_for
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 GENERATOR_VERSION = "plcql-bench-collect-1"
 

@@ -27,10 +27,10 @@ from plcql_bench.datasets.behaviour import (
     behaviour_for,
     references_for,
 )
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.spec import Policy, Task
-from plcql_bench.suite.tasks import ALL_TIERS, get_task
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 from plcql_bench.datasets import scripted
 from plcql_bench.datasets.behaviour import replay_part_policy, unavailable
 from plcql_bench.datasets.imported import _episode_next_actions

@@ -27,8 +27,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-import h5py
 
+import h5py
 import numpy as np
 
 from plcql_bench.suite.core.spec import TaskSpec

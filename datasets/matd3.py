@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from plcql_bench.datasets.generations import prey_for
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 TRAINER_VERSION = "plcql-bench-matd3-1"
 ASSETS_DIR = Path(__file__).resolve().parent / "assets" / "behaviour"

@@ -36,8 +36,8 @@ from plcql_bench.datasets.matd3 import (
     noisy_policy,
     replay_parts,
 )
-from plcql_bench.suite import protocol
-from plcql_bench.suite.tasks import ALL_TIERS, get_task
+from plcql_bench.suite.envs import protocol
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
 # Noise levels tried per task (default: the trainer's exploration noise only).
 NOISES: dict[tuple[str, str], tuple[float, ...]] = {

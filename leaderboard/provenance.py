@@ -15,7 +15,7 @@ from plcql_bench.leaderboard.cells import Cell, format_score
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
 from plcql_bench.suite.core.schema import device_kind, run_seconds
 from plcql_bench.datasets.cards import CARDS_DIR
-from plcql_bench.suite.versions import TRACKED
+from plcql_bench.suite.runs.versions import TRACKED
 
 __all__ = ["load_cards", "dataset_cards", "run_rows", "build_provenance", "short_commit"]
 

@@ -14,7 +14,7 @@ from plcql_bench.algorithms.common.checkpoint import Checkpointable
 
 ROOT = Path(__file__).resolve().parent.parent
 # The modules that drive algorithms, and the names an algorithm object or class has there.
-DRIVERS = ("suite/runner.py", "suite/stacking.py")
+DRIVERS = ("suite/runs/runner.py", "suite/runs/stacking.py")
 ALGO_NAMES = {"algo", "cls"}
 
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from plcql_bench.algorithms.common.speed import paired_ratio
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 
 
 def test_paired_ratio_recovers_a_known_ratio_and_brackets_it():
@@ -88,7 +88,7 @@ def test_bench_speed_times_episode_algorithms_on_a_dataset_s_episodes(tmp_path):
     """--episodes-from: the header gives the file's episode lengths, the round is timed on its batches;
     a file of another task, or several tasks, is refused in one line."""
     from plcql_bench.datasets.format import synthetic_dataset, write_dataset
-    from plcql_bench.suite.tasks import get_task
+    from plcql_bench.suite.envs.tasks import get_task
 
     spec = get_task("smax-2s3z").spec
     arrays, attrs = synthetic_dataset(spec, n_episodes=6, episode_len=7)

@@ -32,7 +32,7 @@ algo_overrides: {batch_size: 128}
 
 
 def cli(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp / "data"),
+    cmd = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp / "data"),
            "--results-dir", str(tmp / "results"), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:

@@ -1,7 +1,9 @@
 """The package layers import downward only (docs/architecture.md):
 
-    core (suite/core) <- envs (suite/envs, suite/tasks.py, suite/protocol.py) <- datasets <- algorithms
-        <- runner (the rest of suite/) <- leaderboard <- CLI (suite/cli.py, datasets/cli.py, algorithms/cli.py)
+    core (suite/core) <- envs (suite/envs) <- datasets <- algorithms <- runner (suite/runs) <- leaderboard
+        <- CLI (suite/commands)
+
+Inside suite/ each of its four layers is one folder, and every click command is in the CLI's.
 
 Every import of one of our modules counts, also one inside a function: a lazy import is still a
 dependency. A module may import its own layer or any layer below it; no module may import a layer
@@ -17,8 +19,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 # import name -> folder (pyproject's package-dir)
 PACKAGES = {"plcql_bench": ROOT / "suite" / "_root", "plcql_bench.suite": ROOT / "suite",
@@ -28,13 +28,14 @@ PACKAGES = {"plcql_bench": ROOT / "suite" / "_root", "plcql_bench.suite": ROOT /
 # Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("plcql_bench", "plcql_bench.suite.core")),
-    ("envs", ("plcql_bench.suite.envs", "plcql_bench.suite.tasks", "plcql_bench.suite.protocol")),
+    ("envs", ("plcql_bench.suite.envs",)),
     ("datasets", ("plcql_bench.datasets",)),
     ("algorithms", ("plcql_bench.algorithms",)),
-    ("runner", ("plcql_bench.suite",)),
+    ("runner", ("plcql_bench.suite.runs",)),
     ("leaderboard", ("plcql_bench.leaderboard",)),
-    ("cli", ("plcql_bench.suite.cli", "plcql_bench.datasets.cli", "plcql_bench.algorithms.cli")),
+    ("cli", ("plcql_bench.suite.commands",)),
 ]
+SUITE_LAYERS = ("core", "envs", "runs", "commands")  # suite/'s folders, one per layer, in order
 # The only packages imported inside a function (longest dotted prefix wins), and why.
 LAZY = {
     "torch": "heavy (about 1.5 s): datasets/ and suite/ modules that use it in one function stay light without it",
@@ -48,10 +49,11 @@ LAZY = {
     "pandas": "heavy: only the Python API's results_frame builds a DataFrame",
     "scipy": "heavy: only the leaderboard's statistical tests", "rliable": "heavy: only the leaderboard's intervals",
     "resource": "Unix only: datasets/format.py reads the memory limit where the module exists",
-    "utils": "the official code's own module (suite/reference_score.py), on sys.path only while it runs",
+    "utils": "the official code's own module (suite/runs/reference_score.py), on sys.path only while it runs",
 }
 # Package __init__ files that only name their package (a docstring); importing a submodule runs them.
-DOC_ONLY = ("plcql_bench.suite", "plcql_bench.algorithms", "plcql_bench.datasets", "plcql_bench.leaderboard")
+DOC_ONLY = ("plcql_bench.suite", "plcql_bench.suite.core", "plcql_bench.suite.envs", "plcql_bench.suite.runs",
+            "plcql_bench.suite.commands", "plcql_bench.algorithms", "plcql_bench.datasets", "plcql_bench.leaderboard")
 
 
 def layer_of(module: str) -> int:
@@ -122,6 +124,35 @@ def test_imports_go_downward_only():
                 upward.append(f"{MODULES[m].relative_to(ROOT)}:{line}: {m} ({LAYERS[layer_of(m)][0]}) imports "
                               f"{target} ({LAYERS[layer_of(target)][0]})")
     assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_suite_folders_are_its_layers_in_order():
+    """Drawn by folder, suite/ is its four layers, each a folder of its own (no module left beside them), and
+    their order is the layers' order."""
+    loose = [m for m in MODULES if m.startswith("plcql_bench.suite.") and m.split(".")[2] not in SUITE_LAYERS]
+    assert not loose, f"modules of suite/ in no layer folder: {loose}"
+    order = [layer_of(f"plcql_bench.suite.{folder}") for folder in SUITE_LAYERS]
+    assert order == sorted(order) and len(set(order)) == len(order)
+
+
+def click_commands(path: Path) -> list[int]:
+    """Lines of the click commands and groups a file defines (decorated with click.command/group or
+    <group>.command/group)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                if isinstance(f, ast.Attribute) and f.attr in ("command", "group"):
+                    out.append(node.lineno)
+    return out
+
+
+def test_every_click_command_is_in_the_cli_layer():
+    outside = [f"{path.relative_to(ROOT)}:{line}" for m, path in MODULES.items()
+               if not m.startswith("plcql_bench.suite.commands") for line in click_commands(path)]
+    assert not outside, "click commands outside suite/commands/: " + ", ".join(outside)
+    assert click_commands(MODULES["plcql_bench.suite.commands.campaign"])  # the reader finds them
 
 
 def test_package_inits_import_nothing_of_ours():
@@ -195,10 +226,10 @@ def test_imports_inside_functions_are_heavy_or_optional_packages_only():
 
 def test_the_lazy_checker_sees_lazy_imports(tmp_path):
     src = tmp_path / "x.py"
-    src.write_text("import json\n\ndef f():\n    import jax\n    from plcql_bench.suite import runner\n"
+    src.write_text("import json\n\ndef f():\n    import jax\n    from plcql_bench.suite.runs import runner\n"
                    "    from . import tasks\n    import os.path\n")
     found = lazy_imports(src)
-    assert found == [("jax", 4), ("plcql_bench.suite", 5), (".", 6), ("os.path", 7)]
+    assert found == [("jax", 4), ("plcql_bench.suite.runs", 5), (".", 6), ("os.path", 7)]
     assert [lazy_reason(n) is not None for n, _ in found] == [True, False, False, False]
     assert lazy_reason("torch.utils.tensorboard") == LAZY["torch.utils.tensorboard"]
 
@@ -207,9 +238,9 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     """The graph reader finds lazy and relative imports (a checker that reads nothing passes anything)."""
     src = tmp_path / "x.py"
     src.write_text("from . import runner\n\ndef f():\n    from plcql_bench.leaderboard import build\n")
-    found = imports("plcql_bench.suite.x", src)
-    assert ("plcql_bench.suite.runner", 1, True) in found
+    found = imports("plcql_bench.suite.runs.x", src)
+    assert ("plcql_bench.suite.runs.runner", 1, True) in found
     assert ("plcql_bench.leaderboard.build", 4, False) in found
-    assert layer_of("plcql_bench.leaderboard.build") > layer_of("plcql_bench.suite.runner") > layer_of(
+    assert layer_of("plcql_bench.leaderboard.build") > layer_of("plcql_bench.suite.runs.runner") > layer_of(
         "plcql_bench.algorithms.cfcql") > layer_of("plcql_bench.datasets.format") > layer_of(
         "plcql_bench.suite.envs.mpe") > layer_of("plcql_bench.suite.core.spec")

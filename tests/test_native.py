@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common import native
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 
 HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")

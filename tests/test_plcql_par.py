@@ -13,7 +13,7 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
 from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse, par_reward_terms
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 from plcql_bench.suite.core.schema import CURVE_KEYS, float32_digits
 from plcql_bench.suite.core.spec import TaskSpec
 

@@ -9,9 +9,9 @@ import pytest
 from crash import interrupt_on_call
 from unit_runs import profile_with_dataset
 
-from plcql_bench.suite import runner
+from plcql_bench.suite.runs import runner
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 
 PROFILE = """
 name: unit

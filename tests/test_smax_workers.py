@@ -11,7 +11,7 @@ pytest.importorskip("jaxmarl")
 from plcql_bench.datasets import format as fmt  # noqa: E402
 from plcql_bench.datasets import smax_collect as sc  # noqa: E402
 from plcql_bench.datasets import smax_tiers  # noqa: E402
-from plcql_bench.suite.tasks import get_task  # noqa: E402
+from plcql_bench.suite.envs.tasks import get_task  # noqa: E402
 
 TASK = "smax-2s3z"
 

@@ -1,4 +1,4 @@
-"""Seed stacks (algorithms/common/stacked.py, suite/stacking.py, `all --stack S`): S seeds trained in one
+"""Seed stacks (algorithms/common/stacked.py, suite/runs/stacking.py, `all --stack S`): S seeds trained in one
 process as stacked models give each seed its separate run's result, and the store keeps each seed a run
 of its own.
 
@@ -25,8 +25,8 @@ from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
 from plcql_bench.suite.core.spec import TaskSpec
-from plcql_bench.suite.runner import Cell, execute, plan_run
-from plcql_bench.suite.stacking import execute_stack, stack_groups
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.stacking import execute_stack, stack_groups
 
 torch.set_num_threads(1)
 
@@ -260,7 +260,7 @@ def test_stack_groups_keep_other_algorithms_alone(setup):
 def test_all_with_stack_trains_each_seed_as_its_own_run(setup):
     from click.testing import CliRunner
 
-    from plcql_bench.suite.cli import cli
+    from plcql_bench.suite.commands.main import cli
 
     tmp, profile = setup
     args = ["--data-dir", str(tmp / "data"), "--results-dir", str(tmp / "results"), "all", "--profile",

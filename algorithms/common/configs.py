@@ -25,7 +25,7 @@ from plcql_bench.suite.core.spec import TaskSpec
 from plcql_bench.suite.core.validate import ConfigError, unknown_key
 from plcql_bench.algorithms.base import all_algorithm_classes
 from plcql_bench.suite.core.validate import config_fields
-from plcql_bench.suite.tasks import ALL_TIERS, known_task_ids
+from plcql_bench.suite.envs.tasks import ALL_TIERS, known_task_ids
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 

@@ -9,7 +9,7 @@ behind the same switch.
                   (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
     _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
     keep_freed_memory, large_allocations_from_heap
-                  the glibc allocator settings the runner makes once per process (suite/runner.py)
+                  the glibc allocator settings the runner makes once per process (suite/runs/runner.py)
 
 Switch: `use_fused(False)` (the runner: PLCQL_KERNELS=plain; `fused_kernels(False)` for a block) makes
 every network built afterwards take the plain path. On by default: on CPU the fused path is the faster
@@ -410,7 +410,7 @@ _M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
 
 def large_allocations_from_heap(on: bool = True) -> None:
     """Serve large allocations from the heap (True) or with glibc's default mmap (False). Process-wide:
-    the runner sets it once for discrete tasks on CPU (suite/runner.py: configure_process), after
+    the runner sets it once for discrete tasks on CPU (suite/runs/runner.py: configure_process), after
     `keep_freed_memory`; silently does nothing where glibc is not available."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)

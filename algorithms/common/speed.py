@@ -22,7 +22,7 @@ from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common.stacked import SeedStack
 from plcql_bench.datasets.episodes import EpisodeSampler
 from plcql_bench.datasets.format import synthetic_dataset
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 
 
 class SyntheticBuffer:

@@ -13,6 +13,28 @@ import sys
 # old import name -> the module that holds its code now
 MOVED = {
     "plcql_bench.algorithms.common.protocol": "plcql_bench.algorithms.common.checkpoint",
+    # suite/ by layer (envs/, runs/, commands/), every click command under commands/ (issue 56)
+    "plcql_bench.suite.tasks": "plcql_bench.suite.envs.tasks",
+    "plcql_bench.suite.protocol": "plcql_bench.suite.envs.protocol",
+    "plcql_bench.suite.api": "plcql_bench.suite.runs.api",
+    "plcql_bench.suite.calibration": "plcql_bench.suite.runs.calibration",
+    "plcql_bench.suite.campaign": "plcql_bench.suite.runs.campaign",
+    "plcql_bench.suite.executors": "plcql_bench.suite.runs.executors",
+    "plcql_bench.suite.export": "plcql_bench.suite.runs.export",
+    "plcql_bench.suite.matrix": "plcql_bench.suite.runs.matrix",
+    "plcql_bench.suite.preflight": "plcql_bench.suite.runs.preflight",
+    "plcql_bench.suite.reference_score": "plcql_bench.suite.runs.reference_score",
+    "plcql_bench.suite.reference_speed": "plcql_bench.suite.runs.reference_speed",
+    "plcql_bench.suite.regress": "plcql_bench.suite.runs.regress",
+    "plcql_bench.suite.runner": "plcql_bench.suite.runs.runner",
+    "plcql_bench.suite.stacking": "plcql_bench.suite.runs.stacking",
+    "plcql_bench.suite.tracking": "plcql_bench.suite.runs.tracking",
+    "plcql_bench.suite.versions": "plcql_bench.suite.runs.versions",
+    "plcql_bench.suite.profiles": "plcql_bench.suite.runs.profiles",
+    "plcql_bench.suite.cli": "plcql_bench.suite.commands.main",
+    "plcql_bench.suite.clitypes": "plcql_bench.suite.commands.clitypes",
+    "plcql_bench.datasets.cli": "plcql_bench.suite.commands.datasets",
+    "plcql_bench.algorithms.cli": "plcql_bench.suite.commands.bench",
 }
 
 

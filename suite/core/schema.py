@@ -37,7 +37,7 @@ __all__ = [
 RESULT_SCHEMA_VERSION = 1
 SCORE_NAMES = ("normalised", "win_rate")
 WIN_RATE_DOMAINS = ("smax", "smac")
-# What a run key hashes (suite/runner.py: plan_run builds the same dict).
+# What a run key hashes (suite/runs/runner.py: plan_run builds the same dict).
 IDENTITY_FIELDS = ("algo", "config", "task", "dataset", "dataset_sha256", "seed", "profile", "budget",
                    "protocol_version")
 RUN_DIR = re.compile(r"seed(\d+)-([0-9a-f]+)")

@@ -1,6 +1,6 @@
 """Typed validation of what a user configures: algorithm config fields (from an algorithm's
 defaults, algorithms/configs/*.yaml, a profile's ``algo_overrides`` and ``--set``) and the small
-building blocks the profile schema (suite/profiles) uses.
+building blocks the profile schema (suite/runs/profiles) uses.
 
 Every error is a :class:`ConfigError` (a BenchError: one line, exit status 2) of the form
 ``<where>: <field>: <problem>``, where ``where`` names the file or the flag. Validation never
@@ -22,6 +22,7 @@ import re
 import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+
 import yaml
 
 from plcql_bench.suite.core.errors import BenchError

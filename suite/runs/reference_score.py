@@ -1,9 +1,9 @@
 """The official OMAR, CFCQL or MACQL code trained on this suite's CN, PP or World dataset and scored with this
 suite's protocol.
 
-    python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
-    python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
-    python -m plcql_bench.suite.reference_score --macql PATH --tier medium     (PATH: the thu-rllab/CFCQL checkout)
+    python -m plcql_bench.suite.runs.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.runs.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.runs.reference_score --macql PATH --tier medium     (PATH: the thu-rllab/CFCQL checkout)
 
 It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
@@ -51,13 +51,13 @@ import numpy as np
 import torch
 
 from plcql_bench.suite.core import official
-from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
+from plcql_bench.suite.runs.reference_speed import cpu_shims, load_official_omar
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import card_scoring, dataset_identity
 from plcql_bench.datasets.format import load_dataset
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
+from plcql_bench.suite.envs.tasks import get_task
 
 # main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
 OMAR_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,

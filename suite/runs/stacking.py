@@ -32,10 +32,10 @@ import torch
 
 from plcql_bench.algorithms.base import get_algorithm
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
-from plcql_bench.suite import runner as R
+from plcql_bench.suite.runs import runner as R
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.store import atomic_write_json, read_json
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 
 def can_stack(cell) -> bool:

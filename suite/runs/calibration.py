@@ -1,6 +1,6 @@
 """Measured costs per machine, and the cost of a cell from them (`plan`'s estimate).
 
-A calibration file (JSON, `suite/calibrations/<machine>.json`, or any path) holds, per algorithm
+A calibration file (JSON, `suite/runs/calibrations/<machine>.json`, or any path) holds, per algorithm
 and task, the cost of one update round and of one evaluation:
 
     {"machine": "cpu-dev-2core", "description": "...", "device": "cpu", "torch_threads": 1,
@@ -19,7 +19,7 @@ task's reference config, evaluations with the untrained policy). A cell's cost i
 
     rounds_left * round_ms + (evaluations left) * eval_s(eval_episodes) + eval_s(final_eval_episodes)
 
-with one evaluation at round 0 and every `eval_every` rounds (suite/runner.py).
+with one evaluation at round 0 and every `eval_every` rounds (suite/runs/runner.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DEFAULT_MACHINE = "cpu-dev-2core"
 
 
 def calibrations_dir() -> Path:
-    return Path(str(resources.files("plcql_bench.suite").joinpath("calibrations")))
+    return Path(str(resources.files("plcql_bench.suite.runs").joinpath("calibrations")))
 
 
 def known_machines() -> list[str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime
 import functools
-import statistics
-import numpy as np
 import os
 import platform
+import statistics
 
 import click
+import numpy as np
 import torch
 
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all
@@ -29,12 +29,12 @@ from plcql_bench.algorithms.common.speed import (
 )
 from plcql_bench.algorithms.common.stacked import stackable
 from plcql_bench.datasets.format import DatasetError, load_dataset
-from plcql_bench.suite.calibration import calibrations_dir, save_calibration
+from plcql_bench.suite.runs.calibration import calibrations_dir, save_calibration
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.validate import did_you_mean
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import configure_process
-from plcql_bench.suite.tasks import get_task, task_tiers
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import configure_process
+from plcql_bench.suite.envs.tasks import get_task, task_tiers
 
 
 @click.command("build-kernels")
@@ -61,7 +61,7 @@ def build_kernels() -> None:
 @click.option("--calibrate", "machine", default=None, metavar="MACHINE",
               help="Measure round and evaluation costs of every algorithm x task of --profile's matrix "
                    "(or --algo/--task) and write the calibration `plan` reads: "
-                   "suite/calibrations/MACHINE.json, or --out.")
+                   "suite/runs/calibrations/MACHINE.json, or --out.")
 @click.option("--profile", default="paper", show_default=True, help="With --calibrate: whose matrix.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="With --calibrate: the file.")
 @click.option("--description", default="", help="With --calibrate: what machine this is.")
@@ -266,7 +266,7 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
 def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device, clock, out, description,
               seconds) -> None:
     """bench-speed --calibrate: round and evaluation costs per algorithm x task, written (merged)
-    into a calibration file (suite/calibration.py)."""
+    into a calibration file (suite/runs/calibration.py)."""
 
     prof = load_profile(profile)
     check_algo_names(algos)

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Iterable
 
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.profiles import Profile
+from plcql_bench.suite.runs.profiles import Profile
 from plcql_bench.suite.core.store import read_json
 from plcql_bench.suite.core.validate import did_you_mean
 from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import committed_entry
 from plcql_bench.datasets.format import DatasetError
-from plcql_bench.suite.calibration import cell_cost
+from plcql_bench.suite.runs.calibration import cell_cost
 from plcql_bench.suite.core.schema import (
     RecordError,
     check_location,
@@ -41,8 +41,8 @@ from plcql_bench.suite.core.schema import (
     scan_records,
 )
 from plcql_bench.suite.core.validate import check_config, unknown_key
-from plcql_bench.suite.runner import Cell, data_profile_dir, plan_run, resolve_config
-from plcql_bench.suite.tasks import task_tiers
+from plcql_bench.suite.runs.runner import Cell, data_profile_dir, plan_run, resolve_config
+from plcql_bench.suite.envs.tasks import task_tiers
 
 # --only keys, with the aliases users type (`dataset`: the tier's old spelling).
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
@@ -385,7 +385,7 @@ class Estimate:
 def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
                    calib: dict | None = None) -> list[Estimate]:
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
-    and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
+    and evaluation costs per algo x task, suite/runs/calibration.py) when it has the cell's algo x task,
     else from recorded runtimes: the median seconds per update of the profile's finished runs trained
     wholly on the calibration's kind of device, with the same (algo, task, tier), else (algo, task),
     else algo, else any run, times the updates left (the level used is the estimate's `basis`).

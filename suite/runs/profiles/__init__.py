@@ -15,10 +15,10 @@ import yaml
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.validate import (ConfigError, config_fields, did_you_mean, excerpt, field_problem, is_int,
                                              load_user_yaml, unknown_key)
-from plcql_bench.suite.tasks import known_task_ids
+from plcql_bench.suite.envs.tasks import known_task_ids
 from plcql_bench.algorithms.base import all_algorithm_classes
 from plcql_bench.datasets.generations import DEFAULT_GENERATION, GENERATIONS
-from plcql_bench.suite.tasks import ALL_TIERS, get_task
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def builtin_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A built-in profile by name or a YAML file, validated (suite/profiles: SCHEMA); BenchError
+    """A built-in profile by name or a YAML file, validated (suite/runs/profiles: SCHEMA); BenchError
     ``<file>: <field>: <problem>`` on anything malformed, before anything is written."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.is_file():

@@ -1,6 +1,6 @@
 """The suite from Python: load a dataset tier as arrays, train one run, read every result as a DataFrame.
 
-    from plcql_bench.suite import api
+    from plcql_bench.suite.runs import api
 
     data = api.load_dataset("mpe-cn", "random", profile="smoke")    # built first when missing
     data.arrays["obs"]                                              # numpy, [transitions, agents, obs_dim]
@@ -29,14 +29,14 @@ from plcql_bench.datasets import format as fmt, manifest
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import run_seconds
 from plcql_bench.suite.core.store import read_json
-from plcql_bench.suite.executors import _RunLog
-from plcql_bench.suite.export import COLUMNS, select_runs, tidy_rows
-from plcql_bench.suite.matrix import parse_only
-from plcql_bench.suite.preflight import ensure_dataset, forget_build_failures
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import Cell, check_dataset_identity, data_profile_dir, execute, plan_run, resolve_config
-from plcql_bench.suite.tasks import get_task
-from plcql_bench.suite.tracking import check_available
+from plcql_bench.suite.runs.executors import _RunLog
+from plcql_bench.suite.runs.export import COLUMNS, select_runs, tidy_rows
+from plcql_bench.suite.runs.matrix import parse_only
+from plcql_bench.suite.runs.preflight import ensure_dataset, forget_build_failures
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, check_dataset_identity, data_profile_dir, execute, plan_run, resolve_config
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.tracking import check_available
 
 DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
@@ -97,7 +97,7 @@ def train(algo: str, task: str, dataset: str, seed: int = 0, profile: str = "smo
     """Train and evaluate one cell, as `plcql-bench run` does (its dataset built first when missing); a
     finished run is not trained again. Returns the run's final.json record. ``overrides``: config fields,
     as `run --set` (checked the same way); ``log``: each line of the run's log (run.log gets them too);
-    ``trackers``: ("tensorboard", "wandb"), as `run --log` (suite/tracking.py)."""
+    ``trackers``: ("tensorboard", "wandb"), as `run --log` (suite/runs/tracking.py)."""
 
     prof = load_profile(profile)
     cell = Cell(algo, task, dataset, int(seed))

@@ -15,13 +15,13 @@ import click
 import torch
 from tqdm import tqdm
 
-from plcql_bench.suite.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
-from plcql_bench.suite.clitypes import DURATION
+from plcql_bench.suite.runs.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
+from plcql_bench.suite.commands.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench import __version__
-from plcql_bench.algorithms.cli import bench_speed, build_kernels
+from plcql_bench.suite.commands.bench import bench_speed, build_kernels
 from plcql_bench.algorithms.common import native
-from plcql_bench.datasets.cli import datasets
+from plcql_bench.suite.commands.datasets import datasets
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.leaderboard.build import build
 from plcql_bench.leaderboard.site import (
@@ -32,13 +32,13 @@ from plcql_bench.leaderboard.site import (
     committed_results,
     shown,
 )
-from plcql_bench.suite import preflight
-from plcql_bench.suite.calibration import calibration_for, makespan
-from plcql_bench.suite.campaign import campaign
+from plcql_bench.suite.runs import preflight
+from plcql_bench.suite.runs.calibration import calibration_for, makespan
+from plcql_bench.suite.commands.campaign import campaign
 from plcql_bench.suite.core.schema import Damaged, enforce_strict, links_out
 from plcql_bench.suite.core.store import link_leaving, read_json
 from plcql_bench.suite.envs.prey import OMAR_PREY_ENV
-from plcql_bench.suite.executors import (
+from plcql_bench.suite.runs.executors import (
     Job,
     _RunLog,
     cpu_count,
@@ -47,8 +47,8 @@ from plcql_bench.suite.executors import (
     restore_interrupts,
     run_jobs,
 )
-from plcql_bench.suite.export import export
-from plcql_bench.suite.matrix import (
+from plcql_bench.suite.runs.export import export
+from plcql_bench.suite.runs.matrix import (
     cell_state,
     estimate_cells,
     format_seconds,
@@ -61,14 +61,14 @@ from plcql_bench.suite.matrix import (
     select_cells,
     select_queue,
 )
-from plcql_bench.suite.preflight import check_buildable
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.regress import regress
-from plcql_bench.suite.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
-from plcql_bench.suite.stacking import stack_groups
-from plcql_bench.suite.tasks import get_task
-from plcql_bench.suite.tracking import check_available
-from plcql_bench.suite.versions import git_commit, package_versions
+from plcql_bench.suite.runs.preflight import check_buildable
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.commands.regress import regress
+from plcql_bench.suite.runs.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
+from plcql_bench.suite.runs.stacking import stack_groups
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.tracking import check_available
+from plcql_bench.suite.runs.versions import git_commit, package_versions
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -479,7 +479,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
               help="Parallel runs for the wall-clock estimate (default: the calibrated machine's cores "
                    "on CPU, 1 on a GPU).")
 @click.option("--machine", default=None, metavar="NAME|FILE",
-              help="Calibration to estimate from: a committed machine (suite/calibrations/) or a file "
+              help="Calibration to estimate from: a committed machine (suite/runs/calibrations/) or a file "
                    "written by `bench-speed --calibrate` (default: " + "cpu-dev-2core" + ").")
 @click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
               help="List every cell, or only the summary.")

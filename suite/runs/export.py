@@ -67,7 +67,7 @@ _ONLY_FIELD = {"algo": "algo", "task": "task", "tier": "dataset", "seed": "seed"
 def select_runs(results_dir: Path, profile: str | None = None, only: dict | None = None,
                 damaged: list[Damaged] | None = None) -> list[tuple[Path, RunRecord]]:
     """The finished runs of ``profile`` (every profile when None) that match ``only``
-    (suite/matrix.py: parse_only, keys algo, task, tier, seed). A value that no run of the selection
+    (suite/runs/matrix.py: parse_only, keys algo, task, tier, seed). A value that no run of the selection
     has is an error (a typo must not look like "no runs")."""
     runs = list(finished_runs(results_dir, profile, damaged))
     for key, wanted in (only or {}).items():

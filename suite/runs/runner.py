@@ -29,7 +29,7 @@ from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import card_scoring, dataset_identity
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
@@ -37,12 +37,12 @@ from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, R
                                            hardware_info, read_record, run_key_of)
 from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, link_leaving, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
-from plcql_bench.suite.profiles import Profile
-from plcql_bench.suite.tasks import get_task
-from plcql_bench.suite.versions import git_commit, image_labels, package_versions
+from plcql_bench.suite.runs.profiles import Profile
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.versions import git_commit, image_labels, package_versions
 from plcql_bench.datasets.episodes import EpisodeSampler
 from plcql_bench.suite.envs.prey import prey_kind
-from plcql_bench.suite.tracking import Session
+from plcql_bench.suite.runs.tracking import Session
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RunPlan:
     file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
     dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
     dataset_source: str = ""  # an imported dataset's origin (its `source` attribute), recorded in final.json
-    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/tracking.py)
+    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/runs/tracking.py)
     tracking: Any = field(default=None, repr=False, compare=False)  # their open Session while it trains
 
     @property
@@ -347,7 +347,7 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
 
 
 def open_tracking(plan: RunPlan, log) -> None:
-    """The run's `--log` trackers (suite/tracking.py), opened lazily at its first logged point."""
+    """The run's `--log` trackers (suite/runs/tracking.py), opened lazily at its first logged point."""
     if plan.trackers:
         plan.tracking = Session(plan.trackers, plan.run_dir, _identity_record(plan), log)
 
@@ -494,7 +494,7 @@ def _probe_batch(sampler):
 def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
     """The suite's evaluation of a policy (an Algorithm's `act(obs, avail)` and `begin_episodes(num_envs)`) on
     the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked runs and the
-    reference-code scorer (suite/reference_score.py) all evaluate through it."""
+    reference-code scorer (suite/runs/reference_score.py) all evaluate through it."""
     out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
                                    begin=algo.begin_episodes)
     returns = out["returns"]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-import numpy as np
 import os
 import time
+from pathlib import Path
 
 import click
+import numpy as np
 
 from plcql_bench.datasets import manifest, matd3, originals
 from plcql_bench.datasets.behaviour import _random, available, stale, unavailable
@@ -20,13 +20,13 @@ from plcql_bench.datasets.smax_collect import WORKERS_ENV
 from plcql_bench.datasets.tiers_v2 import publish_v2
 from plcql_bench.datasets.train import train_behaviour
 from plcql_bench.datasets.vault import export_vault
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.matrix import matrix_datasets
-from plcql_bench.suite.preflight import importer
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import check_dataset_identity, data_profile_dir
-from plcql_bench.suite.tasks import get_task, task_ids
+from plcql_bench.suite.runs.matrix import matrix_datasets
+from plcql_bench.suite.runs.preflight import importer
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import check_dataset_identity, data_profile_dir
+from plcql_bench.suite.envs.tasks import get_task, task_ids
 
 
 @click.group()

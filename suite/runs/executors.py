@@ -33,10 +33,10 @@ from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
-from plcql_bench.suite import preflight
+from plcql_bench.suite.runs import preflight
 from plcql_bench.suite.core.store import read_json
-from plcql_bench.suite.runner import RunBusy, data_profile_dir, execute_here, plan_run
-from plcql_bench.suite.stacking import execute_stack
+from plcql_bench.suite.runs.runner import RunBusy, data_profile_dir, execute_here, plan_run
+from plcql_bench.suite.runs.stacking import execute_stack
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Job:
     build_dataset: bool = False  # the cell's dataset was missing when `all` started: build it first (preflight)
     build_token: str = ""  # the `all` invocation, for preflight.ensure_dataset's failure records
     estimate_s: float | None = None  # seconds it still needs (`plan`'s estimate), read under a deadline
-    trackers: tuple = ()  # `all --log`: experiment trackers mirroring each run's metrics (suite/tracking.py)
+    trackers: tuple = ()  # `all --log`: experiment trackers mirroring each run's metrics (suite/runs/tracking.py)
 
     def cells(self) -> list:
         return [self.cell, *self.stack]
@@ -114,7 +114,7 @@ def resolve_device(device: str) -> tuple[str, int]:
 # ----------------------------------------------------------------------------- the worker
 def run_job(job: Job) -> dict:
     """Train one cell; returns {"cell", "state": trained|skipped|busy|failed, ...}. Never raises.
-    A job with a `stack` trains its cells as one seed stack (suite/stacking.py) and returns
+    A job with a `stack` trains its cells as one seed stack (suite/runs/stacking.py) and returns
     {"stack_outcomes": one outcome per cell}."""
     if job.stack:
         return _run_stack_job(job)
@@ -307,7 +307,7 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
 
 
 # A job starts under a deadline only if FINISH_MARGIN x its estimate fits in the time left: the estimates
-# (suite/calibration.py) are within ~15 % of measured runs on a quiet machine, and a run cut off by the
+# (suite/runs/calibration.py) are within ~15 % of measured runs on a quiet machine, and a run cut off by the
 # deadline's end of session is worth nothing there.
 FINISH_MARGIN = 1.2
 

@@ -1,6 +1,6 @@
 """Our OMAR round against the official code's, in one process, timed in alternation (A B, B A, ...).
 
-    python -m plcql_bench.suite.reference_speed --omar PATH [--rounds 80] [--threads 2] [--clock wall]
+    python -m plcql_bench.suite.runs.reference_speed --omar PATH [--rounds 80] [--threads 2] [--clock wall]
 
 PATH is a checkout of ling-pan/OMAR at 0e52ad6 (reference-implementations.md §4.0); nothing of it is
 copied into this project: its `algorithms/maddpg.py` and `utils/` are imported from PATH. The
@@ -33,8 +33,8 @@ import torch
 
 from plcql_bench.algorithms.base import get_algorithm, make_config
 from plcql_bench.algorithms.common.speed import SyntheticBuffer, paired_ratio
-from plcql_bench.suite.runner import configure_process
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.runs.runner import configure_process
+from plcql_bench.suite.envs.tasks import get_task
 
 
 def cpu_shims() -> None:

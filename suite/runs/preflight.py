@@ -29,8 +29,8 @@ from plcql_bench.datasets.behaviour import stale, unavailable
 from plcql_bench.datasets.build import DatasetUnavailable, build_dataset
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.datasets.importers import import_dataset
-from plcql_bench.suite.runner import _now, check_dataset_identity, profile_dir
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.runs.runner import _now, check_dataset_identity, profile_dir
+from plcql_bench.suite.envs.tasks import get_task
 
 NO_DATASET_DIR = "no-dataset"
 
