@@ -29,6 +29,13 @@ def test_python_m_runs_a_moved_module_under_its_old_name(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ran", out.stderr
 
 
+def test_python_m_runs_the_cli_under_its_old_name():
+    """`python -m plcql_bench.suite.cli` (the CLI module before suite/ was split by layer) still runs it."""
+    out = subprocess.run([sys.executable, "-m", "plcql_bench.suite.cli", "--help"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "Usage:" in out.stdout, out.stderr
+
+
 def test_unknown_names_are_not_aliased():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("plcql_bench.algorithms.common.no_such_module")

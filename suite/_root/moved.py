@@ -40,7 +40,10 @@ MOVED = {
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+        if name not in MOVED:
+            return None
+        real = importlib.util.find_spec(MOVED[name])  # its file: `python -m OLD` sets sys.argv[0] to it
+        return importlib.util.spec_from_loader(name, self, origin=real.origin if real else None)
 
     def create_module(self, spec):
         module = importlib.import_module(MOVED[spec.name])
