@@ -165,5 +165,6 @@ def test_a_resumed_runs_outcome_line_gives_its_whole_training_time(setup, handle
     assert out["resumed"] and out["run_seconds"] > 2.0
     assert outcome_line(out).endswith(f"({out['seconds']:.1f}s; resumed, {out['run_seconds']:.1f}s training in all)")
     fresh = run_job(Job(plan.cell, profile, tmp / "data", tmp / "c"))
-    assert fresh["state"] == "trained" and not fresh["resumed"] and fresh["run_seconds"] < 2.0
+    # A fresh run's training time is this process's alone (no wall-clock bound: the machine may be loaded).
+    assert fresh["state"] == "trained" and not fresh["resumed"] and fresh["run_seconds"] <= fresh["seconds"]
     assert outcome_line(fresh).endswith(f"({fresh['seconds']:.1f}s)")
