@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import click
 
@@ -44,8 +45,15 @@ import click
 @click.option("--episodes-from", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Episode-batch (SMAX/SMAC) algorithms time on this dataset's episodes, with their real "
                    "lengths (default: synthetic episodes all of the task's episode limit, the worst case).")
+@click.option("--official-cfcql", type=click.Path(exists=True, file_okay=False), default=None, metavar="PATH",
+              help="Time the official CFCQL round (your checkout of thu-rllab/CFCQL at PATH, never copied) against "
+                   "ours on the same shapes, in alternation, with the ratio ours/official and its 95% interval "
+                   "(--task mpe-cn, mamujoco-halfcheetah-2x3; suite/reference_speed.py). Use --rounds 80.")
+@click.option("--official-omar", type=click.Path(exists=True, file_okay=False), default=None, metavar="PATH",
+              help="As --official-cfcql, for the official OMAR round (ling-pan/OMAR at 0e52ad6; --task mpe-cn).")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain, compare_native, stack, episodes_from) -> None:
+                description, seconds, floor, compare_plain, compare_native, stack, episodes_from, official_cfcql,
+                official_omar) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -59,6 +67,10 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
 
     configure_process(device)  # the runner's process settings (allocator, kernels): rounds time as in runs
     time_on_dataset_episodes(None)  # synthetic episodes unless --episodes-from says otherwise (below)
+    if official_cfcql or official_omar:
+        compare_official({"cfcql": official_cfcql, "omar": official_omar}, tasks, rounds, warmup, threads, clock,
+                         device)
+        return
     if machine:
         torch.set_num_threads(threads)
         given = click.get_current_context().get_parameter_source("tasks") != click.core.ParameterSource.DEFAULT
@@ -122,6 +134,24 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                 compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+
+
+def compare_official(checkouts: dict, tasks, rounds, warmup, threads, clock, device) -> None:
+    """--official-cfcql / --official-omar: each official round against ours (suite/reference_speed.py), task by
+    task; a checkout that is not the reference code, or a task it is not timed on, is a BenchError."""
+    from plcql_bench.suite import reference_speed
+    from plcql_bench.suite.core.errors import BenchError
+
+    if device != "cpu":
+        raise BenchError(f"--device {device}: the official rounds are timed on the CPU only (their CUDA shims)")
+    for code, path in checkouts.items():
+        if not path:
+            continue
+        try:
+            for line in reference_speed.run(code, Path(path), tasks, rounds, warmup, threads, clock):
+                click.echo(line)
+        except reference_speed.CheckoutError as exc:
+            raise BenchError(f"--official-{code}: {exc}") from None
 
 
 def use_dataset_episodes(path: str | None, tasks) -> str:

@@ -41,7 +41,6 @@ check trains the profile's rounds like every other.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import types
 from pathlib import Path
@@ -50,7 +49,7 @@ import numpy as np
 import torch
 
 from plcql_bench.suite.core import official
-from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
+from plcql_bench.suite.reference_speed import CheckoutError, load_official_cfcql, load_official_omar
 
 # main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
 OMAR_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
@@ -73,27 +72,6 @@ SCENARIOS = {
     "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001),
     "mpe-world": dict(env_id="simple_world", preys=1, cfcql_lr=0.001),
 }
-
-
-def load_official_cfcql(path: Path):
-    """MATD3CC and ReplayBuffer from a thu-rllab/CFCQL checkout (`continuous/`), with the CPU shims. Its
-    logging module imports tensorboard_logger, which its training with no_log never calls: a stand-in."""
-    cpu_shims()
-    code = path / "continuous"
-    source = code / "algorithms" / "maddpg_cc.py"
-    if not source.exists():
-        raise SystemExit(f"{path}: not a thu-rllab/CFCQL checkout (no continuous/algorithms/maddpg_cc.py)")
-    if "tensorboard_logger" not in sys.modules:
-        stub = types.ModuleType("tensorboard_logger")
-        stub.configure = stub.log_value = lambda *a, **k: None
-        sys.modules["tensorboard_logger"] = stub
-    sys.path.insert(0, str(code))
-    from utils.buffer import ReplayBuffer  # noqa: E402  (from the checkout)
-
-    module = types.ModuleType("cfcql_official_maddpg_cc")
-    module.__file__ = str(source)
-    exec(compile(source.read_text(), module.__file__, "exec"), module.__dict__)
-    return module.MATD3CC, ReplayBuffer
 
 
 def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_dim: int, act_dim: int):
@@ -223,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     final_episodes = args.final_episodes or prof.train_budget(task_id, args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)  # the official buffers sample with np.random (their main.py seeds it the same way)
-    agent, ReplayBuffer = official_agent(kind, checkout.resolve(), task_id, args.tier, n, o, a)
+    try:
+        agent, ReplayBuffer = official_agent(kind, checkout.resolve(), task_id, args.tier, n, o, a)
+    except CheckoutError as exc:
+        raise SystemExit(str(exc)) from None
     rb = fill_buffer(ReplayBuffer, dataset.arrays, n, o, a)
     policy = OfficialPolicy(agent, n, o, a)
     print(f"# official {kind.upper()} ({checkout}) on this suite's {task_id} {args.tier} ({path}), seed {args.seed}, "
