@@ -45,6 +45,9 @@ import click
 @click.option("--episodes-from", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Episode-batch (SMAX/SMAC) algorithms time on this dataset's episodes, with their real "
                    "lengths (default: synthetic episodes all of the task's episode limit, the worst case).")
+@click.option("--record-cost", "record_to", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Append the PLCQL/SPaCQL measurement (whole round and target construction, each paired) to the "
+                   "board's compute-cost file, e.g. leaderboard/bench_speed.yaml, with machine, date and command.")
 @click.option("--official-cfcql", type=click.Path(exists=True, file_okay=False), default=None, metavar="PATH",
               help="Time the official CFCQL round (your checkout of thu-rllab/CFCQL at PATH, never copied) against "
                    "ours on the same shapes, in alternation, with the ratio ours/official and its 95% interval "
@@ -52,8 +55,8 @@ import click
 @click.option("--official-omar", type=click.Path(exists=True, file_okay=False), default=None, metavar="PATH",
               help="As --official-cfcql, for the official OMAR round (ling-pan/OMAR at 0e52ad6; --task mpe-cn).")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain, compare_native, stack, episodes_from, official_cfcql,
-                official_omar) -> None:
+                description, seconds, floor, compare_plain, compare_native, stack, episodes_from, record_to,
+                official_cfcql, official_omar) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -86,6 +89,17 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     torch.set_num_threads(threads)
     names = list(algos) or sorted(load_all())
     check_algo_names(names)
+    if record_to:  # before minutes of timing: what it records and where
+        from plcql_bench.leaderboard.analysis import check_cost_file
+        from plcql_bench.suite.core.errors import BenchError
+
+        if not {"plcql", "spacql"} <= set(names):
+            raise BenchError(f"--record-cost {record_to}: records PLCQL against SPaCQL; give --algo plcql --algo "
+                             "spacql (or no --algo)")
+        try:
+            check_cost_file(record_to)
+        except ValueError as exc:
+            raise BenchError(f"--record-cost {exc}") from None
     results = {}
     import os
 
@@ -133,7 +147,9 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             if stack:
                 compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
-            compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+            measured = compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+            if record_to:
+                record_cost(record_to, measured, threads, clock, description)
 
 
 def compare_official(checkouts: dict, tasks, rounds, warmup, threads, clock, device) -> None:
@@ -258,29 +274,71 @@ def check_algo_names(names) -> None:
             raise BenchError(f"--algo {name}: unknown algorithm{did_you_mean(name, known)} (known: {', '.join(sorted(known))})")
 
 
-def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results) -> None:
+def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results) -> dict:
     """PLCQL's round against SPaCQL's, timed in alternation: the median per-round ratio with its 95%
-    bootstrap interval (an interval below 1 means PLCQL's round is measurably cheaper), and the ratio of
-    the target construction alone (the part that PLCQL cuts from n joint actions to 1)."""
+    bootstrap interval (an interval below 1 means PLCQL's round is measurably cheaper); then their target
+    construction alone (the part that PLCQL cuts from n joint actions to 1), on the same batches, in
+    alternation, with its own ratio and interval. Returns the measurement (`--record-cost`)."""
     from plcql_bench.algorithms.base import get_algorithm
-    from plcql_bench.algorithms.common.speed import batch_size_of, paired_ratio, time_interleaved
+    from plcql_bench.algorithms.common.speed import (batch_size_of, paired_ratio, time_interleaved,
+                                                     time_targets_interleaved)
 
     pair = ["plcql", "spacql"]
-    inter = time_interleaved(pair, spec, {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier)
-                                          for a in pair},
-                             rounds=rounds, warmup=min(warmup, 2), device=device, clock=clock, batch_size=batch)
+    overrides = {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier) for a in pair}
+    inter = time_interleaved(pair, spec, overrides, rounds=rounds, warmup=min(warmup, 2), device=device,
+                             clock=clock, batch_size=batch)
     ratio, lo, hi = paired_ratio(inter["plcql"], inter["spacql"])
-    p, s = results[("plcql", task_id)], results[("spacql", task_id)]
     kind, unit = ("discrete", "episodes") if spec.discrete else ("continuous", "transitions")
     pl = get_algorithm("plcql", discrete=spec.discrete)
-    bsz = batch if batch is not None else batch_size_of(pl, pl.task_overrides(spec, tier))
+    bsz = batch if batch is not None else batch_size_of(pl, overrides["plcql"])
     med = {a: statistics.median(v) for a, v in inter.items()}
     click.echo(f"# {task_id} (n={spec.n_agents}, {kind}, batch {bsz} {unit}), {rounds} interleaved rounds: "
                f"PLCQL {med['plcql']:.1f} ms, SPaCQL {med['spacql']:.1f} ms, "
                f"median per-round ratio PLCQL/SPaCQL {ratio:.3f} (95% CI {lo:.3f}-{hi:.3f})")
-    click.echo(f"# {task_id}: target construction PLCQL/SPaCQL "
-               f"{p['target_median_ms']:.2f}/{s['target_median_ms']:.2f} ms"
-               f" = {p['target_median_ms'] / s['target_median_ms']:.2f}")
+    tgt = time_targets_interleaved(pair, spec, overrides, rounds=max(rounds, 10), warmup=min(warmup, 2),
+                                   device=device, clock=clock, batch_size=batch)
+    t_ratio, t_lo, t_hi = paired_ratio(tgt["plcql"], tgt["spacql"])
+    t_med = {a: statistics.median(v) for a, v in tgt.items()}
+    click.echo(f"# {task_id}: target construction PLCQL/SPaCQL alone, {len(tgt['plcql'])} interleaved batches: "
+               f"PLCQL {t_med['plcql']:.2f} ms, SPaCQL {t_med['spacql']:.2f} ms, median per-batch ratio "
+               f"{t_ratio:.3f} (95% CI {t_lo:.3f}-{t_hi:.3f}); of the round: PLCQL "
+               f"{share(t_med['plcql'], med['plcql'], overrides['plcql'], pl)}, SPaCQL "
+               f"{share(t_med['spacql'], med['spacql'], overrides['spacql'], get_algorithm('spacql', discrete=spec.discrete))}")
+    return {"task": task_id, "n_agents": spec.n_agents, "device": device, "rounds": rounds, "batch": bsz,
+            "batch_unit": unit, "plcql_ms": round(med["plcql"], 1), "spacql_ms": round(med["spacql"], 1),
+            "ratio": round(ratio, 3), "ratio_ci": [round(lo, 3), round(hi, 3)],
+            "target_ms": {a: round(v, 2) for a, v in t_med.items()}, "target_batches": len(tgt["plcql"]),
+            "target_ratio": round(t_ratio, 3), "target_ratio_ci": [round(t_lo, 3), round(t_hi, 3)]}
+
+
+def share(target_ms: float, round_ms: float, overrides: dict, cls) -> str:
+    """The share of a round its target construction takes: one target per critic update (`ca_ratio` a
+    round in the continuous family, one in the discrete)."""
+    per_round = int(overrides.get("ca_ratio", getattr(cls.Config(), "ca_ratio", 1)))
+    return f"{per_round} x {target_ms:.2f} ms = {100 * per_round * target_ms / round_ms:.0f} %"
+
+
+def record_cost(path: str, measurement: dict, threads: int, clock: str, description: str) -> None:
+    """`--record-cost FILE`: the measurement, with this machine, the date, the command and the load, appended to
+    the board's compute-cost file (leaderboard/bench_speed.yaml) so that no number in it is typed by hand."""
+    import datetime
+    import os
+    import platform
+    import shlex
+    import sys
+
+    from plcql_bench.leaderboard.analysis import append_cost_measurement
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    machine = description or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    rec = {"task": measurement["task"], "n_agents": measurement["n_agents"],
+           "machine": f"{machine}, {threads} torch thread(s), {clock} clock, load average {load[0]:.2f}",
+           "date": datetime.date.today().isoformat(),
+           "command": "plcql-bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "",
+           "threads": threads, "clock": clock, "load_average": round(load[0], 2),
+           **{k: v for k, v in measurement.items() if k not in ("task", "n_agents")}}
+    append_cost_measurement(path, rec)
+    click.echo(f"# recorded in {path}: {rec['task']} (n={rec['n_agents']})")
 
 
 def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device, clock, out, description,

@@ -47,7 +47,106 @@ def test_bench_speed_prints_the_plcql_spacql_comparison():
     assert m, out.output
     ratio, lo, hi = map(float, m.groups())
     assert lo <= ratio <= hi
-    assert "target construction PLCQL/SPaCQL" in out.output
+    # the target construction alone, paired on the same batches: its own ratio and interval, and its share
+    t = re.search(r"target construction PLCQL/SPaCQL alone, (\d+) interleaved batches: PLCQL ([\d.]+) ms, SPaCQL "
+                  r"([\d.]+) ms, median per-batch ratio ([\d.]+) \(95% CI ([\d.]+)-([\d.]+)\); of the round: PLCQL "
+                  r"5 x [\d.]+ ms = \d+ %, SPaCQL 5 x [\d.]+ ms = \d+ %", out.output)
+    assert t, out.output
+    batches, pl, sp, t_ratio, t_lo, t_hi = map(float, t.groups())
+    assert batches == 10 and pl > 0 and sp > 0 and t_lo <= t_ratio <= t_hi
+
+
+def test_record_cost_appends_the_printed_measurement_to_the_cost_file(tmp_path):
+    """--record-cost: the measurement the command printed, with machine, date, command and load, appended to
+    the board's compute-cost file; the file's comments and earlier rows are kept, and the board reads it."""
+    import shutil
+
+    import yaml
+
+    from plcql_bench.leaderboard import analysis
+
+    cost = tmp_path / "bench_speed.yaml"
+    shutil.copy(analysis.BENCH_SPEED, cost)
+    before = cost.read_text()
+    out = CliRunner().invoke(cli, ["bench-speed", "--algo", "plcql", "--algo", "spacql", "--rounds", "3",
+                                   "--warmup", "1", "--batch", "32", "--threads", "1", "--no-floor",
+                                   "--record-cost", str(cost), "--description", "test box"])
+    assert out.exit_code == 0, out.output
+    after = cost.read_text()
+    assert after.startswith(before.rstrip("\n"))  # comments and earlier rows kept as they were
+    rows = yaml.safe_load(after)["measurements"]
+    assert rows[:-1] == yaml.safe_load(before)["measurements"]
+    rec = rows[-1]
+    assert (rec["task"], rec["n_agents"], rec["batch"], rec["rounds"], rec["threads"]) == ("mpe-cn", 3, 32, 3, 1)
+    assert rec["machine"].startswith("test box, 1 torch thread(s), wall clock, load average ")
+    m = re.search(r"ratio PLCQL/SPaCQL (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", out.output)
+    assert [rec["ratio"], *rec["ratio_ci"]] == [round(float(x), 3) for x in m.groups()]
+    t = re.search(r"median per-batch ratio ([\d.]+) \(95% CI ([\d.]+)-([\d.]+)\)", out.output)
+    assert [rec["target_ratio"], *rec["target_ratio_ci"]] == [round(float(x), 3) for x in t.groups()]
+    assert f"# recorded in {cost}: mpe-cn (n=3)" in out.output
+    board = analysis.compute_cost(cost)["rows"][-1]
+    assert board["target_paired"] and board["target_ratio"] == rec["target_ratio"]
+
+
+@pytest.mark.parametrize("args, content, message", [
+    (["--algo", "plcql"], "measurements: []\n", "--record-cost {f}: records PLCQL against SPaCQL; give --algo plcql "
+                                                "--algo spacql (or no --algo)"),
+    (["--algo", "plcql", "--algo", "spacql"], "- a\n- b\n", "--record-cost {f}: not a compute-cost file (expected a "
+                                                           "mapping with a 'measurements' list)"),
+])
+def test_record_cost_refuses_before_timing_and_leaves_the_file(tmp_path, monkeypatch, capsys, args, content, message):
+    import sys
+
+    from plcql_bench.suite.cli import main
+
+    f = tmp_path / "cost.yaml"
+    f.write_text(content)
+    monkeypatch.setattr(sys, "argv", ["plcql-bench", "bench-speed", *args, "--rounds", "2", "--record-cost", str(f)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.strip().splitlines() == [f"error: {message.format(f=f)}"]
+    assert f.read_text() == content
+
+
+def test_the_board_separates_target_construction_from_the_round(tmp_path):
+    """The compute-cost table: the whole round's ratio and the target construction's, each with its interval,
+    per task and n; a row measured before the paired target timing shows its medians' ratio, marked unpaired."""
+    import yaml
+
+    from plcql_bench.leaderboard import analysis
+
+    f = tmp_path / "cost.yaml"
+    f.write_text("measurements: []\n")
+    base = {"machine": "m", "date": "2026-12-05", "command": "c", "rounds": 20, "device": "cpu"}
+    analysis.append_cost_measurement(f, {"task": "mpe-cn", "n_agents": 3, **base, "plcql_ms": 100.0,
+                                         "spacql_ms": 104.0, "ratio": 0.96, "ratio_ci": [0.94, 0.98],
+                                         "target_ms": {"plcql": 3.0, "spacql": 9.0}, "target_ratio": 0.33,
+                                         "target_ratio_ci": [0.31, 0.35]})
+    data = yaml.safe_load(f.read_text())
+    data["measurements"].append({"task": "smax-2s3z", "n_agents": 5, **base, "plcql_ms": 2000.0, "spacql_ms": 2100.0,
+                                 "ratio": 0.95, "ratio_ci": [0.9, 1.0], "target_ms": {"plcql": 100.0, "spacql": 400.0}})
+    f.write_text(yaml.safe_dump(data))
+    cost = analysis.compute_cost(f)
+    paired, old = cost["rows"]
+    assert (paired["target_paired"], paired["target_ratio"], paired["target_ratio_ci"]) == (True, 0.33, [0.31, 0.35])
+    assert (old["target_paired"], old["target_ratio"], old["target_ratio_ci"]) == (False, 0.25, None)
+    assert cost["svg"].count("target construction") == 1 and "whole round" in cost["svg"]
+    from jinja2 import Environment, FileSystemLoader
+
+    env = Environment(loader=FileSystemLoader(str(analysis.BENCH_SPEED.parent / "templates")))
+    tpl = env.from_string("{% set compute = c %}{% set target_label = 'PLCQL' %}{% set rival_label = 'SPaCQL' %}"
+                          "{% macro dl(x) %}{% endmacro %}" + section_of(env, "compute"))
+    html = tpl.render(c=cost)
+    assert "0.330 [0.310, 0.350]" in html and "0.960 [0.940, 0.980]" in html
+    assert "0.25 <span" in html and "unpaired" in html and "smax-2s3z (5)" in html and "mpe-cn (3)" in html
+
+
+def section_of(env, name: str) -> str:
+    """The template's <section id=name> source."""
+    src = env.loader.get_source(env, "index.html.j2")[0]
+    start = src.index(f'<section id="{name}">')
+    return src[start: src.index("</section>", start) + len("</section>")]
 
 
 def test_calibrate_writes_costs_that_plan_reads(tmp_path):

@@ -195,6 +195,41 @@ def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], An
     return times
 
 
+def time_targets_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]],
+                             rounds: int = 20, warmup: int = 2, device: str = "cpu", seed: int = 0,
+                             clock: str = "wall", batch_size: int | None = None) -> dict[str, list[float]]:
+    """Milliseconds of each algorithm's target construction alone (`compute_target`), all of them on the SAME
+    batch each time, in alternation (A B, then B A, ...): the part of a round where PLCQL builds 1 PAR target
+    and SPaCQL n. Use it, with `paired_ratio`, to compare; whole rounds: `time_interleaved`."""
+    cls0 = get_algorithm(names[0], discrete=spec.discrete)
+    buf = make_buffer(cls0, spec, 100_000, device, seed)
+    algos = {}
+    for name in names:
+        cls = get_algorithm(name, discrete=spec.discrete)
+        ov = dict(overrides.get(name, {}))
+        if batch_size is not None:
+            ov[batch_field(cls)] = batch_size
+        torch.manual_seed(seed)
+        algos[name] = cls(spec, timing_config(cls, ov), seed, device)
+    sizes = {batch_size_of(type(a), overrides.get(n, {}) if batch_size is None else {batch_field(type(a)): batch_size})
+             for n, a in algos.items()}
+    if len(sizes) != 1:
+        raise ValueError(f"time_targets_interleaved: {names} train on different batches ({sorted(sizes)})")
+    bs = sizes.pop()
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(warmup + rounds):
+        batch = buf(bs)  # one draw, shared by the algorithms of this pair
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = timer()
+            algos[name].compute_target(batch)
+            sync()
+            if i >= warmup:
+                times[name].append((timer() - t0) * 1e3)
+    return times
+
+
 def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_seeds: int, rounds: int = 20,
                  warmup: int = 2, device: str = "cpu", clock: str = "wall", batch_size: int | None = None,
                  count_ops: bool = False) -> dict[str, Any]:
