@@ -80,3 +80,52 @@ def test_corrupt_dataset_leaves_no_run_directory(setup):
     with pytest.raises(Exception, match="random.h5"):
         execute(plan, log=lambda *_: None)
     assert not plan.run_dir.exists()
+
+
+def _slow_evaluations(monkeypatch, seconds: float) -> list:
+    """runner.evaluate_policy made `seconds` slower; returns the episode counts it is called with."""
+    import time
+
+    calls, real = [], runner.evaluate_policy
+
+    def slow(task, algo, dataset, episodes):
+        calls.append(episodes)
+        time.sleep(seconds)
+        return real(task, algo, dataset, episodes)
+
+    monkeypatch.setattr(runner, "evaluate_policy", slow)
+    return calls
+
+
+def test_a_run_records_its_evaluation_seconds(setup, monkeypatch):
+    """final.json's train.eval_s: the seconds of every evaluation point and of the final evaluation (what the
+    campaign's evaluation share is read from); the evaluation points are inside train_s."""
+    tmp, profile = setup
+    calls = _slow_evaluations(monkeypatch, 0.2)
+    result = execute(_plan(tmp, profile), log=lambda *_: None)
+    train = result["train"]
+    assert calls == [2, 2, 2, 2, 2]  # updates 0, 2, 4, 6 and the final evaluation
+    assert 5 * 0.2 <= train["eval_s"] < train["wall_clock_s"]
+    assert train["train_s"] >= 4 * 0.2  # the evaluation points are part of the training loop's time
+
+
+def test_a_run_resumed_from_a_checkpoint_without_eval_seconds_records_none(setup, monkeypatch):
+    """A checkpoint written before eval_s was counted: the resumed run cannot know its earlier evaluations'
+    time, so it records no eval_s rather than a part of it."""
+    import torch
+
+    tmp, profile = setup
+    plan = _plan(tmp, profile)
+    real = runner._checkpoint
+
+    def old_style(plan_, algo, sampler, state, pending):  # a checkpoint as older suites wrote it
+        real(plan_, algo, sampler, {k: v for k, v in state.items() if k != "eval_s"}, pending)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_checkpoint", old_style)
+    with pytest.raises(KeyboardInterrupt):
+        execute(plan, log=lambda *_: None)
+    monkeypatch.setattr(runner, "_checkpoint", real)
+    assert "eval_s" not in torch.load(plan.run_dir / "ckpt.pt", weights_only=False)["state"]
+    result = execute(_plan(tmp, profile), log=lambda *_: None)
+    assert result["train"]["updates"] == 6 and "eval_s" not in result["train"]
