@@ -45,6 +45,14 @@ import click
 @click.option("--episodes-from", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Episode-batch (SMAX/SMAC) algorithms time on this dataset's episodes, with their real "
                    "lengths (default: synthetic episodes all of the task's episode limit, the worst case).")
+@click.option("--packing", "packing", type=click.IntRange(min=2), default=None, metavar="S",
+              help="On the CPU: advance S runs by a round packed three ways (S separate runs at 1 thread; one "
+                   "stacked round of S seeds at 1 thread, `all --stack`; S runs at S threads), CPU time, in "
+                   "alternation; prints each packing's finished runs per core-hour against separate runs.")
+@click.option("--eval-share", is_flag=True,
+              help="Measure the share of a run of --profile (tier --tier) spent in evaluation, per --algo x --task: "
+                   "its rounds' cost and its evaluations' (every eval_every rounds and the final one, at the "
+                   "profile's episode counts), each timed here.")
 @click.option("--record-cost", "record_to", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Append the PLCQL/SPaCQL measurement (whole round and target construction, each paired) to the "
                    "board's compute-cost file, e.g. leaderboard/bench_speed.yaml, with machine, date and command.")
@@ -55,8 +63,8 @@ import click
 @click.option("--official-omar", type=click.Path(exists=True, file_okay=False), default=None, metavar="PATH",
               help="As --official-cfcql, for the official OMAR round (ling-pan/OMAR at 0e52ad6; --task mpe-cn).")
 def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, clock, machine, profile, out,
-                description, seconds, floor, compare_plain, compare_native, stack, episodes_from, record_to,
-                official_cfcql, official_omar) -> None:
+                description, seconds, floor, compare_plain, compare_native, stack, episodes_from, packing,
+                eval_share, record_to, official_cfcql, official_omar) -> None:
     """Median milliseconds per update round on a synthetic 100k-transition buffer, and (for the
     CFCQL family) the median time of building one update's target alone, and how far each round is
     from its floor (matmul FLOPs / the machine's matmul rate). Prints the load average: on a shared
@@ -73,6 +81,12 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
     if official_cfcql or official_omar:
         compare_official({"cfcql": official_cfcql, "omar": official_omar}, tasks, rounds, warmup, threads, clock,
                          device)
+        return
+    if eval_share:
+        torch.set_num_threads(threads)
+        check_algo_names(algos)
+        evaluation_share(list(algos) or ["bc", "cfcql", "plcql"], tasks, tier, profile, rounds, device, clock,
+                         seconds)
         return
     if machine:
         torch.set_num_threads(threads)
@@ -146,10 +160,61 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
                 compare_native_torch(name, spec, task_id, overrides, rounds, warmup, batch, device, clock)
             if stack:
                 compare_stacked(name, cls, spec, task_id, overrides, stack, rounds, warmup, batch, device, clock)
+            if packing:
+                compare_packings(name, spec, task_id, overrides, packing, rounds, warmup, batch, device)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
             measured = compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
             if record_to:
                 record_cost(record_to, measured, threads, clock, description)
+
+
+def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, seconds) -> None:
+    """--eval-share: per algorithm x task, a run's evaluation time against its training time under the
+    profile's budget, both measured here: rounds (`time_rounds_within`) and evaluations of the untrained policy
+    at the profile's two episode counts (`time_evaluation`: during training and final). MPE and Half-Cheetah
+    episodes have a fixed length, so the untrained policy's evaluation costs what a trained one's does;
+    SMAX episodes end when a side is eliminated, so there the share is an estimate."""
+    import os
+
+    from plcql_bench.algorithms.base import get_algorithm, implementations
+    from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
+    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runner import configure_process
+    from plcql_bench.suite.tasks import get_task, task_tiers
+
+    prof = load_profile(profile)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    click.echo(f"# evaluation share of a {prof.name} run: torch threads {torch_threads()}, device {device}, clock "
+               f"{clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; untrained policies")
+    click.echo(f"{'algo':<10} {'task':<26} {'tier':<8} {'rounds':>7} {'ms/round':>9} {'eval points':>15} "
+               f"{'s/point':>8} {'final':>12} {'train h':>8} {'eval h':>7} {'eval %':>7}")
+    for task_id in tasks:
+        task = get_task(task_id)
+        spec = task.spec
+        configure_process(device, discrete=spec.discrete)
+        t = tier if tier in task_tiers(task_id) else task_tiers(task_id)[0]
+        b = prof.train_budget(task_id, t)
+        points = len(range(0, b["updates"] + 1, b["eval_every"])) + (1 if b["updates"] % b["eval_every"] else 0)
+        for name in algos:
+            if ("discrete" if spec.discrete else "continuous") not in implementations(name):
+                continue
+            ov = get_algorithm(name, discrete=spec.discrete).task_overrides(spec, t)
+            r = time_rounds_within(name, spec, ov, max_rounds=max_rounds, seconds=seconds, device=device, clock=clock)
+            a, per_episode = time_evaluation(name, task, ov, episodes=(b["eval_episodes"], b["final_eval_episodes"]),
+                                             device=device, clock=clock)
+            point_s, final_s = a + per_episode * b["eval_episodes"], a + per_episode * b["final_eval_episodes"]
+            train_s = b["updates"] * r["median_ms"] / 1e3
+            eval_s = points * point_s + final_s
+            click.echo(f"{name:<10} {task_id:<26} {t:<8} {b['updates']:>7} {r['median_ms']:>9.1f} "
+                       f"{points:>6} x {b['eval_episodes']:>3} ep {point_s:>8.3f} {b['final_eval_episodes']:>4} ep "
+                       f"{final_s:>6.3f}s {train_s / 3600:>8.3f} {eval_s / 3600:>7.3f} "
+                       f"{100 * eval_s / (train_s + eval_s):>6.1f}%")
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def compare_official(checkouts: dict, tasks, rounds, warmup, threads, clock, device) -> None:
@@ -260,6 +325,29 @@ def compare_stacked(name, cls, spec, task_id, overrides, n_seeds, rounds, warmup
                f"{ratio:.2f} (95% CI {lo:.2f}-{hi:.2f})")
     click.echo(f"# {name} {task_id}: operators dispatched (non-view; ~ kernel launches on a GPU): {n_seeds} separate "
                f"rounds {ops['separate']}, one stacked round {ops['stacked']} (ratio {ops['separate'] / ops['stacked']:.2f})")
+
+
+def compare_packings(name, spec, task_id, overrides, n_runs, rounds, warmup, batch, device) -> None:
+    """--packing S: S runs advanced by one round, packed as S separate 1-thread runs, one 1-thread stack of S
+    seeds, or S runs at S threads (`time_packings`), CPU time; each packing's runs per core-hour against
+    separate runs (the median paired ratio separate/packing with its 95% interval; above 1: more runs)."""
+    from plcql_bench.algorithms.common.speed import paired_ratio, time_packings
+    from plcql_bench.suite.core.errors import BenchError
+
+    if device != "cpu":
+        raise BenchError(f"--packing on --device {device}: it measures CPU core-hours (--stack times GPU stacks)")
+    t = time_packings(name, spec, overrides, n_runs, rounds=rounds, warmup=min(warmup, 1), device=device,
+                      batch_size=batch)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    parts = [f"{n_runs} separate runs at 1 thread {med['separate']:.0f} ms"]
+    for label, shown in (("stacked", f"one stack of {n_runs} seeds at 1 thread"),
+                         ("threads", f"{n_runs} runs at {n_runs} threads")):
+        if label not in t:
+            parts.append(f"no stack ({name} on {task_id} is not stackable)")
+            continue
+        r, lo, hi = paired_ratio(t["separate"], t[label])
+        parts.append(f"{shown} {med[label]:.0f} ms: runs per core-hour x{r:.2f} (95% CI {lo:.2f}-{hi:.2f})")
+    click.echo(f"# {name} {task_id}, CPU ms to advance {n_runs} runs one round, {rounds} interleaved: " + "; ".join(parts))
 
 
 def check_algo_names(names) -> None:

@@ -227,3 +227,31 @@ def test_bench_speed_compare_native_pairs_the_c_kernels_with_their_torch_form(mo
     monkeypatch.setenv("PLCQL_NATIVE", "0")
     off = CliRunner().invoke(cli, args)
     assert off.exit_code == 0 and "--compare-native skipped" in off.output, off.output
+
+
+def test_packing_prints_runs_per_core_hour_of_each_packing():
+    """--packing S: S separate 1-thread runs against one 1-thread stack of S seeds (stackable algorithms only)
+    and S runs at S threads, CPU time, each ratio inside its interval."""
+    out = CliRunner().invoke(cli, ["bench-speed", "--algo", "cfcql", "--algo", "bc", "--packing", "2", "--rounds", "3",
+                                   "--warmup", "1", "--batch", "32", "--no-floor"])
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[1]: line for line in out.output.splitlines() if "CPU ms to advance 2 runs" in line}
+    assert set(lines) == {"cfcql", "bc"}
+    found = re.findall(r"runs per core-hour x(\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", lines["cfcql"])
+    assert len(found) == 2 and all(float(lo) <= float(r) <= float(hi) for r, lo, hi in found)
+    assert "one stack of 2 seeds at 1 thread" in lines["cfcql"] and "2 runs at 2 threads" in lines["cfcql"]
+    assert "no stack (bc on mpe-cn is not stackable)" in lines["bc"] and "2 runs at 2 threads" in lines["bc"]
+
+
+def test_eval_share_is_the_evaluations_part_of_the_profiles_budget():
+    """--eval-share: a run's evaluation points (every eval_every rounds, update 0 and the last included) and its
+    final evaluation, against its rounds, under the profile's budget (smoke: 20 rounds, every 10, 5 episodes)."""
+    out = CliRunner().invoke(cli, ["bench-speed", "--eval-share", "--algo", "bc", "--task", "mpe-cn", "--profile",
+                                   "smoke", "--rounds", "3", "--seconds", "0.1", "--clock", "cpu"])
+    assert out.exit_code == 0, out.output
+    row = next(line.split() for line in out.output.splitlines() if line.startswith("bc "))
+    # algo task tier rounds ms/round points x E ep s/point F ep final train_h eval_h eval%
+    assert row[:4] == ["bc", "mpe-cn", "medium", "20"] and row[5:9] == ["3", "x", "5", "ep"]
+    ms_round, per_point, final = float(row[4]), float(row[9]), float(row[12].rstrip("s"))
+    train_s, eval_s = 20 * ms_round / 1e3, 3 * per_point + final
+    assert float(row[15].rstrip("%")) == pytest.approx(100 * eval_s / (train_s + eval_s), abs=1.0)

@@ -270,6 +270,62 @@ def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_se
     return times
 
 
+def time_packings(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_runs: int, rounds: int = 10,
+                  warmup: int = 1, device: str = "cpu", batch_size: int | None = None) -> dict[str, list[float]]:
+    """CPU milliseconds (this process's CPU time, all its threads) to advance `n_runs` runs by one round each,
+    packed three ways, timed in alternation (A B C, then C B A, ...):
+      "separate"  n_runs separate runs' rounds at 1 torch thread each (`all --threads 1`, the CPU default);
+      "stacked"   one round of the n_runs seeds as a SeedStack at 1 thread (`all --stack`; only where the
+                  algorithm is stackable, else absent);
+      "threads"   n_runs separate runs' rounds at n_runs torch threads each (fewer, fatter runs).
+    CPU time is what a run costs in core-hours, whatever the other jobs on the machine do, so the ratio
+    separate/other is the other packing's gain in finished runs per core-hour."""
+    from plcql_bench.algorithms.common.stacked import SeedStack, stackable
+
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    ov = dict(overrides)
+    if batch_size is not None:
+        ov[batch_field(cls)] = batch_size
+    cfg = timing_config(cls, ov)
+    seeds = range(n_runs)
+    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
+    sep = [cls(spec, cfg, s, device) for s in seeds]
+    fat = [cls(spec, cfg, s, device) for s in seeds]
+    threads = torch.get_num_threads()
+
+    def rounds_at(algos, n_threads):
+        def go():
+            torch.set_num_threads(n_threads)
+            try:
+                for algo, buf in zip(algos, bufs):
+                    algo.update(buf)
+            finally:
+                torch.set_num_threads(threads)
+        return go
+
+    variants = {"separate": rounds_at(sep, 1)}
+    if stackable(cls):
+        stack = SeedStack([cls(spec, cfg, s, device) for s in seeds])
+
+        def stacked():
+            torch.set_num_threads(1)
+            try:
+                stack.update(bufs)
+            finally:
+                torch.set_num_threads(threads)
+        variants["stacked"] = stacked
+    variants["threads"] = rounds_at(fat, n_runs)
+    names = list(variants)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(warmup + rounds):
+        for label in names if i % 2 == 0 else names[::-1]:
+            t0 = time.process_time()
+            variants[label]()
+            if i >= warmup:
+                times[label].append((time.process_time() - t0) * 1e3)
+    return times
+
+
 # Operators that only make a view or an empty tensor (no kernel on a GPU), left out of `dispatched_ops`.
 _VIEW_OPS = frozenset(
     "view reshape _reshape_alias _unsafe_view expand expand_as view_as transpose t permute movedim slice select "
