@@ -371,6 +371,9 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
     from plcql_bench.algorithms.common.speed import (batch_size_of, paired_ratio, time_interleaved,
                                                      time_targets_interleaved)
 
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # as the measurement starts
     pair = ["plcql", "spacql"]
     overrides = {a: get_algorithm(a, discrete=spec.discrete).task_overrides(spec, tier) for a in pair}
     inter = time_interleaved(pair, spec, overrides, rounds=rounds, warmup=min(warmup, 2), device=device,
@@ -392,7 +395,8 @@ def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clo
                f"{t_ratio:.3f} (95% CI {t_lo:.3f}-{t_hi:.3f}); of the round: PLCQL "
                f"{share(t_med['plcql'], med['plcql'], overrides['plcql'], pl)}, SPaCQL "
                f"{share(t_med['spacql'], med['spacql'], overrides['spacql'], get_algorithm('spacql', discrete=spec.discrete))}")
-    return {"task": task_id, "n_agents": spec.n_agents, "device": device, "rounds": rounds, "batch": bsz,
+    return {"task": task_id, "n_agents": spec.n_agents, "load_average": round(load, 2), "device": device,
+            "rounds": rounds, "batch": bsz,
             "batch_unit": unit, "plcql_ms": round(med["plcql"], 1), "spacql_ms": round(med["spacql"], 1),
             "ratio": round(ratio, 3), "ratio_ci": [round(lo, 3), round(hi, 3)],
             "target_ms": {a: round(v, 2) for a, v in t_med.items()}, "target_batches": len(tgt["plcql"]),
@@ -417,13 +421,13 @@ def record_cost(path: str, measurement: dict, threads: int, clock: str, descript
 
     from plcql_bench.leaderboard.analysis import append_cost_measurement
 
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     machine = description or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     rec = {"task": measurement["task"], "n_agents": measurement["n_agents"],
-           "machine": f"{machine}, {threads} torch thread(s), {clock} clock, load average {load[0]:.2f}",
+           "machine": f"{machine}, {threads} torch thread(s), {clock} clock, load average "
+                      f"{measurement['load_average']:.2f}",
            "date": datetime.date.today().isoformat(),
            "command": "plcql-bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "",
-           "threads": threads, "clock": clock, "load_average": round(load[0], 2),
+           "threads": threads, "clock": clock,
            **{k: v for k, v in measurement.items() if k not in ("task", "n_agents")}}
     append_cost_measurement(path, rec)
     click.echo(f"# recorded in {path}: {rec['task']} (n={rec['n_agents']})")

@@ -10,6 +10,7 @@ Layout of a run directory, results/<profile>/<algo>/<task>/<tier>/seed<k>-<key>/
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -486,8 +487,9 @@ def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
     """The suite's evaluation of a policy (anything with `act(obs, avail)`, and `begin_episodes` if it is
     recurrent) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
     runs and the reference-code scorer (suite/reference_score.py) all evaluate through it."""
-    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
-                                   begin=getattr(algo, "begin_episodes", None))
+    with getattr(algo, "evaluating", contextlib.nullcontext)():  # evaluation mode once, not at every step
+        out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
+                                       begin=getattr(algo, "begin_episodes", None))
     returns = out["returns"]
     return {
         "episodes": int(len(returns)),

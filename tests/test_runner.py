@@ -129,3 +129,40 @@ def test_a_run_resumed_from_a_checkpoint_without_eval_seconds_records_none(setup
     assert "eval_s" not in torch.load(plan.run_dir / "ckpt.pt", weights_only=False)["state"]
     result = execute(_plan(tmp, profile), log=lambda *_: None)
     assert result["train"]["updates"] == 6 and "eval_s" not in result["train"]
+
+
+@pytest.mark.parametrize("algo", ["bc", "cfcql", "iql"])
+def test_evaluation_in_evaluation_mode_once_gives_the_per_step_switchs_returns(algo, monkeypatch):
+    """runner.evaluate_policy puts the actors in evaluation mode once for the whole evaluation instead of at
+    every act(): the same episodes and seeds give bitwise the same returns as act() switching it per step, and
+    the actors' training mode is restored after it (also when the evaluation fails)."""
+    import numpy as np
+    import torch
+
+    from plcql_bench.algorithms.base import get_algorithm, make_config
+    from plcql_bench.suite import protocol
+    from plcql_bench.suite.tasks import get_task
+
+    task = get_task("mpe-cn")
+    cls = get_algorithm(algo)
+    torch.manual_seed(0)
+    model = cls(task.spec, make_config(cls, {}), 0, "cpu")
+    with torch.no_grad():  # running statistics unlike the fresh ones, so the mode matters
+        model.actors.mlp.norm.running_mean.add_(0.5)
+    dataset = type("D", (), {"attrs": {}})()
+    per_step = protocol.rollout_returns(task, lambda s: model.act(s.obs, s.avail), protocol.eval_seeds(6))["returns"]
+    assert model.actors.training
+    once = runner.evaluate_policy(task, model, dataset, 6)["episode_returns"]
+    assert model.actors.training
+    assert once == [float(r) for r in per_step]
+    in_training_mode = protocol.rollout_returns(task, lambda s: model.actors(torch.as_tensor(s.obs)).clamp(-1, 1)
+                                                .detach().numpy(), protocol.eval_seeds(6))["returns"]
+    assert not np.array_equal(in_training_mode, per_step)  # the mode changes the actions: the check can fail
+
+    def broken(*a, **k):
+        raise RuntimeError("env died")
+
+    monkeypatch.setattr(protocol, "rollout_returns", broken)
+    with pytest.raises(RuntimeError):
+        runner.evaluate_policy(task, model, dataset, 6)
+    assert model.actors.training

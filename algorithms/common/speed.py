@@ -426,7 +426,8 @@ def time_evaluation(algo_name: str, task, overrides: dict[str, Any] | None = Non
 
     def once(n: int) -> float:
         t0 = timer()
-        protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(n), begin=begin)
+        with getattr(algo, "evaluating", contextlib.nullcontext)():  # as runner.evaluate_policy
+            protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(n), begin=begin)
         return timer() - t0
 
     times = []
