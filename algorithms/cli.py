@@ -195,6 +195,7 @@ def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, sec
         t = tier if tier in task_tiers(task_id) else task_tiers(task_id)[0]
         b = prof.train_budget(task_id, t)
         points = len(range(0, b["updates"] + 1, b["eval_every"])) + (1 if b["updates"] % b["eval_every"] else 0)
+        total = {"train": 0.0, "eval": 0.0, "runs": 0}
         for name in algos:
             if ("discrete" if spec.discrete else "continuous") not in implementations(name):
                 continue
@@ -206,9 +207,14 @@ def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, sec
             train_s = b["updates"] * r["median_ms"] / 1e3
             eval_s = points * point_s + final_s
             click.echo(f"{name:<10} {task_id:<26} {t:<8} {b['updates']:>7} {r['median_ms']:>9.1f} "
-                       f"{points:>6} x {b['eval_episodes']:>3} ep {point_s:>8.3f} {b['final_eval_episodes']:>4} ep "
-                       f"{final_s:>6.3f}s {train_s / 3600:>8.3f} {eval_s / 3600:>7.3f} "
+                       f"{points:>6} x {b['eval_episodes']:>3} ep {point_s:>8.4f} {b['final_eval_episodes']:>4} ep "
+                       f"{final_s:>7.4f}s {train_s / 3600:>8.3f} {eval_s / 3600:>7.3f} "
                        f"{100 * eval_s / (train_s + eval_s):>6.1f}%")
+            total.update(train=total["train"] + train_s, eval=total["eval"] + eval_s, runs=total["runs"] + 1)
+        if total["runs"] > 1:
+            click.echo(f"# {task_id}: one run of each of the {total['runs']} algorithms above together: evaluation "
+                       f"{total['eval']:.3f} s of {total['train'] + total['eval']:.3f} s = "
+                       f"{100 * total['eval'] / (total['train'] + total['eval']):.2f} %")
 
 
 def torch_threads() -> int:

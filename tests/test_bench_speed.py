@@ -246,8 +246,8 @@ def test_packing_prints_runs_per_core_hour_of_each_packing():
 def test_eval_share_is_the_evaluations_part_of_the_profiles_budget():
     """--eval-share: a run's evaluation points (every eval_every rounds, update 0 and the last included) and its
     final evaluation, against its rounds, under the profile's budget (smoke: 20 rounds, every 10, 5 episodes)."""
-    out = CliRunner().invoke(cli, ["bench-speed", "--eval-share", "--algo", "bc", "--task", "mpe-cn", "--profile",
-                                   "smoke", "--rounds", "3", "--seconds", "0.1", "--clock", "cpu"])
+    out = CliRunner().invoke(cli, ["bench-speed", "--eval-share", "--algo", "bc", "--algo", "iql", "--task", "mpe-cn",
+                                   "--profile", "smoke", "--rounds", "3", "--seconds", "0.1", "--clock", "cpu"])
     assert out.exit_code == 0, out.output
     row = next(line.split() for line in out.output.splitlines() if line.startswith("bc "))
     # algo task tier rounds ms/round points x E ep s/point F ep final train_h eval_h eval%
@@ -255,3 +255,8 @@ def test_eval_share_is_the_evaluations_part_of_the_profiles_budget():
     ms_round, per_point, final = float(row[4]), float(row[9]), float(row[12].rstrip("s"))
     train_s, eval_s = 20 * ms_round / 1e3, 3 * per_point + final
     assert float(row[15].rstrip("%")) == pytest.approx(100 * eval_s / (train_s + eval_s), abs=1.0)
+    # the task's line: both algorithms' runs together
+    together = re.search(r"# mpe-cn: one run of each of the 2 algorithms above together: evaluation ([\d.]+) s of "
+                         r"([\d.]+) s = ([\d.]+) %", out.output)
+    assert together, out.output
+    assert float(together.group(3)) == pytest.approx(100 * float(together.group(1)) / float(together.group(2)), abs=1.0)
