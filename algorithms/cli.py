@@ -231,9 +231,13 @@ def compare_official(checkouts: dict, tasks, rounds, warmup, threads, clock, dev
 
     if device != "cpu":
         raise BenchError(f"--device {device}: the official rounds are timed on the CPU only (their CUDA shims)")
-    for code, path in checkouts.items():
-        if not path:
-            continue
+    given = {code: path for code, path in checkouts.items() if path}
+    for code, path in given.items():  # every option's tasks and checkout, before minutes of timing
+        try:
+            reference_speed.check(code, Path(path), tasks)
+        except reference_speed.CheckoutError as exc:
+            raise BenchError(f"--official-{code}: {exc}") from None
+    for code, path in given.items():
         try:
             for line in reference_speed.run(code, Path(path), tasks, rounds, warmup, threads, clock):
                 click.echo(line)

@@ -264,11 +264,25 @@ def omar_pair(path: Path, task_id: str = "mpe-cn", seed: int = 0, buffer_size: i
         ref)
 
 
+CHECKOUT_FILES = {"cfcql": ("thu-rllab/CFCQL", ("continuous/algorithms/maddpg_cc.py", "continuous/utils/buffer.py")),
+                  "omar": ("ling-pan/OMAR", ("algorithms/maddpg.py", "utils/buffer.py"))}
+
+
+def check(code: str, path: Path, tasks) -> None:
+    """CheckoutError, before anything is timed, for a task the official code is not timed on or a PATH without
+    the checkout's files."""
+    for task_id in tasks:
+        if task_id not in OFFICIAL_TASKS[code]:
+            raise CheckoutError(f"--task {task_id}: the official {code.upper()} round is timed on "
+                                f"{', '.join(OFFICIAL_TASKS[code])} only")
+    repo, files = CHECKOUT_FILES[code]
+    if not all((Path(path) / f).is_file() for f in files):
+        raise CheckoutError(f"{path}: not a {repo} checkout (no {' or '.join(files)})")
+
+
 def make_pair(code: str, path: Path, task_id: str, seed: int = 0, buffer_size: int = 100_000) -> PairedRounds:
     """The pair for `code` on `task_id`; CheckoutError names an unsupported task or a wrong checkout."""
-    if task_id not in OFFICIAL_TASKS[code]:
-        raise CheckoutError(f"--task {task_id}: the official {code.upper()} round is timed on "
-                            f"{', '.join(OFFICIAL_TASKS[code])} only")
+    check(code, path, [task_id])
     build = cfcql_pair if code == "cfcql" else omar_pair
     with contextlib.redirect_stdout(io.StringIO()):  # the official constructors print their settings
         return build(Path(path).resolve(), task_id, seed, buffer_size)

@@ -165,6 +165,9 @@ def _small(make_pair):
                                      "algorithms/maddpg.py or utils/buffer.py)"),
     (["--official-omar", "{omar}", "--task", "mpe-pp"], "--official-omar: --task mpe-pp: the official OMAR round "
                                                         "is timed on mpe-cn only"),
+    # both codes at once: the OMAR option's task is refused before the CFCQL rounds are timed (nothing printed)
+    (["--official-cfcql", "{cfcql}", "--official-omar", "{omar}", "--task", "mamujoco-halfcheetah-2x3"],
+     "--official-omar: --task mamujoco-halfcheetah-2x3: the official OMAR round is timed on mpe-cn only"),
     (["--official-cfcql", "{cfcql}", "--device", "cuda"], "--device cuda: the official rounds are timed on the "
                                                           "CPU only (their CUDA shims)"),
 ])
