@@ -27,7 +27,7 @@ import click
                    "suite/calibrations/MACHINE.json, or --out.")
 @click.option("--profile", default="paper", show_default=True, help="With --calibrate: whose matrix.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="With --calibrate: the file.")
-@click.option("--description", default="", help="With --calibrate: what machine this is.")
+@click.option("--description", default="", help="With --calibrate or --record-cost: what machine this is.")
 @click.option("--seconds", default=20.0, show_default=True,
               help="With --calibrate: timed rounds per algorithm x task (3 to --rounds of them).")
 @click.option("--floor/--no-floor", "floor", default=True, show_default=True,
@@ -163,9 +163,12 @@ def bench_speed(algos, tasks, tier, rounds, warmup, batch, threads, device, cloc
             if packing:
                 compare_packings(name, spec, task_id, overrides, packing, rounds, warmup, batch, device)
         if ("plcql", task_id) in results and ("spacql", task_id) in results:
-            measured = compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results)
+            measured = compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock)
             if record_to:
-                record_cost(record_to, measured, threads, clock, description)
+                command = (f"plcql-bench bench-speed --algo plcql --algo spacql --task {task_id} --tier {tier} "
+                           f"--rounds {rounds} --warmup {warmup} --threads {threads} --clock {clock} --device {device}"
+                           + (f" --batch {batch}" if batch is not None else ""))
+                record_cost(record_to, measured, command, threads, clock, description)
 
 
 def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, seconds) -> None:
@@ -176,6 +179,8 @@ def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, sec
     SMAX episodes end when a side is eliminated, so there the share is an estimate."""
     import os
 
+    import torch
+
     from plcql_bench.algorithms.base import get_algorithm, implementations
     from plcql_bench.algorithms.common.speed import time_evaluation, time_rounds_within
     from plcql_bench.suite.profiles import load_profile
@@ -184,7 +189,7 @@ def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, sec
 
     prof = load_profile(profile)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    click.echo(f"# evaluation share of a {prof.name} run: torch threads {torch_threads()}, device {device}, clock "
+    click.echo(f"# evaluation share of a {prof.name} run: torch threads {torch.get_num_threads()}, device {device}, clock "
                f"{clock}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; untrained policies")
     click.echo(f"{'algo':<10} {'task':<26} {'tier':<8} {'rounds':>7} {'ms/round':>9} {'eval points':>15} "
                f"{'s/point':>8} {'final':>12} {'train h':>8} {'eval h':>7} {'eval %':>7}")
@@ -215,12 +220,6 @@ def evaluation_share(algos, tasks, tier, profile, max_rounds, device, clock, sec
             click.echo(f"# {task_id}: one run of each of the {total['runs']} algorithms above together: evaluation "
                        f"{total['eval']:.3f} s of {total['train'] + total['eval']:.3f} s = "
                        f"{100 * total['eval'] / (total['train'] + total['eval']):.2f} %")
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def compare_official(checkouts: dict, tasks, rounds, warmup, threads, clock, device) -> None:
@@ -372,16 +371,16 @@ def check_algo_names(names) -> None:
             raise BenchError(f"--algo {name}: unknown algorithm{did_you_mean(name, known)} (known: {', '.join(sorted(known))})")
 
 
-def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock, results) -> dict:
+def compare_plcql_spacql(spec, task_id, tier, rounds, warmup, batch, device, clock) -> dict:
     """PLCQL's round against SPaCQL's, timed in alternation: the median per-round ratio with its 95%
     bootstrap interval (an interval below 1 means PLCQL's round is measurably cheaper); then their target
     construction alone (the part that PLCQL cuts from n joint actions to 1), on the same batches, in
     alternation, with its own ratio and interval. Returns the measurement (`--record-cost`)."""
+    import os
+
     from plcql_bench.algorithms.base import get_algorithm
     from plcql_bench.algorithms.common.speed import (batch_size_of, paired_ratio, time_interleaved,
                                                      time_targets_interleaved)
-
-    import os
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # as the measurement starts
     pair = ["plcql", "spacql"]
@@ -420,14 +419,13 @@ def share(target_ms: float, round_ms: float, overrides: dict, cls) -> str:
     return f"{per_round} x {target_ms:.2f} ms = {100 * per_round * target_ms / round_ms:.0f} %"
 
 
-def record_cost(path: str, measurement: dict, threads: int, clock: str, description: str) -> None:
-    """`--record-cost FILE`: the measurement, with this machine, the date, the command and the load, appended to
-    the board's compute-cost file (leaderboard/bench_speed.yaml) so that no number in it is typed by hand."""
+def record_cost(path: str, measurement: dict, command: str, threads: int, clock: str, description: str) -> None:
+    """`--record-cost FILE`: the measurement, with this machine, the date, the command that repeats it and the
+    load, appended to the board's compute-cost file (leaderboard/bench_speed.yaml) so that no number in it is
+    typed by hand."""
     import datetime
     import os
     import platform
-    import shlex
-    import sys
 
     from plcql_bench.leaderboard.analysis import append_cost_measurement
 
@@ -436,7 +434,7 @@ def record_cost(path: str, measurement: dict, threads: int, clock: str, descript
            "machine": f"{machine}, {threads} torch thread(s), {clock} clock, load average "
                       f"{measurement['load_average']:.2f}",
            "date": datetime.date.today().isoformat(),
-           "command": "plcql-bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "",
+           "command": command,
            "threads": threads, "clock": clock,
            **{k: v for k, v in measurement.items() if k not in ("task", "n_agents")}}
     append_cost_measurement(path, rec)

@@ -79,6 +79,8 @@ def test_record_cost_appends_the_printed_measurement_to_the_cost_file(tmp_path):
     rec = rows[-1]
     assert (rec["task"], rec["n_agents"], rec["batch"], rec["rounds"], rec["threads"]) == ("mpe-cn", 3, 32, 3, 1)
     assert rec["machine"].startswith("test box, 1 torch thread(s), wall clock, load average ")
+    assert rec["command"] == ("plcql-bench bench-speed --algo plcql --algo spacql --task mpe-cn --tier medium --rounds 3 "
+                              "--warmup 1 --threads 1 --clock wall --device cpu --batch 32")
     m = re.search(r"ratio PLCQL/SPaCQL (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+)\)", out.output)
     assert [rec["ratio"], *rec["ratio_ci"]] == [round(float(x), 3) for x in m.groups()]
     t = re.search(r"median per-batch ratio ([\d.]+) \(95% CI ([\d.]+)-([\d.]+)\)", out.output)
