@@ -437,7 +437,12 @@ def record_cost(path: str, measurement: dict, command: str, threads: int, clock:
            "command": command,
            "threads": threads, "clock": clock,
            **{k: v for k, v in measurement.items() if k not in ("task", "n_agents")}}
-    append_cost_measurement(path, rec)
+    try:  # the file was checked before the timing; it may have changed since
+        append_cost_measurement(path, rec)
+    except ValueError as exc:
+        from plcql_bench.suite.core.errors import BenchError
+
+        raise BenchError(f"--record-cost {exc}; not recorded") from None
     click.echo(f"# recorded in {path}: {rec['task']} (n={rec['n_agents']})")
 
 

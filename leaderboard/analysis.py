@@ -302,11 +302,18 @@ COST_FIELDS = ("task", "n_agents", "machine", "date", "command", "rounds", "plcq
 
 
 def check_cost_file(path: str | Path) -> list:
-    """The measurements of a compute-cost file (a mapping with a `measurements` list, as bench_speed.yaml);
-    ValueError naming the file otherwise. A file that does not exist yet is an empty one."""
+    """The measurements of a compute-cost file (a mapping with a `measurements` list, as bench_speed.yaml, that
+    a record can be appended to); ValueError naming the file otherwise. A file that does not exist yet is an
+    empty one."""
     path = Path(path)
     if not path.exists():
         return []
+    before = _cost_measurements(path)
+    _with_record(path, before, {"task": "probe"})  # the append will work: checked before any timing
+    return before
+
+
+def _cost_measurements(path: Path) -> list:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -314,6 +321,26 @@ def check_cost_file(path: str | Path) -> list:
     if not isinstance(data, dict) or not isinstance(data.get("measurements"), list):
         raise ValueError(f"{path}: not a compute-cost file (expected a mapping with a 'measurements' list)")
     return data["measurements"]
+
+
+def _with_record(path: Path, before: list, record: dict) -> str:
+    """The file's text with `record` appended to its `measurements` (its other text, comments included, kept);
+    ValueError when that text would not read back as the old measurements plus the record."""
+    text = path.read_text(encoding="utf-8") if path.exists() else (
+        "# PLCQL against SPaCQL, paired: `plcql-bench bench-speed --record-cost FILE` (leaderboard/analysis.py)\n"
+        "measurements:\n")
+    if text.rstrip().endswith("measurements: []"):
+        text = text.rstrip()[: -len("[]")].rstrip() + "\n"
+    item = yaml.safe_dump([record], sort_keys=False, default_flow_style=None, width=200)
+    new = text.rstrip("\n") + "\n" + "".join(f"  {line}\n" for line in item.splitlines())
+    try:
+        after = yaml.safe_load(new).get("measurements")
+    except yaml.YAMLError:
+        after = None
+    if after != before + [record]:
+        raise ValueError(f"{path}: 'measurements' must be the file's last key, a block list indented by 2 spaces "
+                         "(as leaderboard/bench_speed.yaml)")
+    return new
 
 
 def append_cost_measurement(path: str | Path, record: dict) -> None:
@@ -325,15 +352,5 @@ def append_cost_measurement(path: str | Path, record: dict) -> None:
     if missing:
         raise ValueError(f"compute-cost record without {', '.join(missing)}")
     path = Path(path)
-    before = check_cost_file(path)
-    text = path.read_text(encoding="utf-8") if path.exists() else (
-        "# PLCQL against SPaCQL, paired: `plcql-bench bench-speed --record-cost FILE` (leaderboard/analysis.py)\n"
-        "measurements:\n")
-    if text.rstrip().endswith("measurements: []"):
-        text = text.rstrip()[: -len("[]")].rstrip() + "\n"
-    item = yaml.safe_dump([record], sort_keys=False, default_flow_style=None, width=200)
-    new = text.rstrip("\n") + "\n" + "".join(f"  {line}\n" for line in item.splitlines())
-    after = yaml.safe_load(new).get("measurements")
-    if after != before + [record]:
-        raise ValueError(f"{path}: 'measurements' is not the file's last key; append the record by hand")
-    atomic_write_bytes(path, new.encode("utf-8"))
+    before = _cost_measurements(path) if path.exists() else []
+    atomic_write_bytes(path, _with_record(path, before, record).encode("utf-8"))

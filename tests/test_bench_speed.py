@@ -95,6 +95,9 @@ def test_record_cost_appends_the_printed_measurement_to_the_cost_file(tmp_path):
                                                 "--algo spacql (or no --algo)"),
     (["--algo", "plcql", "--algo", "spacql"], "- a\n- b\n", "--record-cost {f}: not a compute-cost file (expected a "
                                                            "mapping with a 'measurements' list)"),
+    (["--algo", "plcql", "--algo", "spacql"], "measurements:\n  - task: x\nsource: s\n",
+     "--record-cost {f}: 'measurements' must be the file's last key, a block list indented by 2 spaces (as "
+     "leaderboard/bench_speed.yaml)"),
 ])
 def test_record_cost_refuses_before_timing_and_leaves_the_file(tmp_path, monkeypatch, capsys, args, content, message):
     import sys
