@@ -199,11 +199,12 @@ def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
         fig, (ax,) = _figure(1, width_per=5.2, height=0.6 * len(rows) + 1.3)
         ends = [1.0]
         for key, ci, label, color, dy in series:
-            shown = [(i, r) for i, r in enumerate(rows) if key == "ratio" or r.get("target_paired")]
-            for j, (i, r) in enumerate(shown):
+            for i, r in enumerate(rows):
+                if key != "ratio" and not r.get("target_paired"):
+                    continue
                 lo, hi = r[ci]
                 ends += [lo, hi]
-                ax.barh(i + dy, hi - lo, left=lo, height=0.3, color=color, alpha=0.35, label=label if j == 0 else None)
+                ax.barh(i + dy, hi - lo, left=lo, height=0.3, color=color, alpha=0.35)
                 ax.plot([r[key]] * 2, [i + dy - 0.15, i + dy + 0.15], color=color, lw=2)
         ax.axvline(1.0, color="#555", lw=1, ls="--")
         ax.set_yticks(range(len(rows)))
@@ -212,9 +213,8 @@ def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
         lo, hi = min(ends), max(ends)
         pad = 0.1 * (hi - lo) + 0.01
         ax.set_xlim(lo - pad, hi + pad)
-        ax.set_xlabel("PLCQL / SPaCQL time (median paired ratio, 95% CI)")
-        if len(series) > 1:
-            ax.legend(loc="best", fontsize="small")
+        ax.set_xlabel("PLCQL / SPaCQL time, median paired ratio, 95% CI: " + " (upper), ".join(
+            label for _, _, label, _, _ in series) + (" (lower)" if len(series) > 1 else ""))
         ax.grid(axis="y", visible=False)
         fig.tight_layout()
         return _svg(fig, salt)
