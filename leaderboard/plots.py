@@ -196,7 +196,7 @@ def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
     if any(r.get("target_paired") for r in rows):
         series.append(("target_ratio", "target_ratio_ci", "target construction", algo_color("spacql"), 0.17))
     with matplotlib.rc_context(_RC):
-        fig, (ax,) = _figure(1, width_per=5.2, height=0.6 * len(rows) + 1.3)
+        fig, (ax,) = _figure(1, width_per=6.6, height=0.6 * len(rows) + 1.4)
         ends = [1.0]
         for key, ci, label, color, dy in series:
             for i, r in enumerate(rows):
@@ -213,8 +213,8 @@ def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
         lo, hi = min(ends), max(ends)
         pad = 0.1 * (hi - lo) + 0.01
         ax.set_xlim(lo - pad, hi + pad)
-        ax.set_xlabel("PLCQL / SPaCQL time, median paired ratio, 95% CI: " + " (upper), ".join(
-            label for _, _, label, _, _ in series) + (" (lower)" if len(series) > 1 else ""))
+        ax.set_xlabel("PLCQL / SPaCQL time, paired ratio, 95% CI" + (
+            "\nupper: whole round · lower: target construction" if len(series) > 1 else ""))
         ax.grid(axis="y", visible=False)
         fig.tight_layout()
         return _svg(fig, salt)
