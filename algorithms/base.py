@@ -13,6 +13,7 @@ nothing is probed with hasattr.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -78,6 +79,12 @@ class Algorithm:
     def begin_episodes(self, num_envs: int) -> None:
         """Called by the evaluation protocol before the first `act()` of every batch of num_envs episodes,
         so a recurrent `act()` can keep per-env state (GRU hidden state, last actions); default: nothing."""
+
+    def evaluating(self) -> contextlib.AbstractContextManager:
+        """A context the whole of one evaluation runs in (runner.evaluate_policy), so a mode switch costs once
+        per evaluation, not at every `act()` (DeterministicActors: the actors in evaluation mode); default:
+        nothing."""
+        return contextlib.nullcontext()
 
     def diagnostics(self, probe: Any) -> dict[str, float]:
         """Values logged at every evaluation point, computed on a fixed probe batch (the same rows at every

@@ -74,6 +74,8 @@ def test_optional_hooks_have_defaults():
     assert algo.diagnostics(object()) == {}
     assert algo.run_warnings([{"update": 1}]) == ([], {})
     assert algo.begin_episodes(4) is None
+    with algo.evaluating():  # the evaluation's context (runner.evaluate_policy): nothing by default
+        pass
     assert (algo.batch_kind, algo.reward, algo.variant_of, algo.sweep, algo.legacy_keys) == (
         "transitions", "team", None, {}, {})
     assert tuple(algo.reseeded_generators) == ()

@@ -295,3 +295,18 @@ def test_a_seed_that_cannot_start_fails_alone(setup, monkeypatch):
     states = [json.loads((p.run_dir / "status.json").read_text())["status"] for p in plans]
     assert states == ["interrupted", "failed"]
     assert not any(p.final_path.exists() for p in plans)
+
+
+def test_a_stacked_run_records_its_evaluation_seconds_with_the_final_one(setup, monkeypatch):
+    """Each seed of a stack counts its own evaluations in train.eval_s, the final evaluation included."""
+    import time
+
+    from plcql_bench.suite.runs import runner
+
+    tmp, profile = setup
+    real = runner.evaluate_policy
+    monkeypatch.setattr(runner, "evaluate_policy", lambda *a: (time.sleep(0.1), real(*a))[1])
+    execute_stack(_plans(tmp, profile, "b"), logs=_quiet(3))
+    for plan in _plans(tmp, profile, "b"):
+        train = json.loads(plan.final_path.read_text())["train"]
+        assert 5 * 0.1 <= train["eval_s"] < train["wall_clock_s"]  # updates 0, 2, 4, 6 and the final one

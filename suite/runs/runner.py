@@ -461,7 +461,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
             if stopping:
                 raise stop.stopped(done)
     state["train_s"] += time.time() - clock
-    final = evaluate_policy(task, algo, dataset, budget["final_eval_episodes"])
+    final = _timed_eval(state, task, algo, dataset, budget["final_eval_episodes"])
     result = _result(plan, task, final, state, budget)
     return with_run_warnings(result, algo, state["history"], cell, log)
 
@@ -492,11 +492,12 @@ def _probe_batch(sampler):
 
 
 def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
-    """The suite's evaluation of a policy (an Algorithm's `act(obs, avail)` and `begin_episodes(num_envs)`) on
-    the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked runs and the
-    reference-code scorer (suite/runs/reference_score.py) all evaluate through it."""
-    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
-                                   begin=algo.begin_episodes)
+    """The suite's evaluation of a policy (an Algorithm's `act(obs, avail)`, `begin_episodes(num_envs)` and
+    `evaluating()`) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
+    runs and the reference-code scorer (suite/runs/reference_score.py) all evaluate through it."""
+    with algo.evaluating():  # evaluation mode once, not at every step
+        out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
+                                       begin=algo.begin_episodes)
     returns = out["returns"]
     return {
         "episodes": int(len(returns)),
@@ -518,8 +519,18 @@ def _normalised(ret: float, attrs: dict) -> float | None:
         return None
 
 
-def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe) -> None:
+def _timed_eval(state: dict, task, algo, dataset, episodes: int) -> dict:
+    """evaluate_policy, its seconds added to the run's `eval_s` (kept only by runs that counted it from update
+    0: a run resumed from an older checkpoint has none, and records none)."""
+    t0 = time.time()
     ev = evaluate_policy(task, algo, dataset, episodes)
+    if "eval_s" in state:
+        state["eval_s"] += time.time() - t0
+    return ev
+
+
+def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe) -> None:
+    ev = _timed_eval(state, task, algo, dataset, episodes)
     point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
     diag = algo.diagnostics(probe)
@@ -554,7 +565,7 @@ def _checkpoint(plan: RunPlan, algo, sampler, state: dict, pending: list) -> Non
 def fresh_state(device: str) -> dict:
     """A run's training state at update 0. `devices` lists where it trains: {"from_update", "device"}, one
     entry more each time it resumes on another kind of device (a GPU loan's run finished on a CPU)."""
-    return {"update": 0, "curve": [], "history": [], "train_s": 0.0,
+    return {"update": 0, "curve": [], "history": [], "train_s": 0.0, "eval_s": 0.0,
             "devices": [{"from_update": 0, "device": device}]}
 
 
@@ -611,6 +622,8 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
         curve=state["curve"],
         train={"updates": budget["updates"], "wall_clock_s": 0.0, "train_s": state["train_s"],
                "updates_per_s": budget["updates"] / max(state["train_s"], 1e-9),
+               # seconds of evaluation: every evaluation point (inside train_s) and the final one
+               **({"eval_s": state["eval_s"]} if "eval_s" in state else {}),
                **({"devices": state["devices"]} if len(state.get("devices", [])) > 1 else {})},
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),

@@ -244,7 +244,7 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
         for r in runs:
             r.state["train_s"] += elapsed
             with r.global_rng():
-                final = R.evaluate_policy(task, r.algo, dataset, budget["final_eval_episodes"])
+                final = R._timed_eval(r.state, task, r.algo, dataset, budget["final_eval_episodes"])
             result = R.with_run_warnings(R._result(r.plan, task, final, r.state, budget), r.algo,
                                          r.state["history"], r.plan.cell, r.log)
             results.append(R._validated(result, device, stacked=True))
