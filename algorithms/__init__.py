@@ -1,1 +1,1 @@
-"""Offline MARL algorithms, one file each, behind the protocol in base.py."""
+"""Offline MARL algorithms, one file each, behind the contract in base.py (`Algorithm`)."""

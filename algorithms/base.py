@@ -1,19 +1,25 @@
-"""The small protocol the runner drives, and the algorithm registry.
+"""The algorithm contract the runner drives (`Algorithm`), and the algorithm registry.
 
-An algorithm file defines a config dataclass and a class that
+An algorithm file defines a config dataclass and a class that derives from `Algorithm` (through
+`Checkpointable`, algorithms/common/checkpoint.py) and
   * is built from (TaskSpec, config, seed, device),
   * consumes batches of transitions in `update()` and returns a dict of float metrics,
   * acts in the env through `act()` (deterministic at evaluation),
   * saves and restores everything needed to resume (`state_dict()` / `load_state_dict()`).
-The runner owns data loading, evaluation, seeding, checkpoints and results.
+The runner owns data loading, evaluation, seeding, checkpoints and results. `Algorithm` declares every
+attribute and hook the runner, the evaluation protocol and the tools read, each with its default, so
+nothing is probed with hasattr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import json
+import pkgutil
 import re
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -23,41 +29,78 @@ if TYPE_CHECKING:
 # The batch types are the runner's (suite/core/batch.py); algorithms import them from here.
 from plcql_bench.suite.core.batch import Batch, BatchSampler, EpisodeBatch  # noqa: F401
 from plcql_bench.suite.core.spec import TaskSpec
+import plcql_bench.algorithms as package
 
 
-class Algorithm(Protocol):
+class Algorithm:
+    """The contract. Required: `name`, `Config`, `__init__`, `update`, `act`, `state_dict`, `load_state_dict`;
+    every other member has the default written here, which an algorithm overrides when it needs to.
+    (A Config dataclass may declare `key_neutral: ClassVar[dict]`: see `identity_config`.)"""
+
     name: ClassVar[str]
     Config: ClassVar[type]
-    discrete: ClassVar[bool | None]  # None = both
+    discrete: ClassVar[bool | None] = None  # the action kind it handles: False, True, or None = both
     # What `update(sample)` receives: "transitions" -> sample(batch_size) returns a Batch;
     # "episodes" -> sample(batch_size) returns an EpisodeBatch of whole padded episodes
-    # (datasets/episodes.py: EpisodeSampler). Optional; absent means "transitions".
-    batch_kind: ClassVar[str]
+    # (datasets/episodes.py: EpisodeSampler).
+    batch_kind: ClassVar[str] = "transitions"
     # The reward its Bellman targets use, following its reference (docs/algorithms/<name>.md): "team" (the
     # dataset's `rewards`), "agent0" (agent 0's own reward, as CFCQL's central critic) or "per_agent"
-    # (each agent's own, [B, n], as OMAR's per-agent critics). Optional; absent means "team". On data
-    # without per-agent rewards (format v1) every choice is the team reward, [B].
-    reward: ClassVar[str]
+    # (each agent's own, [B, n], as OMAR's per-agent critics). On data without per-agent rewards (format
+    # v1) every choice is the team reward, [B].
+    reward: ClassVar[str] = "team"
+    # checkpoint key of an earlier version -> today's key (algorithms/common/checkpoint.py)
+    legacy_keys: ClassVar[dict[str, str]] = {}
+    # A registered variant (`register_variant`, a sweep): the algorithm it is built on and the config
+    # defaults it changes; a sweep variant's field -> value, applied after the task's and profile's values.
+    variant_of: ClassVar[str | None] = None
+    variant_defaults: ClassVar[dict[str, Any]] = {}
+    sweep: ClassVar[dict[str, Any]] = {}
+    # Set by `load_state_dict`: the generators whose saved stream could not continue on this device kind.
+    reseeded_generators: Sequence[str] = ()
 
-    def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None: ...
+    def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
+        """The config values for a task and tier (its YAML table, algorithms/configs/); default: none."""
+        return {}
 
     def update(self, sample: "BatchSampler") -> dict[str, float]:
         """One update round (the unit the profile's `updates` counts). Draws its own batches
         from `sample(batch_size)` so rounds with several critic updates get fresh batches."""
-        ...
+        raise NotImplementedError
 
     def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
         """Deterministic (greedy) actions for evaluation. obs [B, n, obs_dim] -> actions."""
-        ...
+        raise NotImplementedError
 
-    # Optional (recurrent policies): `begin_episodes(num_envs)` is called by the evaluation
-    # protocol before the first `act()` of every batch of num_envs episodes, so `act()` can keep
-    # per-env state (GRU hidden state, last actions) between the steps of those episodes.
-    # def begin_episodes(self, num_envs: int) -> None: ...
+    def begin_episodes(self, num_envs: int) -> None:
+        """Called by the evaluation protocol before the first `act()` of every batch of num_envs episodes,
+        so a recurrent `act()` can keep per-env state (GRU hidden state, last actions); default: nothing."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def evaluating(self) -> contextlib.AbstractContextManager:
+        """A context the whole of one evaluation runs in (runner.evaluate_policy), so a mode switch costs once
+        per evaluation, not at every `act()` (DeterministicActors: the actors in evaluation mode); default:
+        nothing."""
+        return contextlib.nullcontext()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def diagnostics(self, probe: Any) -> dict[str, float]:
+        """Values logged at every evaluation point, computed on a fixed probe batch (the same rows at every
+        point; it must not touch the training random streams); default: none."""
+        return {}
+
+    def run_warnings(self, history: list[dict]) -> tuple[list[str], dict[str, Any]]:
+        """Warnings for final.json from the run's metric rows, and extra fields for it (PLCQL: PAR collapsed
+        to one k); default: none."""
+        return [], {}
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
 
 
 REWARDS = ("team", "agent0", "per_agent")
@@ -65,7 +108,7 @@ REWARDS = ("team", "agent0", "per_agent")
 
 def reward_kind(cls_or_algo: Any) -> str:
     """"team" (default), "agent0" or "per_agent": the reward the algorithm's targets use."""
-    kind = getattr(cls_or_algo, "reward", "team")
+    kind = cls_or_algo.reward
     if kind not in REWARDS:
         raise ValueError(f"{getattr(cls_or_algo, 'name', cls_or_algo)}: unknown reward {kind!r} (known: {REWARDS})")
     return kind
@@ -78,7 +121,7 @@ def per_agent_rewards(rewards: "torch.Tensor") -> "torch.Tensor":
 
 def batch_kind(cls_or_algo: Any) -> str:
     """"transitions" (default) or "episodes"."""
-    kind = getattr(cls_or_algo, "batch_kind", "transitions")
+    kind = cls_or_algo.batch_kind
     if kind not in ("transitions", "episodes"):
         raise ValueError(f"{getattr(cls_or_algo, 'name', cls_or_algo)}: unknown batch_kind {kind!r}")
     return kind
@@ -94,13 +137,14 @@ IMPLEMENTATIONS: dict[bool, dict[str, type]] = {False: {}, True: {}}
 
 
 def _kinds(cls: type) -> tuple[bool, ...]:
-    d = getattr(cls, "discrete", None)
-    return (False, True) if d is None else (bool(d),)
+    return (False, True) if cls.discrete is None else (bool(cls.discrete),)
 
 
 def register(cls: type) -> type:
     """Class decorator: makes an algorithm available to the CLI under `cls.name`. A name may be
     registered once per action kind (see IMPLEMENTATIONS)."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"@register: {cls!r} does not derive from algorithms.base.Algorithm (through Checkpointable)")
     for kind in _kinds(cls):
         if cls.name in IMPLEMENTATIONS[kind]:
             what = "discrete" if kind else "continuous"
@@ -150,9 +194,6 @@ NOT_ALGORITHMS = frozenset({"base", "cli"})
 
 def algorithm_modules() -> list[str]:
     """The algorithm modules of this package (algorithms/*.py but base and cli), sorted by name."""
-    import pkgutil
-
-    import plcql_bench.algorithms as package
 
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
                   if not m.ispkg and m.name not in NOT_ALGORITHMS)
@@ -160,7 +201,6 @@ def algorithm_modules() -> list[str]:
 
 def load_all() -> dict[str, type]:
     """Import every algorithm module (discovered in the package) so their @register decorators run."""
-    import importlib
 
     for name in algorithm_modules():
         importlib.import_module(f"plcql_bench.algorithms.{name}")
@@ -263,7 +303,7 @@ SWEEPS: dict[bool, dict[str, type]] = {False: {}, True: {}}
 def _register_sweep(name: str) -> dict[bool, type]:
     """{discrete: class} of the sweep variant `name` (each action kind its base has the field for), made
     now; {} when `name` names no sweep. Its value applies after the task's and the profile's config
-    (suite/runner.py: resolve_config), as `--set` does, so a field the task tables set still varies."""
+    (suite/runs/runner.py: resolve_config), as `--set` does, so a field the task tables set still varies."""
     parsed = parse_sweep_name(name)
     if parsed is None:
         return {}

@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plcql_bench.algorithms.base import register
-from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
+from plcql_bench.algorithms.common.continuous import CentralCriticConfig, CentralCriticAlgorithm
 
 
 @dataclass
-class Config(BackboneConfig):
-    """CFCQL's settings are the backbone's (algorithms/common/continuous.py, `BackboneConfig`)."""
+class Config(CentralCriticConfig):
+    """CFCQL's settings are the backbone's (algorithms/common/continuous.py, `CentralCriticConfig`)."""
 
 
 @register

@@ -68,7 +68,7 @@ class CFCQLDiscrete(DiscreteAlgorithm):
         super().__init__(spec, config, seed, device)
         self.backbone = CFCQLBackbone(self, 1, stacked=False, use_behaviour=uses_behaviour(config))
 
-    # -- protocol -------------------------------------------------------------------------------
+    # -- checkpoint -----------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
         return self.backbone.modules()
 

@@ -34,7 +34,7 @@ from torch import nn
 from plcql_bench.algorithms.base import BatchSampler, per_agent_rewards, register, register_variant
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.independent import IndepCritics, clip_grad_norm_agents_
-from plcql_bench.algorithms.common.protocol import Checkpointable
+from plcql_bench.algorithms.common.checkpoint import Checkpointable
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
 from plcql_bench.suite.core.spec import TaskSpec
 

@@ -22,11 +22,11 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, register
 from plcql_bench.algorithms.common import rng
-from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
+from plcql_bench.algorithms.common.continuous import CentralCriticConfig, CentralCriticAlgorithm
 
 
 @dataclass
-class Config(BackboneConfig):
+class Config(CentralCriticConfig):
     pass  # same fields and defaults as CFCQL; n_sampled_actions = joint samples per state
 
 

@@ -247,7 +247,7 @@ class MADTKD(DiscreteAlgorithm):
         self.best_return = float("-inf")
         self._hist: dict[str, Any] | None = None
 
-    # -- protocol -------------------------------------------------------------------------------
+    # -- checkpoint -----------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
         return {"teacher": self.teacher, "student": self.student, "mapping": self.mapping}
 

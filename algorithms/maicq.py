@@ -30,7 +30,7 @@ from plcql_bench.algorithms.base import BatchSampler, register
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
 from plcql_bench.algorithms.common.independent import IndepCritics
-from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+from plcql_bench.algorithms.common.checkpoint import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 from plcql_bench.suite.core.spec import TaskSpec
 

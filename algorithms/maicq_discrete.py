@@ -103,7 +103,7 @@ class MAICQDiscrete(DiscreteAlgorithm):
         self.critic_opt = torch.optim.RMSprop(self.critic_params, lr=c.critic_lr, **rms)
         self.counters = {"critic_steps": 0, "last_target_update": 0}
 
-    # -- protocol -------------------------------------------------------------------------------
+    # -- checkpoint -----------------------------------------------------------------------------
     def modules(self) -> dict[str, nn.Module]:
         return {"actor": self.actor, "critic": self.critic, "mixer": self.mixer, "target_critic": self.target_critic,
                 "target_mixer": self.target_mixer}

@@ -30,16 +30,17 @@ clipped smoothing noise), `par_updates` ("first-batch": PAR learns from the roun
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import torch
 from torch import nn
 
-from plcql_bench.algorithms.base import Batch, BatchSampler, register, register_variant
+from plcql_bench.algorithms.base import Batch, register, register_variant
 from plcql_bench.algorithms.common import rng
 from plcql_bench.algorithms.common.continuous import (
-    BackboneConfig, CentralCriticAlgorithm, host_floats, make_adam, mean_metrics, replace_agents)
+    CentralCriticConfig, CentralCriticAlgorithm, make_adam, replace_agents)
 from plcql_bench.algorithms.common.nets import StackedMLP, buffers_restored
+from plcql_bench.algorithms.common.steps import RunSteps
 
 
 @dataclass
@@ -71,7 +72,7 @@ class ParConfig:
 
 
 @dataclass
-class Config(BackboneConfig, ParConfig):
+class Config(CentralCriticConfig, ParConfig):
     # Everything of CFCQL's Config (paper: "all other hyperparameters follow SPaCQL", which follows
     # CFCQL, reference-implementations.md §4.4), the PAR settings, plus:
     n_critics: int = 10  # paper §Experimental Setup: "an ensemble of ten Q-networks"
@@ -202,19 +203,15 @@ class Par:
         v = self.value(next_state)[0, :, 0]
         return ((v - r_par).pow(2) * m).sum() / m.sum().clamp(min=1)
 
-    def optimise(self, opt: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
-        """One Adam step of pi_par or V on `loss`, its gradient norm clipped to par_grad_clip."""
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.par_grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), self.cfg.par_grad_clip, foreach=True)
-        opt.step()
-
-    def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        loss = torch.zeros((), device=next_state.device)
+    def value_update(self, next_state: torch.Tensor, r_par: torch.Tensor, m: torch.Tensor,
+                     steps: RunSteps | None = None) -> torch.Tensor:
+        """`value_steps` Adam steps of V on L_v, each gradient norm clipped to par_grad_clip; the last loss.
+        `steps`: how the stages run (algorithms/common/steps.py; default this Par's own, one run)."""
+        steps = steps or RunSteps(self)
+        loss = steps.zeros(next_state.device)
         for _ in range(self.cfg.value_steps):
-            loss = self.value_loss(next_state, r_par, m)
-            self.optimise(self.value_opt, self.value, loss)
+            loss = steps.call(self.value_loss, next_state, r_par, m)
+            steps.optimise("par_value_opt", "par_value", loss, self.cfg.par_grad_clip)
         return loss.detach()
 
     @torch.no_grad()
@@ -259,24 +256,26 @@ class Par:
                 "ppo/clip_frac": (((ratio - 1).abs() > self.cfg.ppo_clip).float() * m).sum() / denom}
 
     def ppo_update(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor,
-                   adv: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps), with
-        the advantage as given; the logged statistics are the last epoch's."""
+                   adv: torch.Tensor, m: torch.Tensor, steps: RunSteps | None = None) -> dict[str, torch.Tensor]:
+        """Clipped-surrogate PPO on pi_par over the rows with m = 1 (`ppo_epochs` full-batch steps, each gradient
+        norm clipped to par_grad_clip), with the advantage as given; the logged statistics are the last epoch's."""
+        steps = steps or RunSteps(self)
         stats: dict[str, torch.Tensor] = {}
         for epoch in range(self.cfg.ppo_epochs):
-            loss, ratio, entropy = self.ppo_loss(next_state, k, logp_old, adv, m)
-            self.optimise(self.policy_opt, self.policy, loss)
+            loss, ratio, entropy = steps.call(self.ppo_loss, next_state, k, logp_old, adv, m)
+            steps.optimise("par_policy_opt", "par_policy", loss, self.cfg.par_grad_clip)
             if epoch == self.cfg.ppo_epochs - 1:
-                stats = self.ppo_stats(loss, ratio, entropy, m)
+                stats = steps.call(self.ppo_stats, loss, ratio, entropy, m)
         return stats
 
     def step(self, next_state: torch.Tensor, k: torch.Tensor, logp_old: torch.Tensor, r_par: torch.Tensor,
-                 m: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s').
-        (algorithms/common/stacked.py runs the same steps for a stack of seeds: keep the two in step.)"""
-        out = {"par/value_loss": self.value_update(next_state, r_par, m)}
-        adv, out["par/adv_raw"] = self.advantage(next_state, r_par, m)
-        out.update(self.ppo_update(next_state, k, logp_old, adv, m))
+             m: torch.Tensor, steps: RunSteps | None = None) -> dict[str, torch.Tensor]:
+        """One PAR update on the rows with m = 1: V towards r_par, then PPO with advantage r_par - V(s'). Written
+        once: a seed stack passes its own `steps` (algorithms/common/stacked.py)."""
+        steps = steps or RunSteps(self)
+        out = {"par/value_loss": self.value_update(next_state, r_par, m, steps)}
+        adv, out["par/adv_raw"] = steps.call(self.advantage, next_state, r_par, m)
+        out.update(self.ppo_update(next_state, k, logp_old, adv, m, steps))
         return out
 
     def stats(self, probs: torch.Tensor, k: torch.Tensor, r_par: torch.Tensor, u: torch.Tensor,
@@ -428,35 +427,30 @@ class PLCQL(CentralCriticAlgorithm):
         q_data = self.online_q(batch, batch.next_actions) if self.cfg.par_reward == "lcb" else None
         return self.par.reward(self.online_q(batch, joint_next), q_data)
 
-    # -- one round -----------------------------------------------------------------------------------------
-    def update(self, sample: BatchSampler) -> dict[str, float]:
-        critic_ms, par_ms, out = [], [], {}
-        for u in range(self.cfg.ca_ratio):
-            batch = sample(self.cfg.batch_size)
-            target, aux = self.compute_target(batch)
-            k, logp_old, probs, joint_next, mask = (aux[x] for x in ("k", "logp_old", "probs", "joint_next", "mask"))
-            par_here = u == 0 or self.cfg.par_updates == "every-batch"
-            if par_here:  # r_par with the online ensemble before this batch's critic step
-                r_par, u_q, w = self.par_reward(batch, joint_next)
-            loss, stats = self.critic_loss(batch, target)
-            gn = self.critic_step(loss)
-            critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(1).mean()})
-            if u == 0:
-                actor_loss, actor_stats = self.actor_loss(batch)
-                self.actor_step(actor_loss)
-                out.update(actor_stats)
-            if par_here:
-                ms = self.par.stats(probs, k, r_par, u_q, w)
-                if self.par.learned:
-                    # rows whose next action is unknown replace every agent whatever k: no signal for pi_par
-                    ms.update(self.par.step(batch.next_state, k, logp_old, r_par,
-                                            (batch.next_actions_valid > 0.5).float()))
-                par_ms.append(ms)
-        self.update_targets()
-        self.rounds += 1
-        out.update(mean_metrics(par_ms))
-        out.update(mean_metrics(critic_ms))
-        return host_floats(out)
+    # -- PAR's part of the round (CentralCriticAlgorithm.round's hooks) -------------------------------------
+    def target_stats(self, aux: dict[str, Any]) -> dict[str, Any]:
+        """Agents replaced per row, averaged (mask [B, n]; [S, B, n] in a seed stack, hence the axes from the end)."""
+        return {"par/k_replaced": aux["mask"].float().sum(-1).mean(-1)}
+
+    def before_critic_step(self, steps: RunSteps, u: int, batch: Batch, aux: dict[str, Any]) -> Any:
+        """On the batches PAR learns from (the first, or every one): r_par with the online ensemble before this
+        batch's critic step."""
+        if u == 0 or self.cfg.par_updates == "every-batch":
+            return steps.call(self.par_reward, batch, aux["joint_next"])
+        return None
+
+    def after_actor_step(self, steps: RunSteps, u: int, batch: Batch, aux: dict[str, Any], pre: Any
+                         ) -> dict[str, Any] | None:
+        """PAR's statistics and, for a learned pi_par, its update (V, then PPO) on the batches with an r_par."""
+        if pre is None:
+            return None
+        r_par, u_q, w = pre
+        ms = steps.call(self.par.stats, aux["probs"], aux["k"], r_par, u_q, w)
+        if self.par.learned:
+            # rows whose next action is unknown replace every agent whatever k: no signal for pi_par
+            ms.update(self.par.step(batch.next_state, aux["k"], aux["logp_old"], r_par,
+                                    (batch.next_actions_valid > 0.5).float(), steps))
+        return ms
 
     # -- diagnostics (runner: at every evaluation point, on a fixed probe batch) ----------------------------
     @torch.no_grad()

@@ -30,11 +30,11 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, register
 from plcql_bench.algorithms.common import rng
-from plcql_bench.algorithms.common.continuous import BackboneConfig, CentralCriticAlgorithm
+from plcql_bench.algorithms.common.continuous import CentralCriticConfig, CentralCriticAlgorithm
 
 
 @dataclass
-class Config(BackboneConfig):
+class Config(CentralCriticConfig):
     n_critics: int = 10  # SPaCQL: "an ensemble of 10 Q-networks" (§4.4)
     # --- paper-silent choices ---
     weights_per: str = "sample"  # "sample": w_k per transition; "batch": w_k from the batch-mean u_k

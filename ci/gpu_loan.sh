@@ -12,7 +12,7 @@
 # Prepare once on the development machine (what the loan machine lacks, it cannot download):
 #   bash ci/gpu_loan.sh --prepare        # wheels for py3.12 into .wheels/ (carry it)
 # Then, through the device tool: carry [".wheels"] and run
-#   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2' bash ci/gpu_loan.sh
+#   LIMIT=500 GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2' bash ci/gpu_loan.sh
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
@@ -20,7 +20,7 @@
 # the rest of phase 1 is PLCQL and SPaCQL on the four World rows (5,001 rounds a run, ~80 min each at 1 thread
 # on the development VM). On the GPU as stacks of 3 seeds (all 8 stacks at once), DoF on the MPE rows (phase 1's
 # next algorithm) on the cores. Carry no partial World run: a cell's seeds at different rounds train one stack
-# after the other, the lowest round first (suite/stacking.py), so a carried seed would wait behind its cell's
+# after the other, the lowest round first (suite/runs/stacking.py), so a carried seed would wait behind its cell's
 # fresh ones; the loan trains all three from the start, and --take-back keeps whichever copy got further.
 # Carrying [".wheels"]:
 #   LIMIT=500 PER_GPU=4 CPU_JOBS=7 STACK=3 \
@@ -40,8 +40,8 @@
 #   LIMIT=520 PER_GPU=6 CPU_JOBS=8 STACK=3 BENCH_STACK=8 STACK_ROUNDS=8 \
 #   STACK_BENCH="cfcql:mpe-cn plcql:mpe-cn cfcql:mamujoco-halfcheetah-2x3 plcql:mamujoco-halfcheetah-2x3" \
 #   SPEED_BENCH="plcql+spacql:smax-6h_vs_8z" \
-#   GPU_ONLY='algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,dataset=random,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql-k2,task=mpe-cn,dataset=medium-replay,seed=2;algo=plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,dataset=medium-replay,seed=0,1,2' \
+#   GPU_ONLY='algo=plcql,plcql-kn,plcql-lcb,plcql-uniform,plcql-k1,plcql-k2,plcql-w1,plcql-target-actors,task=mpe-cn,tier=random,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql-k2,task=mpe-cn,tier=medium-replay,seed=2;algo=plcql-w1,plcql-t0.1,plcql-t10,task=mpe-cn,tier=medium-replay,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
 # Several seeds per GPU process: STACK=3 trains up to 3 seeds of each GPU_ONLY cell as stacked models
 # (`all --stack`, the continuous CFCQL family; docs/runner.md), PER_GPU such processes sharing the GPU.
@@ -54,7 +54,7 @@
 # six CN PLCQL checkpoints, tree + wheels + tarball, of the 64 MiB).
 # Check it here on CPU with a tiny budget (the smoke profile's cells; the project's python first on PATH):
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu PROFILE=smoke LIMIT=60 OUT=/tmp/out RESULTS=/tmp/r DATA=/tmp/d \
-#   GPU_ONLY='algo=plcql,task=mpe-cn,dataset=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,dataset=random,seed=0' \
+#   GPU_ONLY='algo=plcql,task=mpe-cn,tier=random,seed=0' CPU_ONLY='algo=bc,cfcql,task=mpe-cn,tier=random,seed=0' \
 #   bash ci/gpu_loan.sh          (checked 2026-11-27: 3 runs trained and packed in 18 s; later, a stack of 5 PLCQL
 #   seeds and a CFCQL run stopped at LIMIT with checkpoints at rounds 33 and 547, and a second call resumed both)
 set -uo pipefail
@@ -183,8 +183,8 @@ LIMIT=${LIMIT:-500}              # seconds of training before the clean stop
 PROFILE=${PROFILE:-paper}
 DEVICE=${DEVICE:-cuda}
 PER_GPU=${PER_GPU:-3}
-GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,dataset=medium,seed=0,1,2}
-CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,dataset=random,seed=0,1,2}
+GPU_ONLY=${GPU_ONLY:-algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2}
+CPU_ONLY=${CPU_ONLY:-algo=plcql,task=mpe-cn,tier=random,seed=0,1,2}
 PREBUILD=${PREBUILD:-}          # "task:tier ..." built in parallel before training (checked against the cards)
 STACK=${STACK:-1}                # seeds of a GPU_ONLY cell trained in one process as stacked models
 STACK_BENCH=${STACK_BENCH:-}     # "algo:task ..." timed with bench-speed --stack $STACK before training
@@ -218,14 +218,14 @@ if [[ -d .wheels ]]; then
 fi
 # MPE imports pygame only to draw; without it (its wheel would put the trip over 64 MiB) a render-only stub.
 python3 -c "import pygame" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$ROOT/ci/loan_stubs"
-BENCH=(python3 -m plcql_bench.suite.cli --data-dir "$DATA" --results-dir "$RESULTS")
+BENCH=(python3 -m plcql_bench.suite.commands.main --data-dir "$DATA" --results-dir "$RESULTS")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 # Fail fast (a lent minute is precious): the CLI and the MPE env must import.
-python3 -c "import plcql_bench.suite.cli, mpe2" || { log "imports failed"; exit 2; }
+python3 -c "import plcql_bench.suite.commands.main, mpe2" || { log "imports failed"; exit 2; }
 # PROFILE may be a built-in name or a .yaml path; runs and datasets live under the profile's own name.
 PROFILE_NAME=$(python3 -c 'import sys
-from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runs.profiles import load_profile
 from plcql_bench.suite.core.errors import BenchError
 try:
     print(load_profile(sys.argv[1]).name)

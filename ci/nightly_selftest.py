@@ -43,12 +43,12 @@ INJECTIONS = {
 
 
 def nightly_raw() -> dict:
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs.profiles import load_profile
 
     prof = load_profile("nightly")
     if not prof.source.startswith("builtin:"):
         raise SystemExit("the nightly profile must be the built-in one")
-    return yaml.safe_load((ROOT / "suite" / "profiles" / "nightly.yaml").read_text())
+    return yaml.safe_load((ROOT / "suite" / "runs" / "profiles" / "nightly.yaml").read_text())
 
 
 def noise_variant(raw: dict, first_seed: int) -> list[tuple[dict, list[str]]]:
@@ -61,8 +61,8 @@ def noise_variant(raw: dict, first_seed: int) -> list[tuple[dict, list[str]]]:
 def injected_variant(raw: dict, field: str, change) -> list[tuple[dict, list[str]]]:
     """One profile per (algo, tier) that has `field`, with field = change(its own value) in
     algo_overrides; the algorithms without the field run unchanged. -> [(profile, --only)]."""
-    from plcql_bench.suite.profiles import _parse
-    from plcql_bench.suite.runner import Cell, resolve_config
+    from plcql_bench.suite.runs.profiles import _parse
+    from plcql_bench.suite.runs.runner import Cell, resolve_config
 
     prof = _parse(raw, "nightly-selftest")
     m = raw["matrix"]
@@ -84,7 +84,7 @@ def injected_variant(raw: dict, field: str, change) -> list[tuple[dict, list[str
 def run_variant(name: str, calls: list[tuple[dict, list[str]]], work: Path, data_dir: Path, jobs: int,
                 band_path: Path) -> dict:
     """Run every call of a variant into work/name/results, then compare with the band."""
-    from plcql_bench.suite.regress import collect, compare, failed, failing, report
+    from plcql_bench.suite.runs.regress import collect, compare, failed, failing, report
 
     vdir = work / name
     results = vdir / "results"

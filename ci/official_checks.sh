@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The official-code checks the leaderboard shows beside our cells (leaderboard/official/, docs/leaderboard.md):
-# the reference's own code trained on this suite's dataset and scored by this suite (suite/reference_score.py).
+# the reference's own code trained on this suite's dataset and scored by this suite (suite/runs/reference_score.py).
 # Runs the listed checks that have no result file yet, one after another (1 torch thread each; a CN, PP or World
 # check is 10-20 minutes on one core). Resumable: rerun it and it goes on with the missing ones.
 #
@@ -32,7 +32,7 @@ while read -r code task tier seeds; do
       continue
     fi
     echo "== official $code $task $tier seed $seed"
-    OMP_NUM_THREADS=1 "$PY" -m plcql_bench.suite.reference_score "--$code" "$checkout" --task "$task" --tier "$tier" \
+    OMP_NUM_THREADS=1 "$PY" -m plcql_bench.suite.runs.reference_score "--$code" "$checkout" --task "$task" --tier "$tier" \
       --seed "$seed" --data-dir "$DATA" --record-to "$OUT" | tail -n 2
   done
 done <<< "$CHECKS"

@@ -9,9 +9,9 @@ BIN=${BIN:-.venv/bin}
 WORK=$(mktemp -d /tmp/plcql-scaling.XXXX)
 trap 'rm -rf "$WORK"' EXIT
 BENCH="$BIN/plcql-bench --data-dir $WORK/data"
-ONLY="algo=bc,cfcql,dataset=random,seed=0,1,2,3"
+ONLY="algo=bc,cfcql,tier=random,seed=0,1,2,3"
 # The smoke profile with 4 seeds (its matrix has 2): same budget, so the same runs as smoke's.
-sed 's/^  seeds: \[0, 1\]/  seeds: [0, 1, 2, 3]/; s/^name: smoke/name: scaling/' suite/profiles/smoke.yaml > "$WORK/scaling.yaml"
+sed 's/^  seeds: \[0, 1\]/  seeds: [0, 1, 2, 3]/; s/^name: smoke/name: scaling/' suite/runs/profiles/smoke.yaml > "$WORK/scaling.yaml"
 $BENCH datasets build mpe-cn random --profile "$WORK/scaling.yaml" >/dev/null
 
 timeit() {  # label, then the `all` arguments

@@ -38,7 +38,7 @@ algo_overrides: {batch_size: 16, hidden: 16, n_sampled_actions: 2}
 
 
 def all_cmd(tmp: Path, results: str, jobs: int) -> list[str]:
-    return [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp / "data"),
+    return [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp / "data"),
             "--results-dir", str(tmp / results), "all", "--profile", str(tmp / "sigkill.yaml"),
             "--jobs", str(jobs)]
 

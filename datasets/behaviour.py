@@ -26,28 +26,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from plcql_bench.datasets import scripted
 from plcql_bench.datasets.generations import generation
 from plcql_bench.suite.core.spec import Policy
+from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir, load_actor, noisy_policy, resolve_replay
+from plcql_bench.datasets.recipes import Behaviour, recipe_for
+from plcql_bench.suite.envs.tasks import get_task
 
 GENERATOR_VERSION = "plcql-bench-collect-1"
-
-
-@dataclass(frozen=True)
-class Behaviour:
-    policy_id: str
-    make: Callable[[np.random.Generator], Policy]
-    note: str = ""
-    # "policy": roll out make(rng); "replay": read the training replay file `replay["file"]`;
-    # "parts": roll out `replay["parts"]` in order (medium-replay rebuilt from checkpoints)
-    kind: str = "policy"
-    replay: dict | None = None  # medium-replay: {"episodes", "up_to_env_step", "file" | "parts", ...}
 
 
 EXPLORATION_NOISE = 0.1  # Gaussian action noise of the trained behaviour policies
@@ -98,8 +88,6 @@ REFERENCES: dict[str, tuple[Behaviour, Behaviour]] = {
 
 
 def _trained_index(task_id: str, gen: str | None = None) -> tuple[dict, Path] | None:
-    from plcql_bench.datasets.matd3 import behaviour_dir
-
     d = behaviour_dir() / task_id
     path = d / generation(gen).index_file
     if not path.is_file():
@@ -130,8 +118,6 @@ def trained_behaviour(task_id: str, tier: str, noise: float | None = None, gen: 
     ckpt = d / entry["checkpoint"]
 
     def make(rng: np.random.Generator, ckpt=ckpt) -> Policy:
-        from plcql_bench.datasets.matd3 import load_actor, noisy_policy
-
         return noisy_policy(load_actor(ckpt)[0], noise, rng)
 
     return Behaviour(f"matd3:{task_id}/{tier}@{_file_tag(ckpt)}(noise={noise})", make,
@@ -157,7 +143,6 @@ def _medium_replay(task_id: str, rep: dict, d: Path) -> Behaviour | None:
                          f"the MATD3 training replay up to the medium checkpoint, rebuilt: {len(parts)} "
                          "parts, each checkpoint rolled out with the trainer's noise for the env steps "
                          "it was in charge of", kind="parts", replay={**rep, "parts": parts})
-    from plcql_bench.datasets.matd3 import resolve_replay
 
     if not rep.get("file") or not resolve_replay(rep["file"]).is_file():
         return None
@@ -172,7 +157,6 @@ def replay_part_policy(part: dict, noise: float, act_dim: int, rng: np.random.Ge
     or a checkpoint with the trainer's Gaussian exploration noise."""
     if part.get("policy") == "uniform":
         return scripted.random_policy(rng, act_dim)
-    from plcql_bench.datasets.matd3 import load_actor, noisy_policy
 
     return noisy_policy(load_actor(part["checkpoint"])[0], noise, rng)
 
@@ -181,8 +165,6 @@ def unavailable(task_id: str, tier: str, gen: str | None = None) -> tuple[str, s
     """(why nothing can build task/tier, the command that fixes it), or None when it can be built."""
     if available(task_id, tier, gen):
         return None
-    from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir
-    from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task_id).spec
     if spec.discrete:
@@ -202,8 +184,6 @@ def unavailable(task_id: str, tier: str, gen: str | None = None) -> tuple[str, s
 
 
 def _task_behaviour(task_id: str, tier: str) -> Behaviour | None:
-    from plcql_bench.datasets.recipes import recipe_for  # recipes build Behaviours: imported here
-
     hook = recipe_for(task_id).behaviours
     return hook(task_id, tier) if hook else None
 
@@ -218,8 +198,6 @@ def behaviour_for(task_id: str, tier: str, gen: str | None = None) -> Behaviour 
 
 
 def _act_dim(task_id: str) -> int:
-    from plcql_bench.suite.tasks import get_task
-
     return get_task(task_id).spec.act_dim
 
 

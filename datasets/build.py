@@ -11,6 +11,7 @@ references are measured with `protocol.rollout_returns`.
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,15 @@ from plcql_bench.datasets.behaviour import (
     behaviour_for,
     references_for,
 )
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.spec import Policy, Task
-from plcql_bench.suite.tasks import ALL_TIERS, get_task
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
+from plcql_bench.datasets import scripted
+from plcql_bench.datasets.behaviour import replay_part_policy, unavailable
+from plcql_bench.datasets.imported import _episode_next_actions
+from plcql_bench.datasets.matd3 import training_env_seeds
+from plcql_bench.suite.core.schema import cpu_isa, hardware_info
 
 COLLECT_BATCH = 256
 
@@ -38,8 +44,6 @@ class DatasetUnavailable(BenchError):
     """Nothing can build task/tier here; `reason` says why and `fix` is the command that helps."""
 
     def __init__(self, task_id: str, tier: str, gen: str | None = None):
-        from plcql_bench.datasets.behaviour import unavailable
-
         self.reason, self.fix = unavailable(task_id, tier, gen) or ("no behaviour policy", "")
         super().__init__(f"{task_id}/{tier}: no behaviour policy available: {self.reason}"
                          + (f" (fix: {self.fix})" if self.fix else ""))
@@ -106,8 +110,6 @@ _REF_CACHE: dict[tuple, dict[str, float]] = {}
 
 
 def uniform_random_return(task: Task, episodes: int = protocol.REFERENCE_EPISODES) -> float:
-    from plcql_bench.datasets import scripted
-
     policy = scripted.random_policy(np.random.default_rng(0), task.spec.act_dim)
     return float(protocol.rollout_returns(task, policy, protocol.eval_seeds(episodes))["returns"].mean())
 
@@ -149,7 +151,6 @@ def _concat_episodes(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
 def _from_replay(behaviour: Behaviour, episodes: int) -> dict[str, np.ndarray]:
     """`episodes` episodes of a MATD3 training replay up to the medium checkpoint: all of them
     when the profile asks for at least that many (paper), else evenly spaced ones (smoke)."""
-    from plcql_bench.datasets.importers import _episode_next_actions
 
     rep = behaviour.replay
     total = int(rep["episodes"])
@@ -177,8 +178,6 @@ def _from_parts(task: Task, behaviour: Behaviour, episodes: int, generator_seed:
     All episodes when the profile asks for at least that many (paper), else evenly spaced ones
     (smoke), as `_from_replay` picks them. Each part's noise has its own generator, so a part
     collects the same episodes whatever the others do."""
-    from plcql_bench.datasets.behaviour import replay_part_policy
-    from plcql_bench.datasets.matd3 import training_env_seeds
 
     rep = behaviour.replay
     total = int(rep["episodes"])
@@ -204,10 +203,6 @@ def _collect_tier(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng: np.r
 
 
 def _built_on() -> dict:
-    import platform
-
-    from plcql_bench.suite.core.schema import cpu_isa, hardware_info
-
     return {"cpu": hardware_info("cpu")["cpu"], "cpu_isa": cpu_isa(), "machine": platform.machine()}
 
 

@@ -20,6 +20,8 @@ from typing import Any
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import normalised_score
 from plcql_bench.suite.core.store import atomic_write_bytes
+from plcql_bench.datasets.smax_tiers import card_rows
+from plcql_bench.suite.core.errors import BenchError
 
 CARDS_DIR = Path(__file__).resolve().parent / "cards"
 TIER_ORDER = ("expert", "mixed", "medium", "medium-replay", "random")
@@ -65,7 +67,6 @@ def card_markdown(entry: dict[str, Any]) -> str:
     if isinstance(built, dict):  # the bytes depend on the CPU's instruction set (dataset_identity)
         rows.append(("built on", f"{built.get('cpu', '?')} ({built.get('cpu_isa') or 'instruction set not recorded'})"))
     if str(entry.get("task_id", "")).startswith("smax-"):  # how the tier was chosen, the reference's
-        from plcql_bench.datasets.smax_tiers import card_rows
 
         rows += card_rows(entry)
     lines = [f"# Dataset card: {entry['task_id']} / {entry['quality']}", "", "| field | value |", "|---|---|"]
@@ -183,8 +184,6 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str, echo=l
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     entries = manifest.read_manifest(data_dir)
     if not entries:
-        from plcql_bench.suite.core.errors import BenchError
-
         raise BenchError(f"{manifest.manifest_path(data_dir)}: no datasets built for profile {profile!r}")
     written: list[Path] = []
     by_task: dict[str, dict[str, dict[str, Any]]] = {}

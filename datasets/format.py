@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import h5py
 import numpy as np
 
 from plcql_bench.suite.core.spec import TaskSpec
@@ -572,7 +573,6 @@ def write_dataset(
     checked when given. compression: None (default, contiguous, fastest to load), "lzf"
     (+shuffle) or "gzip" (level 1, +shuffle). Identical input gives identical bytes.
     """
-    import h5py
 
     path = Path(path)
     if compression not in COMPRESSIONS:
@@ -631,7 +631,6 @@ def write_dataset(
 
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """Only the root attributes (cheap; no arrays read, no checks)."""
-    import h5py
 
     if os.path.isdir(path):
         raise DatasetError(path, "file", "is a directory, not a dataset file")
@@ -698,7 +697,6 @@ def _h5_of(fh):
     """An h5py File reading the open file ``fh`` (never its path again): through /proc/self/fd where there
     is one (the same inode, at the native driver's speed), else through the file object (~8x slower;
     also when the file was deleted or replaced since it was opened: HDF5 resolves the link's path)."""
-    import h5py
 
     proc = f"/proc/self/fd/{fh.fileno()}"
     if os.path.exists(proc):
@@ -713,7 +711,6 @@ def _h5_of(fh):
 def _read_checked(path: str, fh, spec: TaskSpec | None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(attrs, arrays) of the open file: the attributes, then what the file declares checked against
     them and the task (_check_declared), then the arrays."""
-    import h5py
 
     current = "file"
     try:

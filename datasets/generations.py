@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.tasks import PREY_TASKS
+from plcql_bench.suite.envs.tasks import PREY_TASKS
 
 
 @dataclass(frozen=True)

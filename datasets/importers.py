@@ -44,35 +44,25 @@ Every problem raises a one-line DatasetError ``<source file>: <field>: <problem>
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
-from plcql_bench.datasets.cards import write_card
-from plcql_bench.datasets import format as fmt
-from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.datasets.imported import (
+    _base_attrs,
+    _episode_next_actions,
+    _write,
+    normalise_tier,
+)
+from plcql_bench.datasets.vault import import_vault
+from plcql_bench.suite.envs import mpe, prey as prey_mod
 
-IMPORTER_VERSION = "plcql-bench-import-1"
 FORMATS = ("omar-npy", "cfcql-h5", "vault")
-
-# task -> (expert, random, where the numbers come from)
-PAPER_REFERENCES: dict[str, tuple[float, float, str]] = {
-    "mpe-cn": (516.8, 159.8, "paper convention: MADiff App. G.1 (OMAR's MPE references)"),
-    "mpe-pp": (185.6, -4.1, "paper convention: MADiff App. G.1 (OMAR's MPE references)"),
-    "mpe-world": (79.5, -6.8, "paper convention: MADiff App. G.1 (OMAR's MPE references)"),
-    "mamujoco-halfcheetah-2x3": (3568.81, -283.97,
-                                 "paper convention: unattributed public script (omar_score '2half'),"
-                                 " unconfirmed"),
-}
-
-
-def normalise_tier(tier: str) -> str:
-    return tier.replace("_", "-")
 
 
 def detect_format(src: str | Path) -> str:
@@ -87,15 +77,7 @@ def detect_format(src: str | Path) -> str:
                        "(omar-npy), an .h5 file (cfcql-h5) or a <name>.vlt folder (vault), or pass --format")
 
 
-# ------------------------------------------------------------------------------ shared helpers
-
-
-def _episode_next_actions(actions: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """next_actions[t] = actions[t+1] inside an episode; zero and invalid at its last step."""
-    nxt = np.zeros_like(actions)
-    nxt[:-1] = actions[1:]
-    nxt[last] = 0
-    return nxt, (~last).astype(np.uint8)
+# ------------------------------------------------------------------------------ checks
 
 
 def _check_next(src: Path, name: str, cur: np.ndarray, nxt: np.ndarray, last: np.ndarray) -> None:
@@ -107,34 +89,6 @@ def _check_next(src: Path, name: str, cur: np.ndarray, nxt: np.ndarray, last: np
             row = int(inner[np.argmax(bad)])
             raise DatasetError(src, name, f"row {row}: next value differs from row {row + 1}'s "
                                "current value inside an episode (wrong episode length or layout?)")
-
-
-def _write(arrays: dict[str, np.ndarray], attrs: dict[str, Any], spec: TaskSpec, data_dir: Path,
-           tier: str, profile: str, source: str, extra_files: dict[str, Path] | None = None) -> dict:
-    path = manifest.dataset_path(data_dir, spec.task_id, tier)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sha = fmt.write_dataset(path, arrays, attrs, spec=spec)
-    fmt.load_dataset(path, spec=spec, expected_sha256=sha)
-    entry = manifest.make_entry(data_dir, path.relative_to(data_dir), sha, profile, source=source,
-                                **{k: str(v) for k, v in (extra_files or {}).items()})
-    manifest.record(data_dir, entry)
-    write_card(data_dir, entry)
-    return entry
-
-
-def _base_attrs(spec: TaskSpec, tier: str, source_id: str, source: str,
-                env_versions: dict[str, str]) -> dict[str, Any]:
-    ref = PAPER_REFERENCES.get(spec.task_id)
-    return {
-        "task_id": spec.task_id, "quality": tier,
-        "behaviour_policy_id": f"imported:{source_id}",
-        "generator_version": IMPORTER_VERSION, "generator_seed": -1,
-        "env_versions": json.dumps(env_versions, sort_keys=True),
-        "ref_return_expert": ref[0] if ref else float("nan"),
-        "ref_return_random": ref[1] if ref else float("nan"),
-        "ref_return_source": ref[2] if ref else "none (win-rate task)",
-        "source": source,
-    }
 
 
 # ------------------------------------------------------------------------------ OMAR .npy
@@ -179,7 +133,6 @@ def _seed_dir(src: Path, seed: int) -> Path:
 def _mpe_prey_obs(task_id: str, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rebuild every entity from the 3 predators' obs [N, 3, d]; return (prey obs [N, dp], the
     predators' obs recomputed from the rebuilt entities, for a layout check)."""
-    from plcql_bench.suite.envs import mpe
 
     sc = mpe.SCENARIOS[task_id]
     o = obs.astype(np.float64)
@@ -279,7 +232,6 @@ def read_omar(src: str | Path, spec: TaskSpec, seed: int = 0) -> tuple[dict[str,
 def import_omar(src: str | Path, spec: TaskSpec, tier: str, data_dir: str | Path, *, profile: str,
                 seed: int = 0, prey_file: str | Path | None = None, base_versions=None) -> dict:
     """Import one OMAR seed directory (or its parent with seed_<seed>_data/) as TASK/TIER."""
-    from plcql_bench.suite.envs import prey as prey_mod
 
     src, data_dir, tier = Path(src), Path(data_dir), normalise_tier(tier)
     arrays, info = read_omar(src, spec, seed)
@@ -320,7 +272,6 @@ _H5_KEYS = ("state", "obs", "actions", "avail_actions", "reward", "terminated", 
 
 def read_cfcql_h5(path: str | Path, spec: TaskSpec) -> dict[str, np.ndarray]:
     """Convert a CFCQL/pymarl SMAC .h5 to format-v1 arrays (see the module docstring)."""
-    import h5py
 
     path = Path(path)
     if not path.is_file():
@@ -435,8 +386,6 @@ def import_dataset(fmt_name: str, src: str | Path, spec: TaskSpec, tier: str,
     if fmt_name == "auto":
         fmt_name = detect_format(src)
     if fmt_name == "vault":
-        from plcql_bench.datasets.vault import import_vault
-
         return import_vault(src, spec, tier, data_dir, profile=profile, uid=uid)
     if fmt_name == "omar-npy":
         return import_omar(src, spec, tier, data_dir, profile=profile, seed=seed, prey_file=prey_file)

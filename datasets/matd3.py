@@ -32,12 +32,18 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from plcql_bench.datasets.generations import prey_for
+from plcql_bench.suite.envs import protocol
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.envs.tasks import get_task
 
 TRAINER_VERSION = "plcql-bench-matd3-1"
 ASSETS_DIR = Path(__file__).resolve().parent / "assets" / "behaviour"
@@ -94,8 +100,6 @@ _HC_STEPS = {"smoke": 4_000, "cpu": 500_000, "paper": 2_000_000, "v2": 3_000_000
 
 def budget_for(task_id: str, profile: str) -> Budget:
     if profile not in _BUDGETS:
-        from plcql_bench.suite.core.errors import BenchError
-
         raise BenchError(f"unknown behaviour-training profile {profile!r} "
                          f"(known: {', '.join(_BUDGETS)})")
     b = _BUDGETS[profile]
@@ -132,7 +136,6 @@ _V2_TASK: dict[str, dict[str, Any]] = {
 def budget_prey(task_id: str, profile: str) -> str:
     """The prey a budget's run trains against: the v2 budget's is the v2 generation's (OMAR's, for
     PP/World), every other budget's the suite's."""
-    from plcql_bench.datasets.generations import prey_for
 
     return prey_for(task_id, "v2" if profile == "v2" else "v1")
 
@@ -249,7 +252,6 @@ def noisy_policy(actor: ActorPolicy, noise: float, rng: np.random.Generator | No
 def training_env_seeds(seed: int, start: int, count: int) -> np.ndarray:
     """Env seeds of training episodes start .. start+count-1 (apart from the datasets' and the
     evaluation's seed ranges). The medium-replay rebuild (`replay_parts`) reuses them."""
-    from plcql_bench.suite import protocol
 
     return protocol.collection_seeds(seed, 9, start, count) + 50_000_000
 
@@ -259,8 +261,6 @@ class Trainer:
     def __init__(self, task_id: str, profile: str, out: str | Path, seed: int = 0,
                  budget: Budget | None = None, prey: str = "suite"):
         import torch
-
-        from plcql_bench.suite.tasks import get_task
 
         self.prey = prey  # PP/World: the fixed prey the predators train against ("suite" or "omar")
         self.task = get_task(task_id, prey=prey)
@@ -306,8 +306,6 @@ class Trainer:
         same = {"critic_hidden": 0, **{k: v for k, v in blob["budget"].items() if k != "env_steps"}}
         mine = {k: v for k, v in asdict(self.b).items() if k != "env_steps"}
         if same != mine or blob["task_id"] != self.spec.task_id or blob.get("prey", "suite") != self.prey:
-            from plcql_bench.suite.core.errors import BenchError
-
             raise BenchError(f"{path}: written with another task or budget (or prey); use a new --out")
         if blob["size"] > len(self.replay["rewards"]):
             self.replay = {k: np.zeros((blob["size"],) + v.shape[1:], v.dtype)
@@ -355,8 +353,6 @@ class Trainer:
         return ActorPolicy(actor_params(self.nets.actors))
 
     def evaluate(self, episodes: int | None = None) -> float:
-        from plcql_bench.suite import protocol
-
         actor = self._actor_np()
         seeds = protocol.eval_seeds(episodes or self.b.eval_episodes)
         return float(protocol.rollout_returns(self.task, lambda s: actor(s.obs), seeds)["returns"].mean())
@@ -551,11 +547,8 @@ def publish_replay(task_id: str, out: str | Path, assets: str | Path, up_to: int
     """Copy the actor checkpoints that generated a run's replay up to env step `up_to` into
     `<assets>/<task>/replay/` (a published tier's file is reused, e.g. random.pt for step 0) and
     record the rebuild recipe as index.json's medium_replay, keeping the tiers."""
-    import shutil
 
     import torch
-
-    from plcql_bench.suite.tasks import get_task
 
     out, d = Path(out), Path(assets) / task_id
     index = json.loads((d / "index.json").read_text())
@@ -604,7 +597,6 @@ def _same_actors(a: Path, b: Path) -> bool:
 def publish(task_id: str, out: str | Path, assets: str | Path, profile: str,
             random_return: float) -> dict:
     """Copy the selected checkpoints + cards + index.json into the assets directory."""
-    import shutil
 
     out, assets = Path(out), Path(assets) / task_id
     assets.mkdir(parents=True, exist_ok=True)
@@ -639,30 +631,3 @@ def publish(task_id: str, out: str | Path, assets: str | Path, profile: str,
     if sel["medium"]["env_steps"] > 0:  # the checkpoints that rebuild the replay anywhere
         index["medium_replay"] = publish_replay(task_id, out, assets.parent, sel["medium"]["env_steps"])
     return index
-
-
-def train_behaviour(task_id: str, profile: str, out: str | Path | None = None, seed: int = 0,
-                    max_seconds: float | None = None, assets: str | Path | None = None,
-                    progress=print, env_steps: int | None = None) -> dict | None:
-    """Train (or resume) and, when the budget is spent, select and publish the tiers.
-    env_steps overrides the profile's total (resuming a run with a larger value trains longer)."""
-    from plcql_bench.datasets.build import uniform_random_return
-
-    out = Path(out or REPO_ROOT / "artifacts" / "behaviour" / task_id / profile)
-    budget = budget_for(task_id, profile)
-    if env_steps is not None:
-        budget = replace(budget, env_steps=int(env_steps))
-    trainer = Trainer(task_id, profile, out, seed=seed, budget=budget, prey=budget_prey(task_id, profile))
-    done = trainer.train(max_seconds=max_seconds, progress=progress)
-    if not done:
-        progress(f"{task_id}: stopped at {trainer.env_steps}/{trainer.b.env_steps} steps; "
-                 "run again to resume")
-        return None
-    rand = uniform_random_return(trainer.task, trainer.b.eval_episodes)
-    if profile == "v2":  # tiers chosen by the originals' statistics (datasets/tiers_v2.py)
-        from plcql_bench.datasets.tiers_v2 import publish_v2
-
-        return publish_v2(task_id, out, assets, progress)
-    if assets is None:
-        return {"out": str(out), **select_tiers(task_id, out, rand)}
-    return publish(task_id, out, assets, profile, rand)

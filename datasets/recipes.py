@@ -21,20 +21,35 @@ here, keyed by task-id prefix; the env layer (suite/envs) knows nothing of datas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
-from plcql_bench.suite.core.spec import Task
+from plcql_bench.suite.core.spec import Policy, Task
+from plcql_bench.datasets import smax_behaviour as sb
+from plcql_bench.datasets.smax_collect import bench, workers_from_env
+from plcql_bench.datasets.smax_tiers import collect_smax_tier
+from plcql_bench.suite.envs.smax import TIERS, map_of
 
-if TYPE_CHECKING:
-    from plcql_bench.datasets.behaviour import Behaviour
+
+@dataclass(frozen=True)
+class Behaviour:
+    """A behaviour policy that generates a tier: what a recipe's `behaviours` returns and datasets/behaviour.py
+    looks up (it lives here because behaviour.py imports the recipes)."""
+
+    policy_id: str
+    make: Callable[[np.random.Generator], Policy]
+    note: str = ""
+    # "policy": roll out make(rng); "replay": read the training replay file `replay["file"]`;
+    # "parts": roll out `replay["parts"]` in order (medium-replay rebuilt from checkpoints)
+    kind: str = "policy"
+    replay: dict | None = None  # medium-replay: {"episodes", "up_to_env_step", "file" | "parts", ...}
 
 
 @dataclass(frozen=True)
 class Recipe:
-    behaviours: Callable[[str, str], "Behaviour | None"] | None = None
-    collect: Callable[[Task, "Behaviour", np.ndarray, np.random.Generator], dict[str, np.ndarray]] | None = None
+    behaviours: Callable[[str, str], Behaviour | None] | None = None
+    collect: Callable[[Task, Behaviour, np.ndarray, np.random.Generator], dict[str, np.ndarray]] | None = None
     references: Callable[[Task], dict[str, float]] | None = None
     bench: Callable[[Task, int, int], dict[str, float]] | None = None
 
@@ -49,12 +64,9 @@ def recipe_for(task_id: str) -> Recipe:
 
 
 # --------------------------------------------------------------------------------------------- SMAX
-def _smax_behaviours(task_id: str, tier: str) -> "Behaviour | None":
+def _smax_behaviours(task_id: str, tier: str) -> Behaviour | None:
     """The Behaviour generating (task, tier) from the committed MAPPO checkpoints
     (datasets/smax_behaviour.py), or None when there is no card yet."""
-    from plcql_bench.datasets import smax_behaviour as sb
-    from plcql_bench.datasets.behaviour import Behaviour
-    from plcql_bench.suite.envs.smax import TIERS
 
     if tier not in TIERS:
         return None
@@ -66,11 +78,10 @@ def _smax_behaviours(task_id: str, tier: str) -> "Behaviour | None":
                      f"MAPPO checkpoints, {tier} (see docs/smax.md)")
 
 
-def _smax_collect(task: Task, behaviour: "Behaviour", seeds: np.ndarray, rng) -> dict[str, np.ndarray]:
+def _smax_collect(task: Task, behaviour: Behaviour, seeds: np.ndarray, rng) -> dict[str, np.ndarray]:
     """vmap + scan collection; adds episode_won [E]. Runs in ``PLCQL_SMAX_WORKERS`` processes
     (default 1; `datasets build --workers N` sets it), which changes the dataset for
     mixed/medium-replay and may change it in the last bits otherwise (see docs/smax.md)."""
-    from plcql_bench.datasets.smax_collect import collect_smax_tier, workers_from_env
 
     arrays, meta, _ = collect_smax_tier(task.spec.task_id, behaviour.make(rng), seeds,
                                         workers=workers_from_env())
@@ -80,8 +91,6 @@ def _smax_collect(task: Task, behaviour: "Behaviour", seeds: np.ndarray, rng) ->
 
 def _smax_bench(task: Task, episodes: int, workers: int = 1) -> dict[str, float]:
     """Random-policy collection speed, compile excluded (smax_collect.bench); this map's result."""
-    from plcql_bench.datasets.smax_collect import bench
-    from plcql_bench.suite.envs.smax import map_of
 
     return bench([map_of(task.spec.task_id)], episodes, log=None, workers=workers)[task.spec.task_id]
 

@@ -45,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from plcql_bench.suite.envs import smax as smax_env
+from plcql_bench.datasets.smax_collect import collect_smax, random_policy
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "behaviour"
 CKPT_EVAL_EPISODES = 128
@@ -128,8 +129,6 @@ def epsilon_greedy_policy(params, obs, avail, key):
     Epsilon is a traced value, so every level shares one compiled runner."""
     import jax
     import jax.numpy as jnp
-
-    from plcql_bench.datasets.smax_collect import random_policy
 
     actor, eps = params
     k_explore, k_uniform = jax.random.split(key)
@@ -311,8 +310,6 @@ def load_actor(path: str | Path):
 
 
 def evaluate(task_id: str, actor, episodes: int = CKPT_EVAL_EPISODES, greedy: bool = True):
-    from plcql_bench.datasets.smax_collect import collect_smax
-
     seeds = CKPT_EVAL_SEED_BASE + np.arange(episodes)
     _, meta = collect_smax(task_id, greedy_policy if greedy else sample_policy, seeds,
                            params=actor, batch=min(episodes, 128))

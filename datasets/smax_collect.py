@@ -27,7 +27,7 @@
 ``won`` bool [E], ``returns`` float64 [E], ``lengths`` int64 [E], plus ``win_rate``,
 ``env_steps`` and ``seconds``.
 
-Workers: ``collect_smax_tier(..., workers=N)`` (and ``bench(..., workers=N)``) splits the seed
+Workers: ``smax_tiers.collect_smax_tier(..., workers=N)`` (and ``bench(..., workers=N)``) splits the seed
 list into N contiguous chunks and collects each in its own spawned process (one intra-op thread
 each: ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``); the parts
 are concatenated in seed order. Children load the tier's policies themselves (JAX closures do not
@@ -44,6 +44,7 @@ env-steps/s per map.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import queue as queue_mod
 import tempfile
@@ -292,73 +293,6 @@ def concat_collections(parts: list[tuple[dict[str, np.ndarray], dict[str, Any]]]
     return out, meta
 
 
-def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
-                      log: Callable[[str], None] | None = None, workers: int = 1):
-    """One SMAX dataset tier from the committed behaviour checkpoints (smax_behaviour.py):
-
-    * expert / medium: that checkpoint, greedy, one episode per seed;
-    * medium-replay: the seeds split into equal consecutive parts, one per source of
-      ``smax_behaviour.replay_sources`` (epsilon-greedy, epsilon falling from 1 to 0.05 with
-      checkpoints up to medium, in training order);
-    * mixed: the first half of the seeds with medium, the second half with expert;
-    * random: uniform over available actions.
-
-    ``workers`` > 1: the seeds are split into that many contiguous chunks, each collected by this
-    function in a spawned single-threaded process (so the tier split above happens per chunk),
-    and concatenated in seed order; ``meta["seconds"]`` is then the wall time of the whole call
-    (spawn and compile included) and ``meta["cpu_seconds"]`` the children's collection CPU time.
-
-    Returns (arrays, meta, behaviour_policy_id)."""
-    from plcql_bench.datasets import smax_behaviour as sb
-
-    seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
-    workers = max(1, min(int(workers), len(seeds)))
-    if workers > 1:
-        t0 = time.perf_counter()
-        chunks = np.array_split(seeds, workers)
-        outs = _run_children(_tier_child, [(task_id, tier, c, batch) for c in chunks])
-        arrays, meta = concat_collections([(a, r[0]) for a, r in outs])
-        meta["seconds"], meta["workers"] = time.perf_counter() - t0, workers
-        if log is not None:
-            log(f"{task_id}/{tier}: {len(seeds)} episodes in {workers} workers, "
-                f"{meta['env_steps']} steps in {meta['seconds']:.1f}s")
-        return arrays, meta, outs[0][1][1]
-    if tier == "random":
-        arrays, meta = collect_smax(task_id, random_policy, seeds, batch=batch, log=log)
-        return arrays, meta, "random-uniform-avail"
-    card = sb.read_card(task_id)
-    if tier in ("expert", "medium"):
-        policy, params = sb.load_policy(task_id, tier)
-        arrays, meta = collect_smax(task_id, policy, seeds, params=params, batch=batch, log=log)
-        return arrays, meta, sb.policy_id(card, tier)
-    if tier == "mixed":
-        half = len(seeds) // 2
-        parts = []
-        for t, chunk in (("medium", seeds[:half]), ("expert", seeds[half:])):
-            policy, params = sb.load_policy(task_id, t)
-            parts.append(collect_smax(task_id, policy, chunk, params=params, batch=batch, log=log))
-        arrays, meta = concat_collections(parts)
-        return arrays, meta, sb.policy_id(card, tier)
-    if tier == "medium-replay":
-        sources = sb.replay_sources(task_id)
-        chunks = _replay_parts(seeds, len(sources))
-        parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
-                 for (_, pol, p), c in zip(sources, chunks) if len(c)]
-        arrays, meta = concat_collections(parts)
-        return arrays, meta, sb.policy_id(card, tier)
-    raise ValueError(f"unknown SMAX tier {tier!r}")
-
-
-def _replay_parts(seeds: np.ndarray, levels: int) -> list[np.ndarray]:
-    """Seeds per medium-replay level, in order: equal consecutive parts; with fewer seeds than
-    levels (small profiles), one seed per level spread evenly over the levels, so the first still
-    plays epsilon 1 and the last the medium checkpoint at the final epsilon."""
-    if len(seeds) >= levels or len(seeds) < 2:
-        return np.array_split(seeds, levels)
-    which = np.round(np.arange(len(seeds)) * (levels - 1) / (len(seeds) - 1)).astype(int)
-    return [seeds[which == lv] for lv in range(levels)]
-
-
 # --------------------------------------------------------------------------- workers
 
 
@@ -394,11 +328,6 @@ def _child_environ():
                 os.environ[k] = v
 
 
-def _tier_child(task_id, tier, seeds, batch, barrier=None):
-    arrays, meta, policy_id = collect_smax_tier(task_id, tier, seeds, batch=batch)
-    return arrays, (meta, policy_id)
-
-
 def _bench_child(task_id, warm_seeds, seeds, batch, chunk, repeats, barrier=None):
     t0 = time.perf_counter()
     warm_up(task_id, random_policy, warm_seeds, batch=batch, chunk=chunk)  # compile
@@ -430,7 +359,6 @@ def _run_children(target, arg_list, barrier: bool = False):
     """target(*args) in one spawned process per args (all running at once); returns
     [(arrays or None, result)] in the order of ``arg_list``. With ``barrier``, the children
     share a multiprocessing.Barrier (passed as ``barrier=``)."""
-    import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     n = len(arg_list)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from plcql_bench.datasets import smax_behaviour as sb
+from plcql_bench.datasets.smax_collect import random_policy
 
 ALGO_VERSION = "pqn-vdn-smax-1"
 
@@ -88,8 +89,6 @@ def make_update(core, cfg, opt):
     import jax
     import jax.numpy as jnp
     import optax
-
-    from plcql_bench.datasets.smax_collect import random_policy
 
     nenv, T = cfg["num_envs"], cfg["rollout"]
     env_step = jax.vmap(core.step_autoreset)

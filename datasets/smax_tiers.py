@@ -39,10 +39,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from plcql_bench.datasets import smax_behaviour as sb
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.smax_collect import _run_children, collect_smax, concat_collections, random_policy
 
 TIERS_VERSION = "smax-tiers-2"  # 1: mappo-smax-1 cards (medium = half expert's win rate)
 
@@ -299,6 +304,80 @@ def prune(task_id: str, run: str = "ladder") -> list[Path]:
     return gone
 
 
+# --------------------------------------------------------------------------- collecting a tier
+
+
+def collect_smax_tier(task_id: str, tier: str, seeds, batch: int = 256,
+                      log: Callable[[str], None] | None = None, workers: int = 1):
+    """One SMAX dataset tier from the committed behaviour checkpoints (smax_behaviour.py):
+
+    * expert / medium: that checkpoint, greedy, one episode per seed;
+    * medium-replay: the seeds split into equal consecutive parts, one per source of
+      ``smax_behaviour.replay_sources`` (epsilon-greedy, epsilon falling from 1 to 0.05 with
+      checkpoints up to medium, in training order);
+    * mixed: the first half of the seeds with medium, the second half with expert;
+    * random: uniform over available actions.
+
+    ``workers`` > 1: the seeds are split into that many contiguous chunks, each collected by this
+    function in a spawned single-threaded process (so the tier split above happens per chunk),
+    and concatenated in seed order; ``meta["seconds"]`` is then the wall time of the whole call
+    (spawn and compile included) and ``meta["cpu_seconds"]`` the children's collection CPU time.
+
+    Returns (arrays, meta, behaviour_policy_id)."""
+
+    seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    workers = max(1, min(int(workers), len(seeds)))
+    if workers > 1:
+        t0 = time.perf_counter()
+        chunks = np.array_split(seeds, workers)
+        outs = _run_children(_tier_child, [(task_id, tier, c, batch) for c in chunks])
+        arrays, meta = concat_collections([(a, r[0]) for a, r in outs])
+        meta["seconds"], meta["workers"] = time.perf_counter() - t0, workers
+        if log is not None:
+            log(f"{task_id}/{tier}: {len(seeds)} episodes in {workers} workers, "
+                f"{meta['env_steps']} steps in {meta['seconds']:.1f}s")
+        return arrays, meta, outs[0][1][1]
+    if tier == "random":
+        arrays, meta = collect_smax(task_id, random_policy, seeds, batch=batch, log=log)
+        return arrays, meta, "random-uniform-avail"
+    card = sb.read_card(task_id)
+    if tier in ("expert", "medium"):
+        policy, params = sb.load_policy(task_id, tier)
+        arrays, meta = collect_smax(task_id, policy, seeds, params=params, batch=batch, log=log)
+        return arrays, meta, sb.policy_id(card, tier)
+    if tier == "mixed":
+        half = len(seeds) // 2
+        parts = []
+        for t, chunk in (("medium", seeds[:half]), ("expert", seeds[half:])):
+            policy, params = sb.load_policy(task_id, t)
+            parts.append(collect_smax(task_id, policy, chunk, params=params, batch=batch, log=log))
+        arrays, meta = concat_collections(parts)
+        return arrays, meta, sb.policy_id(card, tier)
+    if tier == "medium-replay":
+        sources = sb.replay_sources(task_id)
+        chunks = _replay_parts(seeds, len(sources))
+        parts = [collect_smax(task_id, pol, c, params=p, batch=batch, log=log)
+                 for (_, pol, p), c in zip(sources, chunks) if len(c)]
+        arrays, meta = concat_collections(parts)
+        return arrays, meta, sb.policy_id(card, tier)
+    raise ValueError(f"unknown SMAX tier {tier!r}")
+
+
+def _replay_parts(seeds: np.ndarray, levels: int) -> list[np.ndarray]:
+    """Seeds per medium-replay level, in order: equal consecutive parts; with fewer seeds than
+    levels (small profiles), one seed per level spread evenly over the levels, so the first still
+    plays epsilon 1 and the last the medium checkpoint at the final epsilon."""
+    if len(seeds) >= levels or len(seeds) < 2:
+        return np.array_split(seeds, levels)
+    which = np.round(np.arange(len(seeds)) * (levels - 1) / (len(seeds) - 1)).astype(int)
+    return [seeds[which == lv] for lv in range(levels)]
+
+
+def _tier_child(task_id, tier, seeds, batch, barrier=None):
+    arrays, meta, policy_id = collect_smax_tier(task_id, tier, seeds, batch=batch)
+    return arrays, (meta, policy_id)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Write a SMAX map's tier card (card.json)")
     p.add_argument("task_id", nargs="?", help="the map to write card.json for")
@@ -312,8 +391,6 @@ def main(argv=None) -> None:
                         "then re-evaluate the policies nearest the target on more episodes")
     a = p.parse_args(argv)
     if a.table:
-        from plcql_bench.datasets import manifest
-
         print(tier_table(manifest.read_manifest(Path(a.table))), end="")
         return
     if not a.task_id:

@@ -26,6 +26,18 @@ import numpy as np
 
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import originals
+from plcql_bench.datasets.build import collect
+from plcql_bench.datasets.generations import prey_for
+from plcql_bench.datasets.matd3 import (
+    ASSETS_DIR,
+    REPLAY_RECIPE,
+    TRAINER_VERSION,
+    load_actor,
+    noisy_policy,
+    replay_parts,
+)
+from plcql_bench.suite.envs import protocol
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
 # Noise levels tried per task (default: the trainer's exploration noise only).
 NOISES: dict[tuple[str, str], tuple[float, ...]] = {
@@ -60,10 +72,6 @@ def _run_record(run_dir: Path) -> dict:
 def candidate_stats(task, ckpt: Path, noise: float, tier: str, episodes: int) -> dict[str, float]:
     """Agent 0's return statistics over the first `episodes` episodes the tier's build would collect with
     this checkpoint and noise (same seeds, same noise generator: datasets/build.py)."""
-    from plcql_bench.datasets.build import collect
-    from plcql_bench.datasets.matd3 import load_actor, noisy_policy
-    from plcql_bench.suite import protocol
-    from plcql_bench.suite.tasks import ALL_TIERS
 
     index = ALL_TIERS.index(tier)
     rng = np.random.default_rng([0, index])
@@ -105,9 +113,6 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
                progress: Callable[[str], None] = print, tiers: tuple[str, ...] = ("expert", "medium")) -> dict:
     """Choose the tiers of a finished v2 run and write `<assets>/<task>/index-v2.json` with the checkpoints
     under `<assets>/<task>/v2/`. Returns the index."""
-    from plcql_bench.datasets.generations import prey_for
-    from plcql_bench.datasets.matd3 import ASSETS_DIR, REPLAY_RECIPE, TRAINER_VERSION, replay_parts
-    from plcql_bench.suite.tasks import get_task
 
     run_dir = Path(run_dir)
     d = Path(assets or ASSETS_DIR) / task_id

@@ -37,6 +37,7 @@ import numpy as np
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.datasets.imported import _base_attrs, _episode_next_actions, _write, normalise_tier
 
 OURS = "plcql"  # the experience subtree holding the file's other arrays in our own export
 ATTRS_KEY = "plcql_attrs"  # the vault metadata entry holding the file's attributes (JSON)
@@ -100,7 +101,6 @@ def read_vault(path: str | Path, uid: str) -> tuple[dict[str, Any], dict[str, An
 
 def vault_arrays(experience: dict, spec: TaskSpec, where: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Format-v1 arrays (and attributes it adds) from a vault's experience; `where` names it in errors."""
-    from plcql_bench.datasets.importers import _episode_next_actions
 
     ours = experience.get(OURS)
     if isinstance(ours, dict):  # our own export: every other array is stored as it was
@@ -184,7 +184,6 @@ def import_vault(src: str | Path, spec: TaskSpec, tier: str, data_dir: str | Pat
                  uid: str | None = None) -> dict:
     """Import the vault at `src` (uid `uid`, or the one that names `tier`) as TASK/TIER into data_dir; returns
     the manifest entry (the manifest and the dataset card are written, as for every import)."""
-    from plcql_bench.datasets.importers import _base_attrs, _write, normalise_tier
 
     src, tier = Path(src), normalise_tier(tier)
     uid = pick_uid(src, tier, uid)

@@ -24,8 +24,10 @@ from plcql_bench.leaderboard.stats import (
     score_matrix,
 )
 from plcql_bench.leaderboard.tables import Table
+from plcql_bench.suite.core.store import atomic_write_bytes, read_metrics_text
 
-__all__ = ["aggregates", "learning_curves", "par_diagnostics", "compute_cost", "read_metrics"]
+__all__ = ["aggregates", "learning_curves", "par_diagnostics", "compute_cost", "read_metrics",
+           "check_cost_file", "append_cost_measurement"]
 
 N_TAUS = 41
 MAX_POINTS = 80  # curves are thinned to this many points for plotting (the downloads keep all)
@@ -161,7 +163,6 @@ def run_metrics(results_dir: Path, final_path: str) -> list[dict]:
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl, or of its published metrics.jsonl.gz (unreadable lines and files give
     nothing)."""
-    from plcql_bench.suite.core.store import read_metrics_text
 
     out = []
     try:
@@ -182,9 +183,6 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-COMPONENTS = (("q1", "mean Q\u03b81(s\u2032, a\u2032(k))"), ("u", "u_Q"), ("w", "w"), ("rpar", "r_par"), ("p", "\u03c0_par(k | s\u2032)"))
-
-
 def _run_diag(hist: list[dict]) -> dict:
     """{"x": updates, "<comp>": {k: [values]}, "entropy": [..]} from the diag/* keys, or the
     older train/par/p_k* keys (then only "p" and "E_k")."""
@@ -197,7 +195,7 @@ def _run_diag(hist: list[dict]) -> dict:
         comps = {"p": "train/par/p_k{k}"}
         extra = {"E_k": "train/par/E_k"}
     else:
-        comps = {c: f"diag/{c}_k{{k}}" for c, _ in COMPONENTS}
+        comps = {c: f"diag/{c}_k{{k}}" for c, _ in plots.COMPONENTS}
         extra = {"entropy": "diag/par_entropy"}
     for c in list(comps) + list(extra):
         out[c] = {k: [] for k in ks} if c in comps else []
@@ -275,8 +273,10 @@ def _par_item(cell, diags: list[dict], collapsed: list[dict], label, i: int) -> 
 
 
 def compute_cost(path: Path | None = None, n_agents: Callable[[str], int | None] = lambda t: None) -> dict:
-    """bench-speed's paired PLCQL/SPaCQL measurements (bench_speed.yaml: machine, date, command,
-    median per-round ratio with its 95% interval) and the structural Q-evaluation counts."""
+    """bench-speed's paired PLCQL/SPaCQL measurements (bench_speed.yaml: machine, date, command, the whole
+    round's median per-round ratio with its 95% interval and, where measured paired, the target construction's
+    alone) and the structural Q-evaluation counts. A row without a paired target ratio (measured before
+    `--record-cost`) shows the ratio of its two target medians, marked unpaired."""
     path = BENCH_SPEED if path is None else Path(path)
     if not path.is_file():
         return {"rows": [], "svg": None, "records": [], "source": None}
@@ -284,7 +284,68 @@ def compute_cost(path: Path | None = None, n_agents: Callable[[str], int | None]
     rows = []
     for m in data.get("measurements", []):
         n = m.get("n_agents") or n_agents(m["task"])
-        rows.append({**m, "n_agents": n, "q_evals": {"plcql": 1, "spacql": n}})
+        tm = m.get("target_ms") or {}
+        paired = "target_ratio" in m
+        t_ratio = m["target_ratio"] if paired else (tm["plcql"] / tm["spacql"] if tm.get("spacql") else None)
+        rows.append({**m, "n_agents": n, "q_evals": {"plcql": 1, "spacql": n}, "target_ratio": t_ratio,
+                     "target_ratio_ci": m.get("target_ratio_ci"), "target_paired": paired})
     svg = plots.compute_ratio_svg(rows, "compute") if rows else None
     records = [{k: v for k, v in r.items() if k != "q_evals"} | {"plcql_q_evals": 1, "spacql_q_evals": r["n_agents"]} for r in rows]
     return {"rows": rows, "svg": svg, "records": records, "source": data.get("source", "")}
+
+
+COST_FIELDS = ("task", "n_agents", "machine", "date", "command", "rounds", "plcql_ms", "spacql_ms", "ratio",
+               "ratio_ci", "target_ms", "target_ratio", "target_ratio_ci")
+
+
+def check_cost_file(path: str | Path) -> list:
+    """The measurements of a compute-cost file (a mapping with a `measurements` list, as bench_speed.yaml, that
+    a record can be appended to); ValueError naming the file otherwise. A file that does not exist yet is an
+    empty one."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    before = _cost_measurements(path)
+    _with_record(path, before, {"task": "probe"})  # the append will work: checked before any timing
+    return before
+
+
+def _cost_measurements(path: Path) -> list:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not a readable YAML file ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("measurements"), list):
+        raise ValueError(f"{path}: not a compute-cost file (expected a mapping with a 'measurements' list)")
+    return data["measurements"]
+
+
+def _with_record(path: Path, before: list, record: dict) -> str:
+    """The file's text with `record` appended to its `measurements` (its other text, comments included, kept);
+    ValueError when that text would not read back as the old measurements plus the record."""
+    text = path.read_text(encoding="utf-8") if path.exists() else (
+        "# PLCQL against SPaCQL, paired: `plcql-bench bench-speed --record-cost FILE` (leaderboard/analysis.py)\n"
+        "measurements:\n")
+    if text.rstrip().endswith("measurements: []"):
+        text = text.rstrip()[: -len("[]")].rstrip() + "\n"
+    item = yaml.safe_dump([record], sort_keys=False, default_flow_style=None, width=200)
+    new = text.rstrip("\n") + "\n" + "".join(f"  {line}\n" for line in item.splitlines())
+    try:
+        after = yaml.safe_load(new).get("measurements")
+    except yaml.YAMLError:
+        after = None
+    if after != before + [record]:
+        raise ValueError(f"{path}: 'measurements' must be the file's last key, a block list indented by 2 spaces "
+                         "(as leaderboard/bench_speed.yaml)")
+    return new
+
+
+def append_cost_measurement(path: str | Path, record: dict) -> None:
+    """Append one measurement to the compute-cost file, keeping its text (comments) as it is; the new file is
+    checked to read back with the record last, and written atomically (a failed write leaves the old one)."""
+    missing = [k for k in COST_FIELDS if k not in record]
+    if missing:
+        raise ValueError(f"compute-cost record without {', '.join(missing)}")
+    path = Path(path)
+    before = _cost_measurements(path) if path.exists() else []
+    atomic_write_bytes(path, _with_record(path, before, record).encode("utf-8"))

@@ -32,6 +32,9 @@ from pathlib import Path
 from plcql_bench.leaderboard.cells import DIVERGED, Run, critic_diverged
 from plcql_bench.suite.core.schema import Damaged, RunRecord, scan_records
 from plcql_bench.suite.core.store import link_leaving
+from plcql_bench.algorithms.base import implementations
+from plcql_bench.algorithms.plcql import par_collapse
+from plcql_bench.leaderboard.analysis import run_metrics
 
 __all__ = ["Loaded", "Unfinished", "load"]
 
@@ -114,7 +117,6 @@ def with_par_collapse(results_dir: Path, path: str, rec: RunRecord, history: lis
     read them already."""
     if rec.par_collapse or not learns_par(rec):
         return rec
-    from plcql_bench.algorithms.plcql import par_collapse
 
     info = par_collapse(_history(results_dir, path, history), learned=True)
     if info is None:
@@ -194,7 +196,6 @@ def _history(results_dir: Path, path: str, history: list[dict] | None) -> list[d
     """A run's metrics.jsonl rows: `history` when given, else read from beside its final.json."""
     if history is not None:
         return history
-    from plcql_bench.leaderboard.analysis import run_metrics
 
     return run_metrics(results_dir, path)
 
@@ -237,7 +238,6 @@ def _newest_dataset_build(records: list, skipped: list) -> list:
 
 def _key_neutral(algo: str) -> dict:
     """The algorithm's key-neutral fields and their neutral values (algorithms/base.py `identity_config`)."""
-    from plcql_bench.algorithms.base import implementations
 
     neutral: dict = {}
     for cls in implementations(algo).values():

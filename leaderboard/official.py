@@ -1,5 +1,5 @@
 """Official-code checks on the page (suite/core/official.py: the reference's own code trained on this suite's
-dataset and scored by this suite's protocol, `python -m plcql_bench.suite.reference_score`).
+dataset and scored by this suite's protocol, `python -m plcql_bench.suite.runs.reference_score`).
 
 They are never ranked, never bold and never enter a verdict: they sit beside our cell in the comparison with
 the paper, so a reader can tell a gap that comes with our data (the official code is as far from the paper as

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from plcql_bench.algorithms.base import parse_sweep_name
+
 __all__ = ["load_paper_results", "load_variants", "paper_value", "paper_ablation_value", "paper_row",
            "algo_label", "table_columns", "ablation_settings", "ablation_variants", "Variant",
            "paper_claims_check", "reference_tables", "task_rank", "tier_rank", "domain_rank",
@@ -161,7 +163,6 @@ def ablation_variants(paper: dict | None, suite: dict, names: set[str]) -> list[
 def _variant_what(algo: str) -> str:
     """The ablation row's description of a variant variants.yaml does not describe: a sweep's field and
     value (all --set), else that it is a registered variant."""
-    from plcql_bench.algorithms.base import parse_sweep_name
 
     sweep = parse_sweep_name(algo)
     if sweep is not None:

@@ -21,6 +21,9 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+# PLCQL's diagnostic components (diag/<c>_k<k> in metrics.jsonl) and their panel titles
+COMPONENTS = (("q1", "mean Q\u03b81(s\u2032, a\u2032(k))"), ("u", "u_Q"), ("w", "w"), ("rpar", "r_par"), ("p", "\u03c0_par(k | s\u2032)"))
+
 __all__ = [
     "algo_color",
     "learning_curves_svg",
@@ -155,7 +158,6 @@ def par_components_svg(title: str, mean: dict, salt: str) -> str:
     ``train/par/p_k`` keys give the p(k) and E[k] panels.
 
     ``mean``: ``{"x": [...], "<comp>": {k: [...]}, "entropy" or "E_k": [...]}``."""
-    from plcql_bench.leaderboard.analysis import COMPONENTS
 
     comps = [(c, name) for c, name in COMPONENTS if c in mean]
     scalar = "entropy" if "entropy" in mean else "E_k"
@@ -189,23 +191,32 @@ def par_components_svg(title: str, mean: dict, salt: str) -> str:
 
 
 def compute_ratio_svg(rows: Sequence[dict], salt: str) -> str:
-    """bench-speed's paired PLCQL/SPaCQL round-time ratio with its 95% interval, one bar per
-    measurement (machine, date); the line at 1 is parity."""
+    """bench-speed's paired PLCQL/SPaCQL ratios with their 95% intervals, per measurement (task, machine,
+    date): the whole update round and, where measured paired, the target construction alone; the line at 1
+    is parity."""
+    series = [("ratio", "ratio_ci", "whole round", algo_color("plcql"), -0.17)]
+    if any(r.get("target_paired") for r in rows):
+        series.append(("target_ratio", "target_ratio_ci", "target construction", algo_color("spacql"), 0.17))
     with matplotlib.rc_context(_RC):
-        fig, (ax,) = _figure(1, width_per=5.2, height=0.5 * len(rows) + 1.1)
-        for i, r in enumerate(rows):
-            lo, hi = r["ratio_ci"]
-            ax.barh(i, hi - lo, left=lo, height=0.5, color=algo_color("plcql"), alpha=0.35)
-            ax.plot([r["ratio"]] * 2, [i - 0.25, i + 0.25], color=algo_color("plcql"), lw=2)
+        fig, (ax,) = _figure(1, width_per=6.6, height=0.6 * len(rows) + 1.4)
+        ends = [1.0]
+        for key, ci, label, color, dy in series:
+            for i, r in enumerate(rows):
+                if key != "ratio" and not r.get("target_paired"):
+                    continue
+                lo, hi = r[ci]
+                ends += [lo, hi]
+                ax.barh(i + dy, hi - lo, left=lo, height=0.3, color=color, alpha=0.35)
+                ax.plot([r[key]] * 2, [i + dy - 0.15, i + dy + 0.15], color=color, lw=2)
         ax.axvline(1.0, color="#555", lw=1, ls="--")
         ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([f"{r['task']} · {r['device']} · {r['date']}" for r in rows])
+        ax.set_yticklabels([f"{r['task']} (n={r['n_agents']}) · {r['device']} · {r['date']}" for r in rows])
         ax.set_ylim(len(rows) - 0.5, -0.5)
-        lo = min(min(r["ratio_ci"][0] for r in rows), 1.0)
-        hi = max(max(r["ratio_ci"][1] for r in rows), 1.0)
+        lo, hi = min(ends), max(ends)
         pad = 0.1 * (hi - lo) + 0.01
         ax.set_xlim(lo - pad, hi + pad)
-        ax.set_xlabel("PLCQL / SPaCQL time per update round (median per-round ratio, 95% CI)")
+        ax.set_xlabel("PLCQL / SPaCQL time, paired ratio, 95% CI" + (
+            "\nupper: whole round · lower: target construction" if len(series) > 1 else ""))
         ax.grid(axis="y", visible=False)
         fig.tight_layout()
         return _svg(fig, salt)

@@ -14,13 +14,13 @@ from plcql_bench.leaderboard import paper as pp
 from plcql_bench.leaderboard.cells import Cell, format_score
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
 from plcql_bench.suite.core.schema import device_kind, run_seconds
+from plcql_bench.datasets.cards import CARDS_DIR
+from plcql_bench.suite.runs.versions import TRACKED
 
 __all__ = ["load_cards", "dataset_cards", "run_rows", "build_provenance", "short_commit"]
 
 
 def cards_dir() -> Path:
-    from plcql_bench.datasets.cards import CARDS_DIR
-
     return CARDS_DIR
 
 
@@ -84,6 +84,8 @@ def _hardware(rec) -> str:
         where = h.get("gpu") or h.get("cpu") or "?"
         where += f" ({h['cpu_isa']})" if h.get("cpu_isa") and not h.get("gpu") else ""
         label = f"{h.get('device', '?')}: {where}" + (f", {h['torch_threads']} torch thread(s)" if h.get("torch_threads") else "")
+        if isinstance(h.get("kernels"), dict):  # older runs did not record their kernels
+            label += f", kernels {h['kernels'].get('choice', '?')}"
         return label + _device_changes(rec.train.get("devices") or [])
     torch = rec.versions.get("torch", "")
     return f"not recorded (torch {torch})" if torch else "not recorded"
@@ -129,7 +131,6 @@ def run_rows(cells: list[Cell], cards: list[dict], label) -> list[dict]:
 def build_provenance(runs: list, now: datetime) -> dict:
     """Footer summary: build date, profiles, protocol/schema versions, commits (dirty flagged),
     package versions and the environment settings (per task: episode limits, physics variants)."""
-    from plcql_bench.suite.versions import TRACKED
 
     packages: dict[str, Counter] = defaultdict(Counter)
     settings: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from plcql_bench.algorithms.base import implementations, load_all
-from plcql_bench.suite.tasks import UnknownTaskError, get_task
+from plcql_bench.suite.envs.tasks import UnknownTaskError, get_task
 
 __all__ = ["support", "registered_names", "n_agents"]
 

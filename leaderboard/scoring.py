@@ -9,7 +9,7 @@ Every value comes from the run's final.json:
   because papers often report it).
 
 Normalisation: *omar* (the default) rescales the mean returns with the paper's reference returns, OMAR's
-convention, which the paper's baselines use (datasets/importers.py: PAPER_REFERENCES); *ours* is the score
+convention, which the paper's baselines use (datasets/imported.py: PAPER_REFERENCES); *ours* is the score
 the run recorded (reference returns measured per dataset, ``ref_return_random`` / ``ref_return_expert``).
 Win-rate tasks are not normalised: both scales give the win rate.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plcql_bench.suite.core.schema import RunRecord
+from plcql_bench.datasets.imported import PAPER_REFERENCES
 
 __all__ = ["View", "VIEWS", "DEFAULT_VIEW", "SCORINGS", "NORMS", "omar_reference", "omar_score", "run_values"]
 
@@ -54,7 +55,6 @@ DEFAULT_VIEW = View("final", "omar")
 
 def omar_reference(task: str) -> tuple[float, float] | None:
     """(expert, random) returns of OMAR's convention for ``task``, or None."""
-    from plcql_bench.datasets.importers import PAPER_REFERENCES
 
     ref = PAPER_REFERENCES.get(task)
     return None if ref is None else (float(ref[0]), float(ref[1]))

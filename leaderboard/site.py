@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from plcql_bench.leaderboard.build import BoardLink, Built, prepare, write
+from plcql_bench.suite.runs.profiles import builtin_profiles, load_profile
 
 __all__ = ["COMMITTED_RESULTS", "YOUR_RUNS", "Site", "build_boards", "committed_hint", "committed_results",
            "count_runs", "profile_about", "shown"]
@@ -65,8 +66,7 @@ def committed_hint(results_dir: Path, command: str, profile: str | None = None) 
 
 
 def profile_about(profiles) -> str:
-    """The built-in profiles' one-line descriptions (suite/profiles/*.yaml), for the bar."""
-    from plcql_bench.suite.profiles import builtin_profiles, load_profile
+    """The built-in profiles' one-line descriptions (suite/runs/profiles/*.yaml), for the bar."""
 
     known = set(builtin_profiles())
     return " ".join(f"{p}: {load_profile(p).description}" for p in profiles if p in known)

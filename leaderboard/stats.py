@@ -9,6 +9,7 @@ to :func:`cell_stats` and consumed by ``build.py`` without changing the cell lay
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -126,7 +127,6 @@ def welch_p(a: Sequence[float], b: Sequence[float], resolution: float = 0.0) -> 
         return None
     if x.var(ddof=1) == 0.0 and y.var(ddof=1) == 0.0:
         return _without_spread(float(x.mean()), float(y.mean()), resolution)
-    import warnings
 
     from scipy import stats as sps
 
@@ -178,7 +178,6 @@ POI_REPS = 1000  # probability of improvement runs a Mann-Whitney test per task 
 
 def _rliable():
     """rliable's library and metrics modules (imported lazily: arch and pandas are slow)."""
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -187,8 +186,6 @@ def _rliable():
 
 
 def _quiet_interval_estimates(score_dict, func, reps: int, seed: int):
-    import warnings
-
     library, _ = _rliable()
     # rliable's StratifiedBootstrap draws its resampling indices from numpy's *global* RNG
     # (np.random.choice in update_indices) and ignores random_state there, so the global RNG

@@ -17,9 +17,9 @@ from plcql_bench.algorithms.common import configs
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.core import validate
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import Cell, execute, plan_run, resolve_config
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run, resolve_config
+from plcql_bench.suite.envs.tasks import get_task
 
 ADDING = Path(__file__).resolve().parent.parent / "docs" / "algorithms" / "ADDING.md"
 PROFILE = """
@@ -39,6 +39,7 @@ def blocks(lang: str) -> list[str]:
 def toy_package(tmp_path, monkeypatch):
     """The toy's file and table in a folder added to the algorithms package; the registry and the
     table cache as they were afterwards."""
+    base.load_all()  # the suite's own registered before saving: a module imported once never registers again
     (tmp_path / "algos").mkdir()
     (tmp_path / "algos" / "toy.py").write_text(blocks("python")[0])
     cfg_dir = tmp_path / "configs"

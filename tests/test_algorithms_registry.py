@@ -162,11 +162,11 @@ def test_at_most_one_level_of_algorithm_base_class():
     IndependentBase, DiscreteAlgorithm), which itself derives from protocol pieces only: shared parts are
     components it holds (the discrete CFCQL backbone, PAR) or functions. A variant (register_variant) is
     its algorithm with other config defaults."""
-    from plcql_bench.algorithms.base import all_algorithm_classes
+    from plcql_bench.algorithms.base import Algorithm, all_algorithm_classes
     from plcql_bench.algorithms.common.discrete import RecurrentActing
-    from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+    from plcql_bench.algorithms.common.checkpoint import Checkpointable, DeterministicActors
 
-    pieces = {Checkpointable, DeterministicActors, RecurrentActing, object}
+    pieces = {Algorithm, Checkpointable, DeterministicActors, RecurrentActing, object}
     registered = set(all_algorithm_classes())
     for cls in all_algorithm_classes():
         if getattr(cls, "variant_of", None):

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from plcql_bench.datasets import matd3
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 
 PROFILE = """
 name: dstest
@@ -81,7 +81,7 @@ def test_plan_names_the_fix_for_a_dataset_nothing_can_build(tmp_path, monkeypatc
 
 
 def test_a_missing_extra_names_the_pip_extra():
-    from plcql_bench.suite.preflight import diagnose
+    from plcql_bench.suite.runs.preflight import diagnose
 
     p = diagnose("smax-2s3z", "medium", ModuleNotFoundError("No module named 'jax'"), "paper")
     assert "No module named 'jax'" in p.cause and "plcql-bench[smax]" in p.fix
@@ -127,8 +127,8 @@ def test_ensure_dataset_builds_once_under_its_lock_and_remembers_a_failure_per_a
     import time
 
     from plcql_bench.datasets import manifest
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs import preflight
+    from plcql_bench.suite.runs.profiles import load_profile
 
     prof = load_profile(_profile(tmp_path))
     root = tmp_path / "data" / prof.data_profile

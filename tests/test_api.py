@@ -1,4 +1,4 @@
-"""The Python API (suite/api.py): docs/python-api.md's example runs as written, and what it prints and
+"""The Python API (suite/runs/api.py): docs/python-api.md's example runs as written, and what it prints and
 returns is the suite's own data and results."""
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ def test_the_documented_example_runs(tmp_path, monkeypatch):
     assert "1000 transitions:" in printed
 
     # a second call reads the finished run back instead of training it again
-    from plcql_bench.suite import api
+    from plcql_bench.suite.runs import api
 
     again = api.train("bc", "mpe-cn", "random", seed=0, profile="smoke", overrides={"batch_size": 64})
     assert again == json.loads(finals[0].read_text())
 
 
 def test_bad_input_is_one_line(tmp_path):
-    from plcql_bench.suite import api
+    from plcql_bench.suite.runs import api
     from plcql_bench.suite.core.errors import BenchError
 
     with pytest.raises(BenchError, match="unknown dataset tier 'expret' for mpe-cn"):

@@ -8,7 +8,7 @@ import numpy as np
 from plcql_bench.datasets import build, format as fmt
 from plcql_bench.datasets.behaviour import Behaviour
 from plcql_bench.datasets.recipes import RECIPES, Recipe
-from plcql_bench.suite import tasks
+from plcql_bench.suite.envs import tasks
 from plcql_bench.suite.core.spec import Task, TaskSpec
 
 
@@ -38,7 +38,7 @@ def test_collector_hook_and_mixed(tmp_path, monkeypatch):
     monkeypatch.setitem(RECIPES, "fake-smax", recipe)
     monkeypatch.setitem(tasks._FACTORIES, "fake-smax", ("tests.none", "none"))
     monkeypatch.setattr(build, "get_task", lambda tid, **_: task)
-    import plcql_bench.suite.tasks as t
+    import plcql_bench.suite.envs.tasks as t
 
     orig = t.get_task
     monkeypatch.setattr(t, "get_task", lambda tid, **kw: task if tid == "fake-smax" else orig(tid, **kw))

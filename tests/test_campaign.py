@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from lb_fixtures import write_run
 
-from plcql_bench.suite.campaign import load_campaign, publish
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.runs.campaign import load_campaign, publish
+from plcql_bench.suite.commands.main import cli
 from plcql_bench.suite.core.errors import BenchError
 
 PROFILE = """
@@ -78,7 +78,7 @@ def test_runs_moved_to_an_archive_are_not_published_again(tmp_path):
 
 
 def test_adopt_copies_published_runs_into_an_empty_results_folder_only(tmp_path):
-    from plcql_bench.suite.campaign import adopt_published
+    from plcql_bench.suite.runs.campaign import adopt_published
 
     done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
     (done / "metrics.jsonl").write_text('{"update": 0}\n')
@@ -98,7 +98,7 @@ def test_published_metrics_are_gzipped_reproducibly_and_read_back(tmp_path):
     loan's 64 MiB trip); the same run published twice gives the same bytes, and every reader of a run's
     metrics (leaderboard, export) reads the published file as it reads the runner's."""
     from plcql_bench.leaderboard.analysis import read_metrics
-    from plcql_bench.suite.export import _BadHistory, _history
+    from plcql_bench.suite.runs.export import _BadHistory, _history
 
     done = write_run(tmp_path / "results", "bc", "mpe-cn", "random", 0, 1.0)
     lines = "".join(f'{{"update": {u}, "score": {u / 10}, "train/actor/loss": 0.5}}\n' for u in range(0, 200, 10))
@@ -176,8 +176,8 @@ def test_campaign_runs_stages_and_publishes(tmp_path, monkeypatch):
 
 
 def test_a_queue_keeps_the_order_of_its_selections(tmp_path):
-    from plcql_bench.suite.matrix import parse_only, select_cells, select_queue
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs.matrix import parse_only, select_cells, select_queue
+    from plcql_bench.suite.runs.profiles import load_profile
 
     (tmp_path / "p.yaml").write_text(PROFILE)
     prof = load_profile(str(tmp_path / "p.yaml"))
@@ -199,7 +199,7 @@ def test_all_refuses_only_with_queue(tmp_path):
 def test_the_campaign_is_one_queue_and_publishes_while_it_runs(tmp_path, monkeypatch):
     """One `all` gets every stage, in file order, so a free core never waits for a stage's last run;
     the publisher runs on a timer while `all` runs, and stops with it."""
-    from plcql_bench.suite import campaign as camp
+    from plcql_bench.suite.runs import campaign as camp
 
     f = _write(tmp_path, "  - {name: first, only: 'algo=cfcql,dataset=random,seed=0'}\n"
                          "  - {name: second, only: 'algo=bc,dataset=random'}\n")
@@ -211,7 +211,7 @@ def test_the_campaign_is_one_queue_and_publishes_while_it_runs(tmp_path, monkeyp
         ticks.append(every_s)
         return 0
 
-    monkeypatch.setattr(camp, "_run_queue", fake_queue)
+    monkeypatch.setattr(camp, "run_queue", fake_queue)
     published = iter([2, 0])
     monkeypatch.setattr(camp, "publish", lambda *a, **k: next(published))
     r = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"),
@@ -227,11 +227,11 @@ def test_the_campaign_is_one_queue_and_publishes_while_it_runs(tmp_path, monkeyp
 def test_run_queue_ticks_until_the_command_ends():
     import time
 
-    from plcql_bench.suite.campaign import _run_queue
+    from plcql_bench.suite.runs.campaign import run_queue
 
     ticks = []
     start = time.monotonic()
-    rc = _run_queue([sys.executable, "-c", "import time; time.sleep(1.0); raise SystemExit(3)"], 0.2,
+    rc = run_queue([sys.executable, "-c", "import time; time.sleep(1.0); raise SystemExit(3)"], 0.2,
                     lambda: ticks.append(time.monotonic()))
     end = time.monotonic()
     assert rc == 3 and len(ticks) >= 2 and all(t <= end for t in ticks)
@@ -244,7 +244,7 @@ def test_run_queue_ticks_until_the_command_ends():
 def test_campaign_status_estimates_what_is_left_in_queue_order(tmp_path):
     """Each stage's cells still to run are priced as `plan` prices them (the committed calibration), a cell
     that two stages select counts once, and the queue's wall clock takes them in queue order on --jobs slots."""
-    from plcql_bench.suite.calibration import makespan
+    from plcql_bench.suite.runs.calibration import makespan
 
     assert makespan([1.0, 1.0, 5.0], 2, in_order=True) == 6.0 and makespan([1.0, 1.0, 5.0], 2) == 5.0
     f = _write(tmp_path, "  - {name: bc-first, only: 'algo=bc,dataset=random,seed=0'}\n"
@@ -280,7 +280,7 @@ def test_published_final_json_drops_the_curve_its_metrics_hold_and_reads_back_th
 def test_a_curve_the_metrics_do_not_reproduce_is_published_as_it_is(tmp_path):
     import json
 
-    from plcql_bench.suite.campaign import _without_curve
+    from plcql_bench.suite.runs.campaign import _without_curve
 
     differs = write_run(tmp_path / "results", "plcql", "mpe-cn", "random", 0, 50.0, diag_n=3)
     rows = (differs / "metrics.jsonl").read_text().splitlines()
@@ -296,7 +296,7 @@ def test_a_curve_the_metrics_do_not_reproduce_is_published_as_it_is(tmp_path):
 
 
 def test_durations_parse_to_seconds_and_bad_ones_are_refused():
-    from plcql_bench.suite.matrix import parse_duration
+    from plcql_bench.suite.runs.matrix import parse_duration
 
     assert [parse_duration(t) for t in ("90m", "2h30m", "1.5h", "45s", "1h0m30s")] == [5400, 9000, 5400, 45, 3630]
     for bad in ("90", "m", "2x", "", "2h 30m", "-5m"):
@@ -307,7 +307,7 @@ def test_durations_parse_to_seconds_and_bad_ones_are_refused():
 def test_under_a_deadline_the_first_job_that_fits_starts_in_queue_order():
     """A job starts only if 1.2 x its estimate fits in the time left; a longer one ahead of it waits (it is not
     dropped: a later call, with more time, takes it first); a job without an estimate never starts."""
-    from plcql_bench.suite.executors import FINISH_MARGIN, Job, next_job
+    from plcql_bench.suite.runs.executors import FINISH_MARGIN, Job, next_job
 
     def job(name, est):
         return Job(cell=name, profile=None, data_dir=Path("."), results_dir=Path("."), estimate_s=est)
@@ -330,9 +330,9 @@ def test_under_a_deadline_a_dataset_still_to_be_built_is_priced_with_its_job(tmp
     from types import SimpleNamespace
 
     from plcql_bench.datasets import manifest
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.executors import Job, build_left_s, next_job
-    from plcql_bench.suite.runner import Cell
+    from plcql_bench.suite.runs import preflight
+    from plcql_bench.suite.runs.executors import Job, build_left_s, next_job
+    from plcql_bench.suite.runs.runner import Cell
 
     profile = SimpleNamespace(data_profile="paper")
     cell = Cell("bc", "smax-2s3z", "medium", 0)
@@ -369,11 +369,11 @@ def test_all_leaves_what_cannot_finish_for_later_and_trains_what_can(tmp_path, m
 
 
 def test_the_campaign_passes_its_deadline_to_all(tmp_path, monkeypatch):
-    from plcql_bench.suite import campaign as camp
+    from plcql_bench.suite.runs import campaign as camp
 
     f = _write(tmp_path, "  - {name: first, only: 'algo=bc,dataset=random,seed=0'}\n")
     seen = []
-    monkeypatch.setattr(camp, "_run_queue", lambda cmd, every_s, on_tick: seen.append(cmd) or 0)
+    monkeypatch.setattr(camp, "run_queue", lambda cmd, every_s, on_tick: seen.append(cmd) or 0)
     base = ["--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"), "campaign", "run", str(f),
             "--no-publish"]
     r = CliRunner().invoke(cli, base + ["--finish-within", "2h30m"])

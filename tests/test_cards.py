@@ -71,7 +71,7 @@ def test_tier_order_check():
 def test_cards_without_datasets_is_a_one_line_error(tmp_path):
     with pytest.raises(BenchError, match="no datasets built"):
         export_cards(tmp_path, tmp_path / "out", "nothing")
-    proc = subprocess.run([sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path), "datasets",
+    proc = subprocess.run([sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp_path), "datasets",
                            "cards", "--profile", "smoke", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

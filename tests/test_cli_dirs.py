@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     """The real entry point, in process: (exit status, stdout, stderr)."""
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
@@ -63,7 +63,7 @@ def test_leaderboard_takes_results_dir_and_its_old_results_alias(results, tmp_pa
 
 
 def test_every_command_takes_the_folders_after_its_name():
-    from plcql_bench.suite.cli import cli
+    from plcql_bench.suite.commands.main import cli
 
     def leaves(group, path=()):
         for name, cmd in group.commands.items():
@@ -109,9 +109,9 @@ def test_an_export_is_readable_by_group_and_others(results, tmp_path, monkeypatc
 
 def test_readme_counts_are_plans():
     """The README's numbers of cells, runs and datasets are what `plan` and `datasets list` count."""
-    from plcql_bench.suite.matrix import matrix_datasets, select_cells
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.tasks import get_task, task_ids
+    from plcql_bench.suite.runs.matrix import matrix_datasets, select_cells
+    from plcql_bench.suite.runs.profiles import load_profile
+    from plcql_bench.suite.envs.tasks import get_task, task_ids
 
     readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
     paper = re.search(r"`paper` matrix's remaining cells\s+\(([\d,]+) in all\)", readme)

@@ -32,7 +32,7 @@ algo_overrides: {batch_size: 128}
 
 
 def cli(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp / "data"),
+    cmd = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp / "data"),
            "--results-dir", str(tmp / "results"), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
@@ -133,6 +133,8 @@ def test_stale_dataset_is_flagged_not_rebuilt(sweep, tmp_path):
     (["run", "--algo", "bc", "--task", "mpe-nope", "--dataset", "expert"], "unknown task 'mpe-nope'"),
     (["run", "--algo", "nope", "--task", "mpe-cn", "--dataset", "expert"], "unknown algorithm 'nope'"),
     (["run", "--algo", "bc", "--task", "mpe-cn", "--dataset", "great"], "unknown dataset tier 'great'"),
+    (["run", "--algo", "bc", "--task", "mpe-cn", "--tier", "great"], "unknown dataset tier 'great'"),  # today's name
+    (["all", "--profile", "smoke", "--only", "tier=great"], "--only tier=great: not in profile 'smoke'"),
     (["datasets", "build", "mpe-nope", "expert"], "unknown task 'mpe-nope'"),
     (["datasets", "build", "mpe-cn", "great"], "unknown tier 'great'"),
     (["all", "--profile", "nope"], "unknown profile 'nope'"),

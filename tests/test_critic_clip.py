@@ -12,7 +12,7 @@ import torch
 
 from plcql_bench.algorithms.base import get_algorithm, identity_config, make_config
 from plcql_bench.suite.core.schema import run_key_of
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 SPEC = get_task("mpe-cn").spec
 
@@ -46,8 +46,8 @@ def test_critic_step_clips_as_configured(clip, want, monkeypatch):
 
 def test_an_unknown_critic_clip_is_refused():
     from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, resolve_config
+    from plcql_bench.suite.runs.profiles import load_profile
+    from plcql_bench.suite.runs.runner import Cell, resolve_config
 
     with pytest.raises(BenchError, match="critic_clip: must be one of 'joint', 'per-member', got 'per-agent'"):
         resolve_config(Cell("cfcql", "mpe-cn", "expert", 0), load_profile("smoke"), {"critic_clip": "per-agent"})
@@ -85,8 +85,8 @@ def test_archived_joint_clip_runs_are_the_old_default_under_critic_clip_joint():
     import json
     from pathlib import Path
 
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, resolve_config, run_identity
+    from plcql_bench.suite.runs.profiles import load_profile
+    from plcql_bench.suite.runs.runner import Cell, resolve_config, run_identity
 
     finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "archive" / "joint-clip").rglob("final.json"))
     assert len(finals) >= 19

@@ -18,7 +18,7 @@ from plcql_bench.datasets import originals
 from plcql_bench.datasets.build import build_dataset
 from plcql_bench.suite.core.spec import TaskSpec
 from plcql_bench.suite.envs import prey
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 SHARED_PREY = Path(__file__).resolve().parents[2] / "shared" / "data" / "omar-prey"
 needs_omar_prey = pytest.mark.skipif(
@@ -83,7 +83,7 @@ def test_prey_kind_recognises_an_imported_omar_prey_by_its_digest():
 def test_a_v2_build_without_omar_prey_stops_with_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "v2.yaml").write_text(V2_PROFILE)
     env = {"PLCQL_OMAR_PREY_DIR": str(tmp_path / "no-prey-here"), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data"),
+    proc = subprocess.run([sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp_path / "data"),
                            "datasets", "build", "mpe-pp", "random", "--profile", str(tmp_path / "v2.yaml")],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, proc.stderr
@@ -193,7 +193,7 @@ def test_each_algorithm_trains_on_its_references_reward():
     import torch
 
     from plcql_bench.algorithms.base import get_algorithm, reward_kind
-    from plcql_bench.suite.runner import Sampler
+    from plcql_bench.suite.runs.runner import Sampler
 
     arrays, _ = _v2_arrays()
     expect = {"cfcql": "agent0", "macql": "agent0", "spacql": "agent0", "plcql": "agent0", "omar": "per_agent",
@@ -253,7 +253,7 @@ def test_the_cli_option_names_the_prey_folder(v2_behaviour, tmp_path):
     (tmp_path / "v2.yaml").write_text(V2_PROFILE)
     env = {"PATH": "/usr/bin:/bin", "PLCQL_OMAR_PREY_DIR": str(tmp_path / "elsewhere"),
            "PLCQL_BEHAVIOUR_DIR": str(v2_behaviour)}
-    base = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data")]
+    base = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp_path / "data")]
     args = ["datasets", "build", "mpe-pp", "random", "--profile", str(tmp_path / "v2.yaml")]
     without = subprocess.run(base + args, capture_output=True, text=True, timeout=600, env=env)
     assert without.returncode == 2 and "elsewhere" in without.stderr

@@ -13,9 +13,9 @@ from crash import interrupt_on_call
 from unit_runs import profile_with_dataset
 import torch
 
-from plcql_bench.algorithms.common.protocol import restore_generator
-from plcql_bench.suite import runner
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.algorithms.common.checkpoint import restore_generator
+from plcql_bench.suite.runs import runner
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 
 CUDA_STATE = torch.arange(16, dtype=torch.uint8)  # the shape of a CUDA (Philox) generator's state
 

@@ -212,7 +212,7 @@ def test_end_to_end_smax(tmp_path):
     pytest.importorskip("jaxmarl")
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)
-    base = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data"),
+    base = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp_path / "data"),
             "--results-dir", str(tmp_path / "results")]
     for args in (["datasets", "build", "smax-2s3z", "medium", "--profile", str(profile)],
                  ["all", "--profile", str(profile)]):

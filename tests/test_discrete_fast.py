@@ -352,7 +352,7 @@ def test_online_member_q_tot_reuses_predict_weights_only_while_valid():
 def test_the_runner_switch_reaches_the_discrete_networks(monkeypatch):
     """PLCQL_KERNELS=plain (the runner's configure_process) builds every discrete network on its plain path;
     fused (the default) on the kernels."""
-    from plcql_bench.suite.runner import KERNELS_ENV, configure_process
+    from plcql_bench.suite.runs.runner import KERNELS_ENV, configure_process
 
     cls = get_algorithm("plcql", discrete=True)
     cfg = {k: v for k, v in {**TINY, **ENSEMBLE, "par_hidden": 8}.items() if k in cls.Config.__dataclass_fields__}
@@ -372,7 +372,7 @@ def test_the_allocator_is_set_by_the_runner_not_by_an_algorithm(monkeypatch):
     continuous one), never by building or updating an algorithm; no algorithm file calls mallopt."""
     from pathlib import Path
 
-    from plcql_bench.suite.runner import configure_process
+    from plcql_bench.suite.runs.runner import configure_process
 
     calls = []
     monkeypatch.setattr(kernels, "large_allocations_from_heap", lambda on=True: calls.append(on))

@@ -238,8 +238,8 @@ def test_registry_two_implementations():
 
 def test_resolve_config_error_is_one_line():
     from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, resolve_config
+    from plcql_bench.suite.runs.profiles import load_profile
+    from plcql_bench.suite.runs.runner import Cell, resolve_config
 
     with pytest.raises(BenchError, match="^dof has no discrete-action implementation$"):
         resolve_config(Cell("dof", "smax-2s3z", "medium", 0), load_profile("smoke"))
@@ -275,7 +275,7 @@ class _FakeEnv:
 
 
 def test_recurrent_evaluation_protocol():
-    from plcql_bench.suite import protocol
+    from plcql_bench.suite.envs import protocol
     from plcql_bench.suite.core.spec import Task
 
     cls = get_algorithm("bc", discrete=True)

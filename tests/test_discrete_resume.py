@@ -12,8 +12,8 @@ from crash import interrupt_on_call
 from unit_runs import profile_with_dataset
 import torch
 
-from plcql_bench.suite import runner
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs import runner
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 
 pytest.importorskip("jaxmarl")
 

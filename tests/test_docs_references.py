@@ -15,7 +15,7 @@ SOURCES = [p for top in ("suite", "algorithms", "datasets", "leaderboard", "ci",
 # Paths that look like ours but name another repository's file or a placeholder.
 NOT_OURS = {
     "algorithms/maddpg.py",  # ling-pan/OMAR's
-    "suite/calibrations/MACHINE.json",  # bench-speed --calibrate MACHINE writes suite/calibrations/<MACHINE>.json
+    "suite/runs/calibrations/MACHINE.json",  # bench-speed --calibrate MACHINE writes suite/runs/calibrations/<MACHINE>.json
     "docs/dataset_cards/cfcql.md",  # og-marl@f4eb8f0's (OG-MARL's cards of CFCQL's datasets)
 }
 # The research note cites other repositories' files throughout; its links are still checked.

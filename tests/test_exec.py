@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.executors import default_jobs
+from plcql_bench.suite.runs.executors import default_jobs
 
 # sample_action_class "0-1-1" passes the config schema but CFCQL refuses it at its first update (BC
 # has no such field): a real failure inside training, in a worker process, that must not stop the BC runs.
@@ -151,7 +151,7 @@ algo_overrides: {batch_size: 16, hidden: 16, n_sampled_actions: 2}
 
 
 def _all_proc(tmp: Path, results: str) -> list[str]:
-    return [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp / "data"),
+    return [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp / "data"),
             "--results-dir", str(tmp / results), "all", "--profile", str(tmp / "kill.yaml")]
 
 
@@ -192,7 +192,7 @@ def test_sigkill_mid_training_then_all_equals_uninterrupted_run(tmp_path):
 
 
 def test_gpu_slots_and_device_resolution_without_cuda(monkeypatch):
-    from plcql_bench.suite.executors import _device_slots, resolve_device
+    from plcql_bench.suite.runs.executors import _device_slots, resolve_device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert resolve_device("auto") == ("cuda", 2) and resolve_device("cpu") == ("cpu", 0)
@@ -206,7 +206,7 @@ def test_gpu_slots_and_device_resolution_without_cuda(monkeypatch):
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     import io
 
-    from plcql_bench.suite import cli as cli_mod
+    from plcql_bench.suite.commands import main as cli_mod
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     assert cli_mod._Progress(3, "all").bar is None  # piped: no bar
@@ -221,7 +221,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 
 
 def test_default_jobs_fill_the_cores_with_one_thread_each(monkeypatch):
-    monkeypatch.setattr("plcql_bench.suite.executors.cpu_count", lambda: 8)
+    monkeypatch.setattr("plcql_bench.suite.runs.executors.cpu_count", lambda: 8)
     assert default_jobs("cpu", 0, 1, "local", None) == 8
     assert default_jobs("cuda", 2, 3, "local", None) == 6  # GPUs x --per-gpu
     assert default_jobs("cpu", 0, 1, "ray", "auto") == 0  # the cluster schedules

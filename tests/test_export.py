@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite.cli import cli
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.commands.main import cli
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 
 PROFILE = """
 name: exporttest
@@ -184,7 +184,7 @@ def test_export_only_selects_runs(results):
 
 
 def _main(monkeypatch, *args) -> int:
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
     try:

@@ -22,10 +22,10 @@ import pytest
 
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite import runner
+from plcql_bench.suite.runs import runner
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import Cell, RunBusy, execute, plan_run
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, RunBusy, execute, plan_run
 
 PROFILE = """\
 name: faults
@@ -66,7 +66,7 @@ def ws(world, tmp_path) -> Path:
 
 def bench(monkeypatch, capsys, ws: Path, *args: str, results: Path | None = None) -> tuple[int, str, str]:
     """The real `plcql-bench` entry point, in process: (exit status, stdout, stderr)."""
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", "--data-dir", str(ws / "data"),
@@ -323,8 +323,8 @@ def test_weak_every_shipped_profile_and_algorithm_config_passes_the_schema():
     algorithm x task x tier config resolves through it (a bad algorithms/configs/*.yaml value
     would fail here, naming the file)."""
     from plcql_bench.algorithms.common.configs import CONFIG_DIR, load_table
-    from plcql_bench.suite.profiles import builtin_profiles
-    from plcql_bench.suite.tasks import get_task, task_ids
+    from plcql_bench.suite.runs.profiles import builtin_profiles
+    from plcql_bench.suite.envs.tasks import get_task, task_ids
     from plcql_bench.algorithms.base import all_algorithm_classes
     from plcql_bench.suite.core.validate import check_config
 
@@ -362,7 +362,7 @@ def test_weak_algorithm_config_table_with_a_misspelled_field_is_named(tmp_path, 
 def test_committed_results_keep_their_run_keys():
     """Validation changes no valid config: every committed result re-plans (profile + algorithm
     config through the schema) to the run key it was filed under."""
-    from plcql_bench.suite.runner import resolve_config, run_identity
+    from plcql_bench.suite.runs.runner import resolve_config, run_identity
     from plcql_bench.suite.core.schema import run_key_of
 
     finals = sorted((Path(__file__).resolve().parent.parent / "leaderboard" / "results").rglob("final.json"))
@@ -549,7 +549,7 @@ def test_weak_discarded_checkpoint_is_logged(ws, monkeypatch, capsys):
 def test_weak_liveness_probe_cannot_drop_a_starting_run(ws, monkeypatch):
     """`status`/`plan`/`all` probe a run's lock; a trainer starting during the probe used to print
     "busy, skipped". The probe here is held 20x longer than a real one (milliseconds)."""
-    from plcql_bench.suite.matrix import LOCK_NAME, lock_held
+    from plcql_bench.suite.runs.matrix import LOCK_NAME, lock_held
 
     prof = load_profile(str(ws / "p.yaml"))
     plan = plan_run(Cell("bc", "mpe-cn", "expert", 1), prof, ws / "data", ws / "results")

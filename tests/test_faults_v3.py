@@ -43,7 +43,7 @@ def ws(world, tmp_path) -> Path:
 def cli_capped(ws: Path, *args: str, mem_bytes: int = 1_500_000_000, timeout: float = 180) -> tuple[int, str, str]:
     """`plcql-bench` in a child process whose address space is capped at ``mem_bytes`` (so a memory bomb
     fails fast instead of taking the machine): (exit status, stdout, stderr)."""
-    code = "import sys; from plcql_bench.suite.cli import main; sys.argv[0] = 'plcql-bench'; main()"
+    code = "import sys; from plcql_bench.suite.commands.main import main; sys.argv[0] = 'plcql-bench'; main()"
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
@@ -124,7 +124,7 @@ def test_bad1_errors_quote_a_short_excerpt_of_a_long_value(ws, monkeypatch, caps
 
 
 def test_bad1_aliases_are_refused_in_campaign_files_too(ws):
-    from plcql_bench.suite.campaign import load_campaign
+    from plcql_bench.suite.runs.campaign import load_campaign
     from plcql_bench.suite.core.errors import BenchError
 
     (ws / "c.yaml").write_text("profile: smoke\nstages:\n- &s {name: a, only: algo=bc}\n- *s\n")
@@ -171,7 +171,7 @@ def test_weak_absurd_declared_shape_names_file_and_field(ws, monkeypatch, capsys
 def test_bad2_declared_size_beyond_this_process_memory_is_refused(ws, monkeypatch):
     """A file whose arrays would not fit the memory this process may use is refused by name, before reading."""
     from plcql_bench.datasets import format as fmt
-    from plcql_bench.suite.tasks import get_task
+    from plcql_bench.suite.envs.tasks import get_task
 
     monkeypatch.setattr(fmt, "_memory_budget", lambda: 1000)
     with pytest.raises(fmt.DatasetError, match=r"random\.h5: arrays: the arrays declare .* more than this process "
@@ -202,7 +202,7 @@ def test_bad3_dataset_replaced_between_checksum_and_read_trains_on_the_hashed_by
     on the new file, recorded the old sha256 and was marked done. Now what is hashed is what is read."""
     from plcql_bench.datasets.build import build_dataset
     from plcql_bench.datasets.format import sha256_file
-    from plcql_bench.suite import runner
+    from plcql_bench.suite.runs import runner
 
     other = ws / "other"
     build_dataset(CN, "random", 6, other, profile="faults")  # another valid mpe-cn/random: 150 rows, not 100
@@ -399,7 +399,7 @@ def _killed(ws: Path, patch: str, target: str, *args: str) -> None:
     its temp file over ``target`` (KILL_AT_REPLACE: the temp file complete, the target not yet replaced),
     or as it would swap a staged folder in (KILL_AT_SWAP)."""
     code = (f"import os, signal, sys\nTARGET = {target!r}\n{patch}\n"
-            "from plcql_bench.suite.cli import main; sys.argv[0] = 'plcql-bench'; main()\n")
+            "from plcql_bench.suite.commands.main import main; sys.argv[0] = 'plcql-bench'; main()\n")
     done = subprocess.run([sys.executable, "-c", code, "--data-dir", str(ws / "data"), "--results-dir",
                            str(ws / "results"), *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -530,7 +530,7 @@ def test_weak_score_of_1e308_is_skipped_by_name_everywhere(ws, monkeypatch, caps
 def test_weak_concurrent_all_reports_what_it_trained(ws, monkeypatch, capsys):
     """Two concurrent `all` both printed "trained 12" though the second trained only 2. Here another
     process finishes seed 0 while this one waits for its lock: it is counted as done, not as trained."""
-    from plcql_bench.suite import runner
+    from plcql_bench.suite.runs import runner
 
     real_enter, other = runner._run_lock.__enter__, {"done": False}
 

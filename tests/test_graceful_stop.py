@@ -12,11 +12,11 @@ from crash import signal_on_call
 from unit_runs import profile_with_dataset
 
 from plcql_bench.algorithms.common.stacked import SeedStack
-from plcql_bench.suite import runner
+from plcql_bench.suite.runs import runner
 from plcql_bench.suite.core import stop
-from plcql_bench.suite.executors import restore_interrupts
-from plcql_bench.suite.runner import Cell, execute, plan_run
-from plcql_bench.suite.stacking import execute_stack
+from plcql_bench.suite.runs.executors import restore_interrupts
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.stacking import execute_stack
 
 # Evaluations and checkpoints every 2 rounds: a stop in round 5 falls between them.
 PROFILE = """
@@ -143,8 +143,8 @@ def test_a_resumed_runs_outcome_line_gives_its_whole_training_time(setup, handle
     part before the checkpoint included (here 5 rounds slowed to 0.4 s each)."""
     import time
 
-    from plcql_bench.suite.cli import outcome_line
-    from plcql_bench.suite.executors import Job, run_job
+    from plcql_bench.suite.commands.main import outcome_line
+    from plcql_bench.suite.runs.executors import Job, run_job
 
     tmp, profile = setup
     plan = _plan(tmp, profile, "cfcql", "b")
@@ -165,5 +165,6 @@ def test_a_resumed_runs_outcome_line_gives_its_whole_training_time(setup, handle
     assert out["resumed"] and out["run_seconds"] > 2.0
     assert outcome_line(out).endswith(f"({out['seconds']:.1f}s; resumed, {out['run_seconds']:.1f}s training in all)")
     fresh = run_job(Job(plan.cell, profile, tmp / "data", tmp / "c"))
-    assert fresh["state"] == "trained" and not fresh["resumed"] and fresh["run_seconds"] < 2.0
+    # A fresh run's training time is this process's alone (no wall-clock bound: the machine may be loaded).
+    assert fresh["state"] == "trained" and not fresh["resumed"] and fresh["run_seconds"] <= fresh["seconds"]
     assert outcome_line(fresh).endswith(f"({fresh['seconds']:.1f}s)")

@@ -16,7 +16,7 @@ from plcql_bench.datasets.format import DatasetError, load_dataset
 from plcql_bench.datasets.importers import import_dataset, read_cfcql_h5, read_omar
 from plcql_bench.suite.envs import prey as prey_mod
 from plcql_bench.suite.core.spec import TaskSpec
-from plcql_bench.suite.tasks import SMAC_TIERS, get_task
+from plcql_bench.suite.envs.tasks import SMAC_TIERS, get_task
 
 
 def _omar_from_env(task_id: str, root: Path, episodes: int = 4, with_prey: bool = False,
@@ -201,7 +201,7 @@ def test_cfcql_malformed(tmp_path, case, field):
 
 
 def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp / "data"), *args]
+    cmd = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp / "data"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 

@@ -34,7 +34,7 @@ def _wait_for(pred, seconds: float) -> bool:
 @pytest.mark.parametrize("jobs", ["1", "2"])  # in process, and the worker pool
 def test_sigint_stops_a_background_all(tmp_path, jobs):
     (tmp_path / "p.yaml").write_text(PROFILE)
-    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(tmp_path / "data"),
+    cmd = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(tmp_path / "data"),
            "--results-dir", str(tmp_path / "results"), "all", "--profile", str(tmp_path / "p.yaml"), "--jobs", jobs]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

@@ -379,7 +379,7 @@ def test_archives_beside_the_results_are_named_and_never_counted(tmp_path):
 
 def _main(monkeypatch, *args) -> int:
     """The real entry point (user errors -> one line on stderr, exit status 2), in process."""
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
     try:

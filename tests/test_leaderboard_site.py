@@ -107,7 +107,7 @@ def test_front_page_weighs_less_than_its_figures(tmp_path):
 
 def bench(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """The real `plcql-bench` entry point, in process: (exit status, stdout, stderr)."""
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])

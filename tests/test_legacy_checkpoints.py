@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plcql_bench.algorithms.common.protocol import renamed_keys
+from plcql_bench.algorithms.common.checkpoint import renamed_keys
 
 from fixtures.legacy_ckpt.make_fixtures import RENAMED, build, sampler_generator  # noqa: E402
 

@@ -169,7 +169,7 @@ def test_tables_and_target_return():
     assert cls.task_overrides(mk("smax-6h_vs_8z"), "expert") == {"return_scale": 1.0, "teacher_rounds": 1000}
     assert cls.task_overrides(mk("smax-3m"), "expert") == {"return_scale": 1.0}
     # the teacher gets half of the paper profile's budget on every SMAX map, the students the rest
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs.profiles import load_profile
 
     paper = load_profile("paper")
     for m in ("2s3z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z"):

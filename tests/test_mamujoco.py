@@ -10,7 +10,7 @@ pytest.importorskip("gymnasium_robotics")
 pytest.importorskip("mujoco")
 
 from plcql_bench.suite.envs import mamujoco  # noqa: E402
-from plcql_bench.suite.tasks import get_task  # noqa: E402
+from plcql_bench.suite.envs.tasks import get_task  # noqa: E402
 
 TID = mamujoco.TASK_ID
 

@@ -8,7 +8,7 @@ import pytest
 
 from plcql_bench.datasets import scripted
 from plcql_bench.suite.envs import mpe
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 TASKS = ("mpe-cn", "mpe-pp", "mpe-world")
 DIMS = {"mpe-cn": (18, 54), "mpe-pp": (16, 62), "mpe-world": (24, 94)}

@@ -4,15 +4,19 @@ where they cannot be built or are switched off."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import shutil
 import warnings
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common import native
+from plcql_bench.suite.commands.main import cli
 
 HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -268,3 +272,67 @@ def test_the_openmp_kernel_shares_torchs_openmp_runtime():
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "gomp" in line or "libiomp" in line or "libomp" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The ctypes declarations against the C prototypes
+
+
+_C_TO_CTYPES = {"float *": ctypes.c_void_p, "const float *": ctypes.c_void_p, "int64_t": ctypes.c_int64,
+                "float": ctypes.c_float, "int": ctypes.c_int}
+
+
+def _c_prototype(name: str) -> tuple[str, list[str]]:
+    """(result type, parameter types) of the function NAME in csrc/NAME.c, read from its definition."""
+    src = (native.SOURCES / f"{name}.c").read_text()
+    match = re.search(rf"^(\w+)\s+{name}\s*\(([^)]*)\)\s*\{{", src, re.M)
+    assert match, f"csrc/{name}.c: no definition of {name}"
+    params = [" ".join(p.split()) for p in match.group(2).split(",")]
+    types = [re.sub(r"\s*\w+$", "", p).replace("* ", "*").replace("*", " *").replace("  ", " ").strip()
+             for p in params]
+    return match.group(1), types
+
+
+@pytest.mark.parametrize("name", native.KERNELS)
+def test_ctypes_declarations_match_the_c_prototypes(name):
+    """Every argument's ctypes type is the C parameter's (pointer, int64_t, float, int), in order and number:
+    a parameter added to or moved in the C source without its declaration fails here, not as a crash."""
+    class Lib:  # stands in for the loaded library: _declare only sets attributes
+        pass
+
+    lib = Lib()
+    setattr(lib, name, type("Fn", (), {})())
+    native._declare(name, lib)
+    fn = getattr(lib, name)
+    result, params = _c_prototype(name)
+    assert list(fn.argtypes) == [_C_TO_CTYPES[p] for p in params], name
+    assert fn.restype is _C_TO_CTYPES[result]
+
+
+def test_the_prototype_reader_reads_each_parameter():
+    result, params = _c_prototype("gru_forward_step")
+    assert result == "int" and params[:4] == ["const float *", "float *", "const float *", "float *"]
+    assert params[4:] == ["int64_t"] * 7 + ["int"]
+
+
+def test_build_all_names_every_kernel_and_the_fallback(own_cache, monkeypatch):
+    monkeypatch.setattr(native, "_LIBS", {})
+    monkeypatch.setenv("CC", "no-such-compiler-xyz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = native.build_all()
+    assert set(out) == set(native.KERNELS) == {"cf_negative", "gru_backward_step", "gru_forward_step"}
+    assert all("torch form" in why for why in out.values()) and native.loaded() == []
+    monkeypatch.setenv(native.ENV, "0")
+    assert all(why.startswith("off (PLCQL_NATIVE=0)") for why in native.build_all().values())
+
+
+def test_build_kernels_command_prints_one_line_per_kernel(own_cache, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-xyz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = CliRunner().invoke(cli, ["build-kernels"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == list(native.KERNELS)
+    assert all("torch form" in line for line in lines)

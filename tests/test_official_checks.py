@@ -1,5 +1,5 @@
 """Official-code checks (suite/core/official.py, leaderboard/official.py): the reference's own code trained on
-this suite's data, recorded by suite/reference_score.py and shown beside our cells, never ranked."""
+this suite's data, recorded by suite/runs/reference_score.py and shown beside our cells, never ranked."""
 
 from __future__ import annotations
 

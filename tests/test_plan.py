@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.matrix import parse_only, parse_shard, select_cells
-from plcql_bench.suite.profiles import load_profile
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.matrix import parse_only, parse_shard, select_cells
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 
 PROFILE = """
 name: plantest
@@ -147,8 +147,8 @@ def test_eval_counts_are_per_task_tables():
 
 def test_paper_matrix_is_the_papers_32_combinations():
     """Tasks cross only the tiers they have: 4 continuous tasks x 4 tiers + 4 SMAC maps x 4 tiers."""
-    from plcql_bench.suite.matrix import matrix_blocks, matrix_datasets
-    from plcql_bench.suite.tasks import get_task, task_ids, task_tiers
+    from plcql_bench.suite.runs.matrix import matrix_blocks, matrix_datasets
+    from plcql_bench.suite.envs.tasks import get_task, task_ids, task_tiers
 
     for name in ("paper", "paper-cpu"):
         p = load_profile(name)
@@ -194,7 +194,7 @@ def test_paper_matrix_covers_every_cell_of_the_papers_tables():
 def test_plan_totals_from_a_machine_calibration(tmp_path, profile):
     """Per-task and per-algorithm totals from measured round and evaluation costs: a cell costs
     rounds x round_ms + (evaluations at round 0 and every eval_every) x eval + the final evaluation."""
-    from plcql_bench.suite.calibration import cell_cost, load_calibration, makespan
+    from plcql_bench.suite.runs.calibration import cell_cost, load_calibration, makespan
 
     calib_path = tmp_path / "m.json"
     calib_path.write_text(json.dumps({"machine": "m", "description": "test machine", "default_jobs": 4, "costs": {
@@ -251,8 +251,8 @@ def test_plan_variants_cost_as_their_base_and_gpu_calibrations_skip_recorded_run
     """A variant (plcql-k1) the calibration does not name costs as its base algorithm, as a stand-in;
     a calibration with "recorded_fallback": false (another kind of machine) does not borrow this
     machine's recorded runtimes for the cells it has no cost for."""
-    from plcql_bench.suite.calibration import cell_cost, load_calibration
-    from plcql_bench.suite.matrix import estimate_cells, resolve
+    from plcql_bench.suite.runs.calibration import cell_cost, load_calibration
+    from plcql_bench.suite.runs.matrix import estimate_cells, resolve
 
     costs = {"plcql": {"mpe-cn": {"round_ms": 1000.0, "eval_s": [0.0, 0.0]}}}
     calib_path = tmp_path / "gpu.json"
@@ -277,7 +277,7 @@ def test_plan_variants_cost_as_their_base_and_gpu_calibrations_skip_recorded_run
 def test_committed_h100_calibration_names_its_sources():
     """h100-docs is transcribed, not measured by bench-speed: every entry says where its number comes from,
     and it never borrows this VM's recorded runtimes."""
-    from plcql_bench.suite.calibration import load_calibration
+    from plcql_bench.suite.runs.calibration import load_calibration
 
     calib = load_calibration("h100-docs")
     assert calib["recorded_fallback"] is False and calib["default_jobs"] == 1
@@ -291,7 +291,7 @@ def test_runs_done_on_a_dataset_not_built_here_count_by_its_committed_card(tmp_p
     """A fresh clone has the committed results but not the datasets: `plan` and `campaign status` take
     the dataset's sha256 from its committed card, so those runs show as done, not as todo."""
     from plcql_bench.datasets import cards, manifest
-    from plcql_bench.suite.matrix import resolve
+    from plcql_bench.suite.runs.matrix import resolve
 
     build_dataset("mpe-cn", "random", 6, tmp_path / "data" / "plantest", profile="plantest")
     for seed in (0, 1, 2):
@@ -374,9 +374,9 @@ def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_d
     """An estimate from recorded runtimes says which runs it came from (the same cell, the algorithm on the task,
     the algorithm elsewhere, anything); --finish-within gives a job priced only from other tasks no estimate,
     so it is left for later instead of being started and cut off."""
-    from plcql_bench.suite import calibration, cli as cli_module
-    from plcql_bench.suite.executors import Job
-    from plcql_bench.suite.matrix import estimate_cells, resolve
+    from plcql_bench.suite.commands import main as cli_module
+    from plcql_bench.suite.runs.executors import Job
+    from plcql_bench.suite.runs.matrix import estimate_cells, resolve
 
     (tmp_path / "p.yaml").write_text(PROFILE.replace("tasks: [mpe-cn]", "tasks: [mpe-cn, mpe-pp]"))
     prof = load_profile(str(tmp_path / "p.yaml"))
@@ -391,7 +391,7 @@ def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_d
     assert all(estimates[c].source == "recorded" and estimates[c].seconds > 0 for c in cells.values())
     assert [basis for basis, c in cells.items() if estimates[c].weak] == ["algo", "any"]
 
-    monkeypatch.setattr(calibration, "calibration_for", lambda machine=None: empty)
+    monkeypatch.setattr(cli_module, "calibration_for", lambda machine=None: empty)  # as the CLI looks it up
     jobs = [Job(cell=c, profile=prof, data_dir=data, results_dir=results) for c in cells.values()]
     cli_module._set_estimates(jobs, prof, {"data_dir": data, "results_dir": results})
     priced = {basis: job.estimate_s is not None for basis, job in zip(cells, jobs)}
@@ -409,7 +409,7 @@ def _empty_calibration(tmp: Path) -> Path:
 def test_recorded_runtimes_count_a_resumed_run_whole_and_skip_runs_trained_on_another_device(tmp_path, profile):
     """A resumed run's cost is all its processes' training time (train_s), not its last process's wall clock;
     a run trained partly on a GPU, or with no device recorded, does not price a CPU's cells."""
-    from plcql_bench.suite.matrix import _recorded_rates, recorded_runtimes
+    from plcql_bench.suite.runs.matrix import _recorded_rates, recorded_runtimes
 
     data, results = tmp_path / "data", tmp_path / "results"
     build_dataset("mpe-cn", "random", 6, data / "plantest", profile="plantest")

@@ -13,7 +13,7 @@ import torch
 
 from plcql_bench.algorithms.base import Batch, load_all, make_config
 from plcql_bench.algorithms.plcql import PLCQL, collapse_warnings, par_collapse, par_reward_terms
-from plcql_bench.suite.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
 from plcql_bench.suite.core.schema import CURVE_KEYS, float32_digits
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -54,9 +54,9 @@ def _trace_par(algo, monkeypatch):
         drawn.append((float(batch.next_state[0, 0]), aux["k"].clone()))
         return y, aux
 
-    def step(next_state, k, logp_old, r_par, m):
+    def step(next_state, k, logp_old, r_par, m, steps=None):
         updated.append((float(next_state[0, 0]), k.clone()))
-        return real_step(next_state, k, logp_old, r_par, m)
+        return real_step(next_state, k, logp_old, r_par, m, steps)
 
     monkeypatch.setattr(algo, "compute_target", target)
     monkeypatch.setattr(algo.par, "step", step)

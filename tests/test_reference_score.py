@@ -1,4 +1,4 @@
-"""`suite/reference_score.py`: the official OMAR / CFCQL / MACQL code trained on this suite's data and scored by
+"""`suite/runs/reference_score.py`: the official OMAR / CFCQL / MACQL code trained on this suite's data and scored by
 this suite.
 
 The official checkouts are not available here, so stand-ins with their interfaces (init_from_env /
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from plcql_bench.datasets.format import synthetic_dataset, write_dataset
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 FAKE_AGENT = '''
 import torch
@@ -96,7 +96,7 @@ def fake_official(request, tmp_path, monkeypatch):
 
 def run_recorded(monkeypatch, argv: list[str]) -> dict:
     """Run reference_score.main(argv); returns the stand-in agent module's record (SEEN)."""
-    from plcql_bench.suite import reference_score
+    from plcql_bench.suite.runs import reference_score
 
     seen = {}
     real = reference_score.official_agent
@@ -142,7 +142,7 @@ def test_the_official_code_trains_on_the_suites_data_and_is_scored_by_the_suite(
 
 
 def test_reference_score_names_a_missing_dataset(tmp_path, fake_official):
-    from plcql_bench.suite import reference_score
+    from plcql_bench.suite.runs import reference_score
 
     kind, checkout = fake_official
     with pytest.raises(SystemExit, match=r"expert\.h5: dataset not built \(plcql-bench datasets build mpe-cn expert"):

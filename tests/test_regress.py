@@ -11,8 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from plcql_bench.suite.cli import cli
-from plcql_bench.suite.regress import compare, failed, failing, make_band
+from plcql_bench.suite.commands.main import cli
+from plcql_bench.suite.runs.regress import compare, failed, failing, make_band
 
 ROOT = Path(__file__).resolve().parent.parent
 BAND = ROOT / "ci" / "reference_band.json"
@@ -45,7 +45,7 @@ def _regress(tmp_path: Path, *args: str):
 def test_committed_band_is_generated_and_matches_profile():
     band = _band()
     assert band["profile"] == "nightly" and band["cells"]
-    from plcql_bench.suite.profiles import load_profile  # noqa: PLC0415
+    from plcql_bench.suite.runs.profiles import load_profile  # noqa: PLC0415
     prof = load_profile("nightly")
     expected = {f"{a}/{t}/{d}" for a in prof.matrix["algos"] for t in prof.matrix["tasks"]
                 for d in prof.matrix["tiers"]}
@@ -123,8 +123,8 @@ def test_selftest_variants_change_only_what_they_say():
     assert all(len(s) == len(band_seeds) for s in seed_sets)
     assert not (seed_sets[0] & seed_sets[1]) and not ((seed_sets[0] | seed_sets[1]) & band_seeds)
     # cql_alpha x 100 reaches exactly the algorithms that have it, at each tier's own value.
-    from plcql_bench.suite.profiles import _parse, load_profile  # noqa: PLC0415
-    from plcql_bench.suite.runner import Cell, resolve_config  # noqa: PLC0415
+    from plcql_bench.suite.runs.profiles import _parse, load_profile  # noqa: PLC0415
+    from plcql_bench.suite.runs.runner import Cell, resolve_config  # noqa: PLC0415
 
     clean = load_profile("nightly")
     calls = st.injected_variant(raw, "cql_alpha", lambda v: 100.0 * v)

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from test_smac_adapter import FakeSC2
 
-from plcql_bench.suite import tasks
+from plcql_bench.suite.envs import tasks
 from plcql_bench.suite.envs import smac
-from plcql_bench.suite.cli import cli
+from plcql_bench.suite.commands.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SMAC_IDS = ["smac-2s3z", "smac-3s_vs_5z", "smac-5m_vs_6m", "smac-6h_vs_8z"]

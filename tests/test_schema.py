@@ -121,7 +121,7 @@ def test_optional_fields_kept_and_omitted():
 
 
 def test_runner_validates_before_writing_and_records_hardware():
-    from plcql_bench.suite.runner import _validated
+    from plcql_bench.suite.runs.runner import _validated
 
     out = _validated(final_record("plcql", "mpe-cn", "expert", 0, 50.0), "cpu")
     assert out["hardware"]["device"] == "cpu" and out["hardware"]["cpu_count"] >= 1

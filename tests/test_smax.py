@@ -13,7 +13,7 @@ from plcql_bench.datasets import format as fmt  # noqa: E402
 from plcql_bench.datasets.smax_collect import (  # noqa: E402
     collect_smax, concat_collections, random_policy)
 from plcql_bench.suite.envs import smax  # noqa: E402
-from plcql_bench.suite.tasks import get_task, task_ids  # noqa: E402
+from plcql_bench.suite.envs.tasks import get_task, task_ids  # noqa: E402
 
 TASK = "smax-2s3z"
 

@@ -110,7 +110,7 @@ def test_epsilon_greedy_policy_masks_and_interpolates():
 
 
 def test_replay_parts_keep_the_ramp_for_small_tiers():
-    from plcql_bench.datasets.smax_collect import _replay_parts
+    from plcql_bench.datasets.smax_tiers import _replay_parts
 
     big = _replay_parts(np.arange(45), 20)
     assert [len(c) for c in big] == [3] * 5 + [2] * 15  # np.array_split: the built datasets

@@ -10,7 +10,8 @@ pytest.importorskip("jaxmarl")
 
 from plcql_bench.datasets import format as fmt  # noqa: E402
 from plcql_bench.datasets import smax_collect as sc  # noqa: E402
-from plcql_bench.suite.tasks import get_task  # noqa: E402
+from plcql_bench.datasets import smax_tiers  # noqa: E402
+from plcql_bench.suite.envs.tasks import get_task  # noqa: E402
 
 TASK = "smax-2s3z"
 
@@ -18,7 +19,7 @@ TASK = "smax-2s3z"
 def test_workers_tier_matches_chunks(tmp_path):
     spec = get_task(TASK).spec
     seeds = 321 + np.arange(12)
-    arrays, meta, pid = sc.collect_smax_tier(TASK, "random", seeds, batch=4, workers=2)
+    arrays, meta, pid = smax_tiers.collect_smax_tier(TASK, "random", seeds, batch=4, workers=2)
     assert pid == "random-uniform-avail" and meta["workers"] == 2
     # exactly the requested episodes, episode-major and in seed order
     assert len(meta["lengths"]) == 12 and meta["env_steps"] == len(arrays["rewards"])
@@ -32,7 +33,7 @@ def test_workers_tier_matches_chunks(tmp_path):
              "ref_return_expert": float("nan"), "profile": "smoke"}
     fmt.write_dataset(tmp_path / "w2.h5", arrays, attrs, spec=spec)  # validates format v1
     # the same as collecting each contiguous chunk with workers=1 (in this process)
-    parts = [sc.collect_smax_tier(TASK, "random", c, batch=4)[:2]
+    parts = [smax_tiers.collect_smax_tier(TASK, "random", c, batch=4)[:2]
              for c in np.array_split(seeds, 2)]
     ref, ref_meta = sc.concat_collections(parts)
     np.testing.assert_array_equal(meta["returns"], ref_meta["returns"])

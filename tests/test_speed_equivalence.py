@@ -465,7 +465,7 @@ def test_runner_sets_the_kernels_once_per_process(monkeypatch):
     """PLCQL_KERNELS=plain|fused is read by the runner's configure_process (not by an algorithm); any
     other value is one line naming the variable."""
     from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.runner import KERNELS_ENV, configure_process
+    from plcql_bench.suite.runs.runner import KERNELS_ENV, configure_process
 
     try:
         monkeypatch.setenv(KERNELS_ENV, "plain")

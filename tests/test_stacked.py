@@ -1,4 +1,4 @@
-"""Seed stacks (algorithms/common/stacked.py, suite/stacking.py, `all --stack S`): S seeds trained in one
+"""Seed stacks (algorithms/common/stacked.py, suite/runs/stacking.py, `all --stack S`): S seeds trained in one
 process as stacked models give each seed its separate run's result, and the store keeps each seed a run
 of its own.
 
@@ -25,8 +25,8 @@ from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.speed import SyntheticBuffer
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
 from plcql_bench.suite.core.spec import TaskSpec
-from plcql_bench.suite.runner import Cell, execute, plan_run
-from plcql_bench.suite.stacking import execute_stack, stack_groups
+from plcql_bench.suite.runs.runner import Cell, execute, plan_run
+from plcql_bench.suite.runs.stacking import execute_stack, stack_groups
 
 torch.set_num_threads(1)
 
@@ -260,7 +260,7 @@ def test_stack_groups_keep_other_algorithms_alone(setup):
 def test_all_with_stack_trains_each_seed_as_its_own_run(setup):
     from click.testing import CliRunner
 
-    from plcql_bench.suite.cli import cli
+    from plcql_bench.suite.commands.main import cli
 
     tmp, profile = setup
     args = ["--data-dir", str(tmp / "data"), "--results-dir", str(tmp / "results"), "all", "--profile",
@@ -295,3 +295,18 @@ def test_a_seed_that_cannot_start_fails_alone(setup, monkeypatch):
     states = [json.loads((p.run_dir / "status.json").read_text())["status"] for p in plans]
     assert states == ["interrupted", "failed"]
     assert not any(p.final_path.exists() for p in plans)
+
+
+def test_a_stacked_run_records_its_evaluation_seconds_with_the_final_one(setup, monkeypatch):
+    """Each seed of a stack counts its own evaluations in train.eval_s, the final evaluation included."""
+    import time
+
+    from plcql_bench.suite.runs import runner
+
+    tmp, profile = setup
+    real = runner.evaluate_policy
+    monkeypatch.setattr(runner, "evaluate_policy", lambda *a: (time.sleep(0.1), real(*a))[1])
+    execute_stack(_plans(tmp, profile, "b"), logs=_quiet(3))
+    for plan in _plans(tmp, profile, "b"):
+        train = json.loads(plan.final_path.read_text())["train"]
+        assert 5 * 0.1 <= train["eval_s"] < train["wall_clock_s"]  # updates 0, 2, 4, 6 and the final one

@@ -10,7 +10,7 @@ import pytest
 
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all, parse_sweep_name, sweep_name
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.matrix import parse_sweeps
+from plcql_bench.suite.runs.matrix import parse_sweeps
 
 PROFILE = """
 name: sweeptest
@@ -23,7 +23,7 @@ algo_overrides: {batch_size: 32, hidden: 32, temperature: 1.5}
 
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])

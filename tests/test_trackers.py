@@ -1,4 +1,4 @@
-"""`run`/`all --log tensorboard|wandb` (suite/tracking.py): the trackers get every value metrics.jsonl holds,
+"""`run`/`all --log tensorboard|wandb` (suite/runs/tracking.py): the trackers get every value metrics.jsonl holds,
 at its round, plus the final evaluation, with the run key and config; read back with TensorBoard's own event
 reader and from W&B's offline run directory. metrics.jsonl stays the record."""
 
@@ -23,7 +23,7 @@ algo_overrides: {batch_size: 32, hidden: 32}
 
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
@@ -181,7 +181,7 @@ def test_wandb_offline_run_holds_the_metrics_key_and_config(setup, monkeypatch, 
 def test_a_failing_tracker_leaves_the_run_and_its_record_whole(setup, monkeypatch, capsys):
     pytest.importorskip("tensorboard")
     tmp_path, base = setup
-    from plcql_bench.suite import tracking
+    from plcql_bench.suite.runs import tracking
 
     def broken(self, values, step):
         raise OSError("disk full")
@@ -201,7 +201,7 @@ def test_a_tracker_that_is_not_installed_is_a_user_error(setup, monkeypatch, cap
     tmp_path, base = setup
     import importlib.util
 
-    from plcql_bench.suite.tracking import check_available
+    from plcql_bench.suite.runs.tracking import check_available
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

@@ -16,7 +16,7 @@ pytest.importorskip("flashbax", reason="the [vault] extra (in dev: make test ins
 
 from plcql_bench.datasets import format as fmt  # noqa: E402
 from plcql_bench.datasets import manifest  # noqa: E402
-from plcql_bench.suite.tasks import get_task  # noqa: E402
+from plcql_bench.suite.envs.tasks import get_task  # noqa: E402
 
 EPISODE = 25  # MPE's episode length
 PROFILE = """
@@ -32,7 +32,7 @@ algo_overrides: {batch_size: 16, hidden: 16}
 
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.cli import main
+    from plcql_bench.suite.commands.main import main
 
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
@@ -127,7 +127,7 @@ def test_an_ogmarl_vault_imports_trains_in_all_and_labels_its_results(tmp_path, 
     assert record["dataset_source"] == f"vault:{vault}#Random" and record["dataset_sha256"] == entry["sha256"]
 
     from plcql_bench.leaderboard.build import build
-    from plcql_bench.suite import api
+    from plcql_bench.suite.runs import api
 
     assert api.results_frame(tmp_path / "res").loc[0, "dataset_source"] == f"vault:{vault}#Random"
     build(tmp_path / "res", tmp_path / "site", bootstrap_reps=20, poi_reps=20)
@@ -212,7 +212,7 @@ def test_our_tier_round_trips_through_a_vault_flashbax_reads(tmp_path, monkeypat
 ])
 def test_a_profiles_imports_are_checked_when_it_loads(tmp_path, datasets, says):
     from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs.profiles import load_profile
 
     (tmp_path / "p.yaml").write_text(PROFILE.replace(PROFILE[PROFILE.index("datasets:"):PROFILE.index("train:")],
                                                      f"datasets: {datasets}\n"))
@@ -222,7 +222,7 @@ def test_a_profiles_imports_are_checked_when_it_loads(tmp_path, datasets, says):
 
 
 def test_a_profiles_import_path_is_taken_from_its_folder(tmp_path, monkeypatch, capsys):
-    from plcql_bench.suite.profiles import load_profile
+    from plcql_bench.suite.runs.profiles import load_profile
 
     (tmp_path / "p.yaml").write_text(PROFILE)
     profile = load_profile(str(tmp_path / "p.yaml"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plcql_bench.datasets.build import build_dataset
-from plcql_bench.suite.profiles import load_profile
+from plcql_bench.suite.runs.profiles import load_profile
 
 
 def profile_with_dataset(tmp: Path, profile_text: str, task: str = "mpe-cn", tier: str = "random",

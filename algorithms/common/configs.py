@@ -23,6 +23,9 @@ import yaml
 
 from plcql_bench.suite.core.spec import TaskSpec
 from plcql_bench.suite.core.validate import ConfigError, unknown_key
+from plcql_bench.algorithms.base import all_algorithm_classes
+from plcql_bench.suite.core.validate import config_fields
+from plcql_bench.suite.envs.tasks import ALL_TIERS, known_task_ids
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -43,10 +46,6 @@ def load_table(algo: str) -> dict[str, Any]:
 def check_table(table: Any, where: str) -> None:
     """The file's layout (see the module docstring); every field a config field of some algorithm.
     Values are checked against each algorithm's own config when it resolves (suite/core/validate.py)."""
-    from plcql_bench.suite.tasks import ALL_TIERS
-    from plcql_bench.algorithms.base import all_algorithm_classes
-    from plcql_bench.suite.core.validate import config_fields
-    from plcql_bench.suite.tasks import known_task_ids
 
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a mapping with 'source' and 'tasks'")

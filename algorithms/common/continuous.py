@@ -5,14 +5,15 @@ CFCQL's `continuous/` MATD3CC (`--cql --cf_cql --central_critic`), itself built 
   networks  a centralised critic ensemble Q_j(s, a_1..a_n) over the global state and the joint action
             (`EnsembleCritic`, E members in one batched call); decentralised deterministic tanh actors,
             one independent MLP per agent (`Actors`, stacked); target networks with Polyak averaging
-  config    `BackboneConfig`: the CFCQL settings every member of the family has
+  config    `CentralCriticConfig`: the CFCQL settings every member of the family has
   critic    y = r + gamma (1 - terminal) min_j Q'_j(s', clip(pi'(o') + N(0, 0.05), -1, 1))  (`td_target`)
             L = sum_j MSE(Q_j(s, a), y) + cql_alpha * sum_j pen_j                              (`critic_loss`)
             pen_j = mean_b [ sum_i (1/n) logsumexp_m (Q_j(s, a_i^m, a_-i) - log p(a_i^m)) - Q_j(s, a) ],
             a_i^m ~ U[-1,1]^A, the other agents at their dataset actions        (`cf_cql_penalty`)
   actor     per agent i, -Q_1(s, a_i = pi_i(o_i), a_-i from the dataset), averaged, + action_l2 mean(pi^2)
   round     one critic + actor update, then ca_ratio - 1 critic-only updates, each on a fresh batch, then
-            Polyak targets (`CentralCriticAlgorithm.update`; `compute_target` is the algorithm's)
+            Polyak targets (`CentralCriticAlgorithm.round`, written once: a run's `update` and a seed stack
+            run it; `compute_target` and the round's hooks are the algorithm's)
 Per-network gradient-norm clipping as the reference. The critic's fused CPU kernels are in kernels.py,
 behind a switch (`EnsembleCritic.fused`); this file is the plain torch statement of the same math.
 
@@ -32,7 +33,8 @@ from torch import nn
 from plcql_bench.algorithms.base import Batch, BatchSampler
 from plcql_bench.algorithms.common import kernels, rng
 from plcql_bench.algorithms.common.configs import tier_table
-from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+from plcql_bench.algorithms.common.steps import RunSteps
+from plcql_bench.algorithms.common.checkpoint import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import (
     StackedInputNorm,
     StackedLinear,
@@ -49,7 +51,7 @@ from plcql_bench.suite.core.spec import TaskSpec
 
 
 @dataclass
-class BackboneConfig:
+class CentralCriticConfig:
     """CFCQL's settings, shared by every algorithm of the family (its Config derives from this one)."""
 
     # --- backbone (CFCQL continuous/main.py defaults; per-task values: configs/cfcql_backbone.yaml) ---
@@ -374,7 +376,7 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
     def task_overrides(cls, spec: TaskSpec, tier: str) -> dict[str, Any]:
         """configs/cfcql_backbone.yaml < cql_alpha of configs/cfcql.yaml < the algorithm's own configs/<name>.yaml."""
         alpha = {k: v for k, v in tier_table("cfcql", spec, tier).items() if k == "cql_alpha"}
-        own = tier_table(getattr(cls, "variant_of", cls.name), spec, tier)
+        own = tier_table(cls.variant_of or cls.name, spec, tier)
         return {**tier_table("cfcql_backbone", spec, tier), **alpha, **own}
 
     def __init__(self, spec: TaskSpec, config: Any, seed: int, device: str = "cpu") -> None:
@@ -512,23 +514,49 @@ class CentralCriticAlgorithm(Checkpointable, DeterministicActors):
         polyak_(self.target_critic, self.critic, self.cfg.tau)
         polyak_(self.target_actors, self.actors, self.cfg.tau)
 
-    # -- one round -------------------------------------------------------------------------------
+    # -- one round (written once: a run's `update` and a seed stack run it, through `steps`) --------
     def update(self, sample: BatchSampler) -> dict[str, float]:
-        critic_ms, out = [], {}
-        for u in range(self.cfg.ca_ratio):
-            batch = sample(self.cfg.batch_size)
-            target, tstats = self.compute_target(batch)
-            loss, stats = self.critic_loss(batch, target)
-            gn = self.critic_step(loss)
-            critic_ms.append({**stats, **tstats, "critic/grad_norm": gn})
-            if u == 0:
-                actor_loss, actor_stats = self.actor_loss(batch)
-                self.actor_step(actor_loss)
-                out.update(actor_stats)
-        self.update_targets()
+        out = self.round(RunSteps(self, sample))
         self.rounds += 1
-        out.update(mean_metrics(critic_ms))
         return host_floats(out)
+
+    def round(self, steps: RunSteps) -> dict[str, Any]:
+        """One round: a critic and an actor update, then ca_ratio - 1 critic-only updates, each on a fresh batch,
+        then the Polyak targets; its metrics as tensors. A member of the family changes the round through the
+        hooks below, not by overriding it: a seed stack (stacked.py) runs this round as written."""
+        critic_ms, extra_ms, out = [], [], {}
+        for u in range(self.cfg.ca_ratio):
+            batch = steps.batch()
+            target, aux = steps.call(self.compute_target, batch)
+            pre = self.before_critic_step(steps, u, batch, aux)
+            loss, stats = steps.call(self.critic_loss, batch, target)
+            gn = steps.critic_step(loss)
+            critic_ms.append({**stats, **self.target_stats(aux), "critic/grad_norm": gn})
+            if u == 0:
+                actor_loss, actor_stats = steps.call(self.actor_loss, batch)
+                steps.actor_step(actor_loss)
+                out.update(actor_stats)
+            extra = self.after_actor_step(steps, u, batch, aux, pre)
+            if extra is not None:
+                extra_ms.append(extra)
+        steps.update_targets()
+        out.update(mean_metrics(extra_ms))
+        out.update(mean_metrics(critic_ms))
+        return out
+
+    # -- the round's hooks (defaults: the backbone's round) ----------------------------------------
+    def target_stats(self, aux: dict[str, Any]) -> dict[str, Any]:
+        """What each critic update logs of `compute_target`'s second output (default: all of it)."""
+        return aux
+
+    def before_critic_step(self, steps: RunSteps, u: int, batch: Batch, aux: dict[str, Any]) -> Any:
+        """Update u's work before its critic step (its result goes to `after_actor_step`); default none."""
+        return None
+
+    def after_actor_step(self, steps: RunSteps, u: int, batch: Batch, aux: dict[str, Any], pre: Any
+                         ) -> dict[str, Any] | None:
+        """Update u's work after its actor step; metrics to average over the round's updates, or None."""
+        return None
 
 
 def mean_metrics(ms: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch import nn
 from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common.configs import tier_table
 from plcql_bench.algorithms.common.continuous import Actors
-from plcql_bench.algorithms.common.protocol import Checkpointable, DeterministicActors
+from plcql_bench.algorithms.common.checkpoint import Checkpointable, DeterministicActors
 from plcql_bench.algorithms.common.nets import StackedMLP, clip_grad_norm_stacked_, hard_update_, polyak_
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -130,7 +130,7 @@ class IndepCritics(nn.Module):
 
 
 class IndependentBase(Checkpointable, DeterministicActors):
-    """Actors (+ targets), stacked independent critics (+ targets), Adams, sampling RNG, protocol."""
+    """Actors (+ targets), stacked independent critics (+ targets), Adams, sampling RNG, checkpoints."""
 
     name = "independent"
     discrete = False
@@ -217,7 +217,7 @@ class IndependentBase(Checkpointable, DeterministicActors):
         polyak_(self.target_critic, self.critic, self.cfg.tau)
         polyak_(self.target_actors, self.actors, self.cfg.tau)
 
-    # protocol -----------------------------------------------------------------------------------
+    # checkpoint ---------------------------------------------------------------------------------
 def clip_grad_norm_agents_(params: list[nn.Parameter], max_norm: float, n_twins: int, n_agents: int) -> torch.Tensor:
     """Clip per agent over all its twins (member t * n + i belongs to agent i), as the reference's
     clip_grad_norm_(agent_i.critic.parameters()) on a twin critic."""

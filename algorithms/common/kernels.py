@@ -9,7 +9,7 @@ behind the same switch.
                   (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
     _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
     keep_freed_memory, large_allocations_from_heap
-                  the glibc allocator settings the runner makes once per process (suite/runner.py)
+                  the glibc allocator settings the runner makes once per process (suite/runs/runner.py)
 
 Switch: `use_fused(False)` (the runner: PLCQL_KERNELS=plain; `fused_kernels(False)` for a block) makes
 every network built afterwards take the plain path. On by default: on CPU the fused path is the faster
@@ -23,6 +23,7 @@ the algorithms.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Iterator
 
 import torch
@@ -386,8 +387,6 @@ def keep_freed_memory() -> None:
         return
     _MALLOC_TUNED = True
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD: glibc's maximum, 32 MiB
         libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never trim the heap top
@@ -411,11 +410,9 @@ _M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX = -4, 65536
 
 def large_allocations_from_heap(on: bool = True) -> None:
     """Serve large allocations from the heap (True) or with glibc's default mmap (False). Process-wide:
-    the runner sets it once for discrete tasks on CPU (suite/runner.py: configure_process), after
+    the runner sets it once for discrete tasks on CPU (suite/runs/runner.py: configure_process), after
     `keep_freed_memory`; silently does nothing where glibc is not available."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_MAX, 0 if on else _GLIBC_DEFAULT_MMAP_MAX)
     except (OSError, AttributeError):
         pass

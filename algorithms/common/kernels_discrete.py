@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from plcql_bench.algorithms.common import native
+from plcql_bench.algorithms.common.masked import masked_softmax
 
 BLOCK_BYTES = 1 << 21  # bytes of [rows, n, A, embed] intermediate per block (1-4 MB measured alike; 2 MB best on 2s3z)
 
@@ -548,7 +549,6 @@ def counterfactual_mix(pre: torch.Tensor, delta: torch.Tensor, w1: torch.Tensor,
 def cf_lambda(cf: torch.Tensor, avail: torch.Tensor, logbeta: torch.Tensor | None, temp: float) -> torch.Tensor:
     """CFCQL's λ over agents (CFCQLDiscrete.cf_weights' formula): cf [..., n, A], avail [..., n, A],
     logbeta = log(β + 1e-5) [..., n, A] (None: uniform 1/n) -> [..., n]."""
-    from plcql_bench.algorithms.common.discrete import masked_softmax
 
     n = cf.shape[-2]
     if logbeta is None or temp == 0:

@@ -46,6 +46,7 @@ FLAGS = ["-O3", "-march=native", "-fPIC", "-shared",
          # libgomp.so.1 resolves to torch's own, already in the process), i.e. on torch's intra-op threads
          "-fopenmp"]
 _LIBS: dict[str, ctypes.CDLL | None] = {}
+_PATHS: dict[str, str] = {}  # kernel -> the library file loaded
 _LOCK = threading.Lock()
 _ON = True
 
@@ -145,7 +146,8 @@ def library(name: str) -> ctypes.CDLL | None:
     with _LOCK:
         if name not in _LIBS:
             try:
-                _LIBS[name] = _declare(name, ctypes.CDLL(str(_build(name))))
+                _PATHS[name] = str(_build(name))
+                _LIBS[name] = _declare(name, ctypes.CDLL(_PATHS[name]))
             except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                 warnings.warn(f"native kernel {name!r} unavailable, using the torch form: {err}", RuntimeWarning,
                               stacklevel=2)
@@ -153,7 +155,35 @@ def library(name: str) -> ctypes.CDLL | None:
         return _LIBS[name]
 
 
+KERNELS = tuple(sorted(p.stem for p in SOURCES.glob("*.c")))  # csrc/NAME.c, one exported function NAME each
+
+
+def build_all() -> dict[str, str]:
+    """Build (or find in the cache) and load every native kernel now, before any training (`plcql-bench
+    build-kernels`; `all` on a selection with discrete tasks): {kernel: the library's path, or why the torch
+    form will be used instead}."""
+    out = {}
+    for name in KERNELS:
+        lib = library(name) if enabled() else None
+        out[name] = _PATHS[name] if lib is not None else _why_not(name)
+    return out
+
+
+def _why_not(name: str) -> str:
+    if not enabled():
+        return f"off ({ENV}=0): the torch form"
+    return "unavailable here (no working C compiler with OpenMP; set CC): the torch form, same numbers"
+
+
+def loaded() -> list[str]:
+    """The native kernels loaded in this process (a run records them: runner `kernel_choice`)."""
+    with _LOCK:
+        return sorted(name for name, lib in _LIBS.items() if lib is not None)
+
+
 def _declare(name: str, lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The argument and result types of csrc/NAME.c's function (tests/test_native.py checks them against the
+    C prototype)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     if name == "cf_negative":
         lib.cf_negative.argtypes = [p] * 7 + [ctypes.c_float] + [i64] * 5 + [p] * 7 + [ctypes.c_int]

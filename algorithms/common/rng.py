@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+from torch._C import _functorch as ft  # private: tests/test_torch_internals.py checks what is used
 
 
 class SeedGenerators:
@@ -51,8 +52,6 @@ def _draw(generator, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
 def _per_seed_draw(generators: list[torch.Generator], fn, inputs) -> torch.Tensor:
     """Inside vmap over seeds: seed s's draw is fn(generators[s], *inputs of seed s); returns them as one
     tensor batched over the seeds at the current vmap level."""
-    from torch._C import _functorch as ft
-
     level = ft.maybe_current_level()
     if level is None:
         raise RuntimeError("SeedGenerators draw outside the seed stack's vmap")

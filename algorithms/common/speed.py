@@ -13,9 +13,16 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 from plcql_bench.algorithms.base import Batch, batch_kind, get_algorithm, make_config
 from plcql_bench.suite.core.spec import TaskSpec
+from plcql_bench.algorithms.common import kernels
+from plcql_bench.algorithms.common.stacked import SeedStack, stackable
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.datasets.format import synthetic_dataset
+from plcql_bench.suite.envs import protocol
 
 
 class SyntheticBuffer:
@@ -49,8 +56,6 @@ class SyntheticBuffer:
 def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, device: str = "cpu"):
     """An EpisodeSampler over random SMAX-shaped episodes of the task's episode limit (for timing
     episode-batch algorithms: every batch is padded to the full limit, the worst case)."""
-    from plcql_bench.datasets.format import synthetic_dataset
-    from plcql_bench.datasets.episodes import EpisodeSampler
 
     arrays, _ = synthetic_dataset(spec, n_episodes=n_episodes, episode_len=spec.episode_limit, seed=seed)
     return EpisodeSampler(arrays, seed, device)
@@ -73,8 +78,6 @@ def make_buffer(cls: type, spec: TaskSpec, size: int, device: str, seed: int):
     as the algorithm's batch_kind asks."""
     if batch_kind(cls) == "episodes":
         if _EPISODE_ARRAYS is not None:
-            from plcql_bench.datasets.episodes import EpisodeSampler
-
             return EpisodeSampler(_EPISODE_ARRAYS, seed, device)
         return synthetic_episodes(spec, max(8, min(128, size // max(spec.episode_limit, 1))), seed, device)
     return SyntheticBuffer(spec, size, device, seed)
@@ -195,6 +198,41 @@ def time_variants(variants: dict[str, tuple[str, dict[str, Any], Callable[[], An
     return times
 
 
+def time_targets_interleaved(names: list[str], spec: TaskSpec, overrides: dict[str, dict[str, Any]],
+                             rounds: int = 20, warmup: int = 2, device: str = "cpu", seed: int = 0,
+                             clock: str = "wall", batch_size: int | None = None) -> dict[str, list[float]]:
+    """Milliseconds of each algorithm's target construction alone (`compute_target`), all of them on the SAME
+    batch each time, in alternation (A B, then B A, ...): the part of a round where PLCQL builds 1 PAR target
+    and SPaCQL n. Use it, with `paired_ratio`, to compare; whole rounds: `time_interleaved`."""
+    cls0 = get_algorithm(names[0], discrete=spec.discrete)
+    buf = make_buffer(cls0, spec, 100_000, device, seed)
+    algos = {}
+    for name in names:
+        cls = get_algorithm(name, discrete=spec.discrete)
+        ov = dict(overrides.get(name, {}))
+        if batch_size is not None:
+            ov[batch_field(cls)] = batch_size
+        torch.manual_seed(seed)
+        algos[name] = cls(spec, timing_config(cls, ov), seed, device)
+    sizes = {batch_size_of(type(a), overrides.get(n, {}) if batch_size is None else {batch_field(type(a)): batch_size})
+             for n, a in algos.items()}
+    if len(sizes) != 1:
+        raise ValueError(f"time_targets_interleaved: {names} train on different batches ({sorted(sizes)})")
+    bs = sizes.pop()
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(warmup + rounds):
+        batch = buf(bs)  # one draw, shared by the algorithms of this pair
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = timer()
+            algos[name].compute_target(batch)
+            sync()
+            if i >= warmup:
+                times[name].append((timer() - t0) * 1e3)
+    return times
+
+
 def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_seeds: int, rounds: int = 20,
                  warmup: int = 2, device: str = "cpu", clock: str = "wall", batch_size: int | None = None,
                  count_ops: bool = False) -> dict[str, Any]:
@@ -203,7 +241,6 @@ def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_se
     alternation (A B, then B A, ...): {"separate": [...], "stacked": [...]}, one entry per timed pair. Their
     ratio separate/stacked is the stack's gain in runs per hour, for runs sharing one process's device.
     `count_ops`: also {"ops": {"separate": n, "stacked": m}}, the operators each dispatches (`dispatched_ops`)."""
-    from plcql_bench.algorithms.common.stacked import SeedStack
 
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     ov = dict(overrides)
@@ -235,6 +272,60 @@ def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_se
     return times
 
 
+def time_packings(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_runs: int, rounds: int = 10,
+                  warmup: int = 1, device: str = "cpu", batch_size: int | None = None) -> dict[str, list[float]]:
+    """CPU milliseconds (this process's CPU time, all its threads) to advance `n_runs` runs by one round each,
+    packed three ways, timed in alternation (A B C, then C B A, ...):
+      "separate"  n_runs separate runs' rounds at 1 torch thread each (`all --threads 1`, the CPU default);
+      "stacked"   one round of the n_runs seeds as a SeedStack at 1 thread (`all --stack`; only where the
+                  algorithm is stackable, else absent);
+      "threads"   n_runs separate runs' rounds at n_runs torch threads each (fewer, fatter runs).
+    CPU time is what a run costs in core-hours, whatever the other jobs on the machine do, so the ratio
+    separate/other is the other packing's gain in finished runs per core-hour."""
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    ov = dict(overrides)
+    if batch_size is not None:
+        ov[batch_field(cls)] = batch_size
+    cfg = timing_config(cls, ov)
+    seeds = range(n_runs)
+    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
+    sep = [cls(spec, cfg, s, device) for s in seeds]
+    fat = [cls(spec, cfg, s, device) for s in seeds]
+    threads = torch.get_num_threads()
+
+    def rounds_at(algos, n_threads):
+        def go():
+            torch.set_num_threads(n_threads)
+            try:
+                for algo, buf in zip(algos, bufs):
+                    algo.update(buf)
+            finally:
+                torch.set_num_threads(threads)
+        return go
+
+    variants = {"separate": rounds_at(sep, 1)}
+    if stackable(cls):
+        stack = SeedStack([cls(spec, cfg, s, device) for s in seeds])
+
+        def stacked():
+            torch.set_num_threads(1)
+            try:
+                stack.update(bufs)
+            finally:
+                torch.set_num_threads(threads)
+        variants["stacked"] = stacked
+    variants["threads"] = rounds_at(fat, n_runs)
+    names = list(variants)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(warmup + rounds):
+        for label in names if i % 2 == 0 else names[::-1]:
+            t0 = time.process_time()
+            variants[label]()
+            if i >= warmup:
+                times[label].append((time.process_time() - t0) * 1e3)
+    return times
+
+
 # Operators that only make a view or an empty tensor (no kernel on a GPU), left out of `dispatched_ops`.
 _VIEW_OPS = frozenset(
     "view reshape _reshape_alias _unsafe_view expand expand_as view_as transpose t permute movedim slice select "
@@ -248,9 +339,6 @@ def dispatched_ops(fn: Callable[[], Any]) -> int:
     the profiler's call tree: on a GPU each is about one kernel launch, so for rounds bound by the host
     issuing kernels this count is a proxy for their cost. (A matmul whose work runs in child operators is
     counted by its children.) The fused CF-CQL penalty runs as one block, as on a GPU (kernels.block_bytes)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from plcql_bench.algorithms.common import kernels
 
     cpu_blocks = kernels.BLOCK_BYTES
     kernels.BLOCK_BYTES = kernels.GPU_BLOCK_BYTES
@@ -290,7 +378,6 @@ def round_flops(algo, sample) -> float:
     matrix products it executes (mm, bmm, addmm, baddbmm and their in-place forms, forward and
     backward, recomputations included); elementwise work is not counted, so FLOPs / matmul_rate is
     a floor no implementation of the same arithmetic can beat on that machine."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     def bmm_(self_shape, b1, b2, *args, out_shape=None, **kwargs) -> int:
         return 2 * b1[0] * b1[1] * b1[2] * b2[2]
@@ -324,18 +411,18 @@ def time_evaluation(algo_name: str, task, overrides: dict[str, Any] | None = Non
     is run once untimed first (env construction, JAX compilation happen once per run too). An
     untrained policy's episodes can be shorter or longer than a trained one's where episodes end
     early (SMAX); MPE and Half-Cheetah episodes have a fixed length."""
-    from plcql_bench.suite import protocol
 
     timer = time.process_time if clock == "cpu" else time.perf_counter
     spec = task.spec
     cls = get_algorithm(algo_name, discrete=spec.discrete)
     torch.manual_seed(seed)
     algo = cls(spec, make_config(cls, dict(overrides or {})), seed, device)
-    begin = getattr(algo, "begin_episodes", None)
+    begin = algo.begin_episodes
 
     def once(n: int) -> float:
         t0 = timer()
-        protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(n), begin=begin)
+        with algo.evaluating():  # as runner.evaluate_policy
+            protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(n), begin=begin)
         return timer() - t0
 
     times = []

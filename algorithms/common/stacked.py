@@ -6,7 +6,7 @@ issues about as many kernels for S runs as for one (issue 19, item 2).
 How. The S runs are built as usual (`cls(spec, config, seed)`, each drawing its networks from its own seed),
 then their parameters, buffers and Adam states are stacked along a new leading seed axis
 (`torch.func.stack_module_state`). Each stage of a round, the algorithm's own per-seed methods
-(`compute_target`, `critic_loss`, `actor_loss`, PLCQL's `par_reward`, `Par.value_loss`, ...), runs once for
+(`compute_target`, `critic_loss`, `actor_loss`, and what the algorithm's round hooks call), runs once for
 all seeds under `torch.func.vmap` with the stacked parameters put in place of the first run's
 (as `torch.func.functional_call` would; `vcall`): the math is the algorithm file's, unchanged. Between
 the stages the optimiser steps work on the stacked parameters: the S losses are summed (no parameter is shared between seeds, so each
@@ -20,9 +20,10 @@ fused ones are not vmappable). tests/test_stacked.py compares parameters and met
 
 `SeedStack.update(samplers)` is one round of every seed (a list of S metric dicts, as `update` returns);
 `sync()` writes the stacked state back into the S algorithm objects, which then evaluate, checkpoint
-(`state_dict`) and report diagnostics as separate runs do. The round's control flow mirrors
-`CentralCriticAlgorithm.update` and `PLCQL.update` (continuous.py, plcql.py): a class that changes its
-`update` is refused (`stackable`) until its round is written here too.
+(`state_dict`) and report diagnostics as separate runs do. The round is not written here: it is the
+algorithm's own `CentralCriticAlgorithm.round` (continuous.py), with the algorithm's hooks, run through
+`StackSteps` (vmapped calls, stacked optimiser steps) where a separate run uses `RunSteps` (steps.py). A
+class that overrides `update` or `round` is refused (`stackable`).
 """
 
 from __future__ import annotations
@@ -36,26 +37,16 @@ from torch._C import _functorch as _ft
 from torch.func import stack_module_state, vmap
 
 from plcql_bench.algorithms.base import Batch
-from plcql_bench.algorithms.common.continuous import CentralCriticAlgorithm, mean_metrics
+from plcql_bench.algorithms.common.continuous import CentralCriticAlgorithm
 from plcql_bench.algorithms.common.rng import SeedGenerators
 
 
-def _round_kind(cls) -> str | None:
-    """"backbone" or "plcql": whose round `cls.update` is; None when the stack has no round for it."""
-    from plcql_bench.algorithms.plcql import PLCQL
-
-    if not (isinstance(cls, type) and issubclass(cls, CentralCriticAlgorithm)):
-        return None
-    if cls.update is CentralCriticAlgorithm.update:
-        return "backbone"
-    if cls.update is PLCQL.update:
-        return "plcql"
-    return None
-
-
 def stackable(cls) -> bool:
-    """Whether seeds of algorithm class `cls` can be trained as a stack."""
-    return _round_kind(cls) is not None
+    """Whether seeds of algorithm class `cls` can be trained as a stack: a member of the continuous CFCQL family
+    whose round is the family's (`CentralCriticAlgorithm.round`, changed only through its hooks), run by the
+    family's `update`. A class that overrides either is refused, not stacked wrongly."""
+    return (isinstance(cls, type) and issubclass(cls, CentralCriticAlgorithm)
+            and cls.update is CentralCriticAlgorithm.update and cls.round is CentralCriticAlgorithm.round)
 
 
 class _Modules(nn.Module):
@@ -77,9 +68,9 @@ class SeedStack:
         if not algos:
             raise ValueError("SeedStack: no runs")
         cls = type(algos[0])
-        self.kind = _round_kind(cls)
-        if self.kind is None:
-            raise ValueError(f"{cls.__name__}: its update() has no stacked round (algorithms/common/stacked.py)")
+        if not stackable(cls):
+            raise ValueError(f"{cls.__name__}: overrides update() or round(), so it has no stacked round "
+                             "(algorithms/common/stacked.py runs CentralCriticAlgorithm.round)")
         if any(type(a) is not cls or a.cfg != algos[0].cfg for a in algos):
             raise ValueError("SeedStack: the runs must share the algorithm class and config")
         if len({a.rounds for a in algos}) != 1:
@@ -176,7 +167,7 @@ class SeedStack:
         with self._seed_generators():
             return vmap(one_seed, in_dims=dims, randomness="error")(*flat)
 
-    # -- the stacked steps (CentralCriticAlgorithm.critic_step / actor_step, Par.optimise) ---------------
+    # -- the stacked steps (CentralCriticAlgorithm.critic_step / actor_step, RunSteps.optimise) -----------
     def _leaves(self, prefix: str) -> list[torch.Tensor]:
         return [v for k, v in self.params.items() if k.startswith(prefix + ".")]
 
@@ -203,12 +194,14 @@ class SeedStack:
         self.opts["actor_opt"].step()
         self.opts["actor_opt"].zero_grad(set_to_none=True)
 
-    def par_step(self, key: str, module: str, loss: torch.Tensor) -> None:
+    def optimise(self, key: str, module: str, loss: torch.Tensor, max_norm: float) -> None:
+        """One step of the stacked optimiser `key` over the stacked module `module`, each seed's gradient norm
+        clipped to max_norm on its own (0: not clipped), as the separate run's `RunSteps.optimise`."""
         opt = self.opts[key]
         opt.zero_grad(set_to_none=True)
         loss.sum().backward()
-        if self.cfg.par_grad_clip > 0:
-            clip_per_seed_(self._leaves(module), self.cfg.par_grad_clip, self.S)
+        if max_norm > 0:
+            clip_per_seed_(self._leaves(module), max_norm, self.S)
         opt.step()
 
     def update_targets(self) -> None:
@@ -226,74 +219,43 @@ class SeedStack:
                             else None) for f in vars(batches[0])})
 
     def update(self, samplers: Sequence[Callable[[int], Batch]]) -> list[dict[str, float]]:
-        """One round of every seed (each seed's batches from its own sampler); the S metric dicts."""
+        """One round of every seed (each seed's batches from its own sampler); the S metric dicts. The round is
+        the algorithm's own (`CentralCriticAlgorithm.round`), run through `StackSteps`."""
         if len(samplers) != self.S:
             raise ValueError(f"SeedStack.update: {len(samplers)} samplers for {self.S} seeds")
-        out = self._plcql_round(samplers) if self.kind == "plcql" else self._backbone_round(samplers)
+        out = self.template.round(StackSteps(self, samplers))
         for a in self.algos:
             a.rounds += 1
         return per_seed_floats(out, self.S)
 
-    def _backbone_round(self, samplers) -> dict[str, torch.Tensor]:
-        """CentralCriticAlgorithm.update for S seeds."""
-        t, critic_ms, out = self.template, [], {}
-        for u in range(self.cfg.ca_ratio):
-            batch = self.sample(samplers)
-            target, tstats = self.vcall(t.compute_target, batch)
-            loss, stats = self.vcall(t.critic_loss, batch, target)
-            gn = self.critic_step(loss)
-            critic_ms.append({**stats, **tstats, "critic/grad_norm": gn})
-            if u == 0:
-                actor_loss, actor_stats = self.vcall(t.actor_loss, batch)
-                self.actor_step(actor_loss)
-                out.update(actor_stats)
-        self.update_targets()
-        out.update(mean_metrics(critic_ms))
-        return out
 
-    def _plcql_round(self, samplers) -> dict[str, torch.Tensor]:
-        """PLCQL.update for S seeds."""
-        t, critic_ms, par_ms, out = self.template, [], [], {}
-        for u in range(self.cfg.ca_ratio):
-            batch = self.sample(samplers)
-            target, aux = self.vcall(t.compute_target, batch)
-            k, logp_old, probs, joint_next, mask = (aux[x] for x in ("k", "logp_old", "probs", "joint_next", "mask"))
-            par_here = u == 0 or self.cfg.par_updates == "every-batch"
-            if par_here:
-                r_par, u_q, w = self.vcall(t.par_reward, batch, joint_next)
-            loss, stats = self.vcall(t.critic_loss, batch, target)
-            gn = self.critic_step(loss)
-            critic_ms.append({**stats, "critic/grad_norm": gn, "par/k_replaced": mask.float().sum(-1).mean(-1)})
-            if u == 0:
-                actor_loss, actor_stats = self.vcall(t.actor_loss, batch)
-                self.actor_step(actor_loss)
-                out.update(actor_stats)
-            if par_here:
-                ms = self.vcall(t.par.stats, probs, k, r_par, u_q, w)
-                if t.par.learned:
-                    ms.update(self._par_step(batch.next_state, k, logp_old, r_par,
-                                             (batch.next_actions_valid > 0.5).float()))
-                par_ms.append(ms)
-        self.update_targets()
-        out.update(mean_metrics(par_ms))
-        out.update(mean_metrics(critic_ms))
-        return out
+class StackSteps:
+    """The stages of a round for a seed stack (the interface of algorithms/common/steps.py): each call vmapped
+    over the seeds, each step one step of the stacked optimisers, each batch one per seed."""
 
-    def _par_step(self, next_state, k, logp_old, r_par, m) -> dict[str, torch.Tensor]:
-        """Par.step for S seeds: value_update, advantage, ppo_update."""
-        par, cfg = self.template.par, self.cfg
-        loss = torch.zeros(self.S, device=next_state.device)
-        for _ in range(cfg.value_steps):
-            loss = self.vcall(par.value_loss, next_state, r_par, m)
-            self.par_step("par_value_opt", "par_value", loss)
-        out = {"par/value_loss": loss.detach()}
-        adv, out["par/adv_raw"] = self.vcall(par.advantage, next_state, r_par, m)
-        for epoch in range(cfg.ppo_epochs):
-            ploss, ratio, entropy = self.vcall(par.ppo_loss, next_state, k, logp_old, adv, m)
-            self.par_step("par_policy_opt", "par_policy", ploss)
-            if epoch == cfg.ppo_epochs - 1:
-                out.update(self.vcall(par.ppo_stats, ploss.detach(), ratio.detach(), entropy.detach(), m))
-        return out
+    def __init__(self, stack: SeedStack, samplers: Sequence[Callable[[int], Batch]]) -> None:
+        self.stack, self.samplers = stack, samplers
+
+    def batch(self) -> Batch:
+        return self.stack.sample(self.samplers)
+
+    def call(self, fn: Callable, *args: Any) -> Any:
+        return self.stack.vcall(fn, *args)
+
+    def zeros(self, device: torch.device | str) -> torch.Tensor:
+        return torch.zeros(self.stack.S, device=device)
+
+    def critic_step(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.stack.critic_step(loss)
+
+    def actor_step(self, loss: torch.Tensor) -> None:
+        self.stack.actor_step(loss)
+
+    def optimise(self, opt: str, module: str, loss: torch.Tensor, max_norm: float) -> None:
+        self.stack.optimise(opt, module, loss, max_norm)
+
+    def update_targets(self) -> None:
+        self.stack.update_targets()
 
 
 # --------------------------------------------------------------------------------------------

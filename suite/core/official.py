@@ -1,7 +1,7 @@
 """Official-code checks: a reference implementation's own code (thu-rllab/CFCQL, for CFCQL and MACQL;
 ling-pan/OMAR) trained on
 this suite's dataset and scored by this suite's protocol. They answer one question about a gap between our
-number and the paper's: is it our implementation's, or the data's? `suite/reference_score.py` writes one file
+number and the paper's: is it our implementation's, or the data's? `suite/runs/reference_score.py` writes one file
 per run; the leaderboard shows them beside our cells, labelled as the official code's.
 
 Layout: ``<root>/<profile>/<code>/<task>/<tier>/seed<S>.json`` (root: ``leaderboard/official``, beside

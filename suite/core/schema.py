@@ -16,6 +16,8 @@ import hashlib
 import json
 import math
 import numbers
+import os
+import platform
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.store import METRICS, links_leaving, read_metrics_text
 
 __all__ = [
     "RESULT_SCHEMA_VERSION", "RecordError", "RunRecord", "Damaged", "DamagedResults", "run_key_of",
@@ -34,7 +37,7 @@ __all__ = [
 RESULT_SCHEMA_VERSION = 1
 SCORE_NAMES = ("normalised", "win_rate")
 WIN_RATE_DOMAINS = ("smax", "smac")
-# What a run key hashes (suite/runner.py: plan_run builds the same dict).
+# What a run key hashes (suite/runs/runner.py: plan_run builds the same dict).
 IDENTITY_FIELDS = ("algo", "config", "task", "dataset", "dataset_sha256", "seed", "profile", "budget",
                    "protocol_version")
 RUN_DIR = re.compile(r"seed(\d+)-([0-9a-f]+)")
@@ -266,7 +269,6 @@ def curve_from_metrics(run_dir: Path) -> list[dict] | None:
     """A run's learning curve rebuilt from its metrics.jsonl (or the published metrics.jsonl.gz): the runner
     writes one row per evaluation point, holding that point's update, return_mean and score. None when no
     readable metrics file is there (a damaged one leaves the curve unknown, not the record invalid)."""
-    from plcql_bench.suite.core.store import METRICS, read_metrics_text
 
     try:
         text = read_metrics_text(Path(run_dir) / METRICS)
@@ -350,7 +352,6 @@ def scan_records(results_dir: Path) -> tuple[list[tuple[str, RunRecord]], list[D
 def links_out(results_dir: Path) -> list[Damaged]:
     """Symbolic links under the results folder that lead outside it, as skipped entries: runs are read (and
     written: runner.plan_run refuses such a run directory) only inside the results folder."""
-    from plcql_bench.suite.core.store import links_leaving
 
     return [Damaged(link.relative_to(results_dir).as_posix(), f"a symbolic link to {target}, outside the results "
                     "directory: skipped (runs are read and written only inside it)")
@@ -408,8 +409,6 @@ def cpu_isa() -> str | None:
 def hardware_info(device: str) -> dict:
     """Where a run trained (the ``hardware`` field): device, CPU model and count, torch threads,
     and the GPU's name on CUDA."""
-    import os
-    import platform
 
     import torch
 

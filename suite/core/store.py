@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import gzip
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import shutil
 import socket
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -294,8 +296,6 @@ METRICS_GZ = "metrics.jsonl.gz"      # the same rows gzipped (schema.compact_met
 def read_metrics_text(path: Path) -> str | None:
     """The text of a run's metrics.jsonl at `path`, or of its published, gzipped sibling (`METRICS_GZ`)
     when only that exists; None when neither does. Raises OSError/UnicodeDecodeError on a damaged file."""
-    import gzip
-    import zlib
 
     path = Path(path)
     if path.exists():
@@ -312,6 +312,5 @@ def read_metrics_text(path: Path) -> str | None:
 def gzip_text(text: str, dest: Path) -> None:
     """`dest` = gzip of the UTF-8 `text`, written atomically and byte-for-byte reproducible (no name or time
     in the header), so publishing the same run twice gives the same committed bytes."""
-    import gzip
 
     atomic_write_bytes(Path(dest), gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))

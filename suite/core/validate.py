@@ -1,6 +1,6 @@
 """Typed validation of what a user configures: algorithm config fields (from an algorithm's
 defaults, algorithms/configs/*.yaml, a profile's ``algo_overrides`` and ``--set``) and the small
-building blocks the profile schema (suite/profiles) uses.
+building blocks the profile schema (suite/runs/profiles) uses.
 
 Every error is a :class:`ConfigError` (a BenchError: one line, exit status 2) of the form
 ``<where>: <field>: <problem>``, where ``where`` names the file or the flag. Validation never
@@ -22,6 +22,8 @@ import re
 import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+
+import yaml
 
 from plcql_bench.suite.core.errors import BenchError
 
@@ -61,7 +63,6 @@ def load_user_yaml(text: str, source: str) -> Any:
     """A YAML document a user wrote (a profile, a campaign), refusing aliases (``*name``): nothing such a
     file needs them for, and a few lines of nested aliases expand to billions of values. ConfigError
     naming ``source`` (and the line) on an alias or invalid YAML."""
-    import yaml
 
     class _NoAliases(yaml.SafeLoader):
         def compose_node(self, parent, index):

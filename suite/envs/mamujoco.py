@@ -40,6 +40,7 @@ import contextlib
 import time
 import warnings
 from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
@@ -170,8 +171,6 @@ class MaMuJoCoEnv:
 
 
 def versions(episode_limit: int = EPISODE_LIMIT) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for pkg in ("mujoco", "gymnasium-robotics", "gymnasium"):
         try:

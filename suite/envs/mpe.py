@@ -46,6 +46,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
@@ -365,8 +366,6 @@ class MPEEnv:
 
 
 def _mpe2_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("mpe2")
     except PackageNotFoundError:

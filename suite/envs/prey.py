@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,6 @@ def _sha256_cached(path: Path) -> str:
 
 def default_prey_path(task_id: str) -> Path:
     """The shipped prey for 'mpe-pp' / 'mpe-world' (see datasets/assets/PREY.md)."""
-    from importlib.resources import files
 
     return Path(str(files("plcql_bench.datasets.assets") / f"prey_{task_id}.pt"))
 

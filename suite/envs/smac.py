@@ -40,6 +40,7 @@ Shapes are SMAC's feature rules for these settings (obs dims agree with OG-MARL'
 from __future__ import annotations
 
 from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
 import numpy as np
@@ -154,8 +155,6 @@ class SmacEnv:
 
 
 def env_versions(map_name: str) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     v = {"smac_map": map_name, "simulator": "StarCraft II (expected 4.10)",
          "episode_limit": str(EPISODE_LIMITS[map_name]),
          "smac_settings": ",".join(f"{k}={v}" for k, v in sorted(SMAC_KWARGS.items()))}

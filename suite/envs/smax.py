@@ -41,6 +41,7 @@ wraps it as a numpy ``BatchedEnv`` for evaluation.
 from __future__ import annotations
 
 from functools import cache, partial
+from importlib.metadata import PackageNotFoundError, version
 from typing import NamedTuple
 
 import numpy as np
@@ -273,8 +274,6 @@ class SmaxEnv:
 
 
 def env_versions(map_name: str) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     v = {}
     for pkg in ("jax", "jaxlib", "jaxmarl"):
         try:

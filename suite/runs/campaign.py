@@ -6,7 +6,7 @@ A campaign file (YAML):
     profile: paper
     stages:
       - name: plcql-study-cn-random
-        only: algo=plcql,plcql-kn,task=mpe-cn,dataset=random,seed=0,1,2
+        only: algo=plcql,plcql-kn,task=mpe-cn,tier=random,seed=0,1,2
       - ...
 
 `plcql-bench campaign run FILE` runs the stages as ONE priority queue, `plcql-bench all --profile P
@@ -33,9 +33,18 @@ from pathlib import Path
 
 import click
 
-from plcql_bench.suite.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.validate import load_user_yaml
+from plcql_bench.suite.core.schema import (
+    RecordError,
+    check_location,
+    compact_metrics_text,
+    curve_from_metrics,
+    read_record,
+)
+from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text, read_json
+from plcql_bench.suite.runs.matrix import parse_only, select_cells
+from plcql_bench.suite.runs.profiles import load_profile
 
 # metrics.jsonl is published gzipped (.gz), and final.json without its curve where the metrics hold the same points
 PUBLISHED_FILES = ("final.json", "config.json", "metrics.jsonl")
@@ -75,8 +84,6 @@ def load_campaign(path: Path) -> Campaign:
 
 def stage_cells(campaign: Campaign, stage: Stage):
     """The profile and the cells a stage selects (validated like `all --only`)."""
-    from plcql_bench.suite.matrix import parse_only, select_cells
-    from plcql_bench.suite.profiles import load_profile
 
     prof = load_profile(campaign.profile)
     return prof, select_cells(prof, parse_only([stage.only]))
@@ -88,8 +95,6 @@ def publish(results_dir: Path, profile: str, dest: Path, warn=lambda line: click
     final.json that is not a valid result of its run directory is not published (one warning line).
     A newly published final.json is stored without its curve where the run's metrics rebuild it exactly
     (`_without_curve`): the committed results must stay within what a GPU loan can carry."""
-    from plcql_bench.suite.core.schema import RecordError, check_location, compact_metrics_text, read_record
-    from plcql_bench.suite.core.store import METRICS, METRICS_GZ, atomic_write_json, gzip_text
 
     src_root = Path(results_dir) / profile
     archived = archived_runs(dest)
@@ -125,8 +130,6 @@ def _without_curve(final: Path) -> dict | None:
     """final.json's object without its curve when the metrics beside it rebuild exactly the same points
     (schema.curve_from_metrics; schema.read_record puts it back on reading); None when they do not, or
     when there are no metrics (the file is then kept as it is)."""
-    from plcql_bench.suite.core.schema import curve_from_metrics
-    from plcql_bench.suite.core.store import read_json
 
     try:
         raw = read_json(final)
@@ -168,7 +171,7 @@ def adopt_published(published: Path, results_dir: Path, profile: str) -> int:
     return n
 
 
-def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
+def run_queue(cmd: list[str], every_s: float, on_tick) -> int:
     """Run the campaign's `all`, calling on_tick() every every_s seconds while it runs (publishing);
     a stop (SIGINT/SIGTERM) of the campaign is passed on to it, so its runs stop cleanly
     (interrupted, last checkpoint kept) instead of running on without the campaign."""
@@ -194,137 +197,11 @@ def _run_queue(cmd: list[str], every_s: float, on_tick) -> int:
             ticker.join()
 
 
-def _all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None,
+def all_command(data_dir: Path, results_dir: Path, profile: str, specs: list[str], jobs: int | None,
                  finish_within: float | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "plcql_bench.suite.cli", "--data-dir", str(data_dir), "--results-dir",
+    cmd = [sys.executable, "-m", "plcql_bench.suite.commands.main", "--data-dir", str(data_dir), "--results-dir",
            str(results_dir), "all", "--profile", profile]
     for spec in specs:
         cmd += ["--queue", spec]
     cmd += ["--finish-within", f"{finish_within:.0f}s"] if finish_within is not None else []
     return cmd + (["--jobs", str(jobs)] if jobs else [])
-
-
-@click.group("campaign")
-def campaign() -> None:
-    """Run a prioritised list of matrix selections (a campaign file) and publish finished runs."""
-
-
-@campaign.command("run")
-@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Runs at once, passed to `all` (default: all's default).")
-@click.option("--stage", "only_stages", multiple=True, help="Only these stages (by name), in file order.")
-@click.option("--publish-to", type=click.Path(path_type=Path), default=Path("leaderboard/results"),
-              show_default=True, help="Where finished runs are copied, as they finish and at the end.")
-@click.option("--publish-every", type=click.FloatRange(min=1), default=120, show_default=True,
-              help="Seconds between two looks for newly finished runs to publish.")
-@click.option("--no-publish", is_flag=True, help="Do not copy finished runs anywhere.")
-@click.option("--finish-within", type=DURATION, default=None, metavar="DURATION",
-              help="Passed to `all`: start only the cells expected to finish within this time (e.g. 2h30m), "
-                   "the first that fits in queue order; the rest wait for the next campaign.")
-@click.pass_obj
-def run_campaign(obj, file, jobs, only_stages, publish_to, publish_every, no_publish, finish_within) -> None:
-    """Run the stages as one priority queue (resumable); publish finished runs as they land."""
-    camp = load_campaign(file)
-    known = {s.name for s in camp.stages}
-    unknown = sorted(set(only_stages) - known)
-    if unknown:
-        raise BenchError(f"{file}: no stage named {', '.join(unknown)} (stages: {', '.join(s.name for s in camp.stages)})")
-    stages = [s for s in camp.stages if not only_stages or s.name in only_stages]
-    prof = None
-    for s in stages:  # validate every selection before running anything
-        prof, _ = stage_cells(camp, s)
-    click.echo(f"== campaign {file}: {len(stages)} stage(s) as one queue: {', '.join(s.name for s in stages)}",
-               err=True)
-    if not no_publish and Path(publish_to).exists():  # a fresh clone: the committed runs are done, not to do
-        n = adopt_published(publish_to, obj["results_dir"], prof.name)
-        if n:
-            click.echo(f"== {n} published run(s) from {publish_to} count as done", err=True)
-
-    def publish_new() -> None:
-        n = publish(obj["results_dir"], prof.name, publish_to)  # results live under the profile's name
-        if n:
-            click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
-
-    rc = _run_queue(_all_command(obj["data_dir"], obj["results_dir"], camp.profile, [s.only for s in stages], jobs,
-                                 finish_within),
-                    publish_every, None if no_publish else publish_new)
-    if not no_publish:  # the ticker has stopped: one last look
-        n = publish(obj["results_dir"], prof.name, publish_to)
-        click.echo(f"== published {n} new run(s) to {publish_to}", err=True)
-    click.echo(f"campaign {file}: {len(stages)} stage(s)" + (f", exit {rc} (failed cells: see above)" if rc else ""))
-    if rc:
-        sys.exit(1)
-
-
-@campaign.command("status")
-@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Parallel runs for the estimate (default: the calibrated machine's).")
-@click.option("--machine", default=None, metavar="NAME|FILE",
-              help="Calibration to estimate from, as `plan --machine` (default: plan's).")
-@click.pass_obj
-def campaign_status(obj, file, jobs, machine) -> None:
-    """Per stage: how many of its cells are done, partial, running, failed or still to do, and the
-    time its cells still need (serial, as `plan` estimates it); then the whole queue's wall clock with
-    --jobs runs taking the cells in queue order."""
-    from plcql_bench.suite.calibration import calibration_for, makespan
-    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve
-
-    camp = load_campaign(file)
-    calib = calibration_for(machine)
-    total: dict[str, int] = {}
-    stages = []  # (stage, its cells, their states)
-    first: dict = {}  # cell -> its resolved item, at the first stage that selects it (the queue's order)
-    prof = None
-    for s in camp.stages:
-        prof, cells = stage_cells(camp, s)
-        items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
-        stages.append((s, cells, [cell_state(item.plan) for item in items]))
-        for item in items:
-            first.setdefault(item.cell, item)
-    # priced once for the whole queue (recorded runtimes are read once, not per stage)
-    queue = {e.cell: e.seconds for e in estimate_cells(list(first.values()), obj["results_dir"], prof, calib)} if prof else {}
-    click.echo(f"campaign {file}: runs in {obj['results_dir']}, datasets in {obj['data_dir']}")
-    click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
-               f"{'left':>8}")
-    for s, cells, states in stages:
-        counts = {k: states.count(k) for k in ("done", "partial", "running", "failed", "todo")}
-        for k, v in counts.items():
-            total[k] = total.get(k, 0) + v
-        left = [queue[c] for c in cells if c in queue]
-        known = [v for v in left if v is not None]
-        shown = "?" if left and not known else format_seconds(sum(known)) + ("+?" if len(known) < len(left) else "")
-        click.echo(f"{s.name:<32} {len(cells):>5}  {counts['done']:>5} {counts['partial']:>7} "
-                   f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5} {shown:>8}")
-    click.echo(f"{'total':<32} {sum(total.values()):>5}  " + " ".join(
-        f"{total.get(k, 0):>{w}}" for k, w in (("done", 5), ("partial", 7), ("running", 7), ("failed", 6), ("todo", 5))))
-    secs = [v for v in queue.values() if v is not None]
-    if jobs is None:
-        jobs = int((calib or {}).get("default_jobs", 1))
-    machine_name = calib["machine"] if calib else "(no calibration: recorded runtimes only)"
-    unknown = len(queue) - len(secs)
-    click.echo(f"left: ~{format_seconds(makespan(secs, jobs, in_order=True))} with {jobs} job(s) in queue order "
-               f"({format_seconds(sum(secs))} serial, {len(queue)} cell(s); estimated on {machine_name}"
-               + (f"; {unknown} cell(s) without an estimate" if unknown else "") + ")")
-
-
-@campaign.command("adopt")
-@click.option("--profile", default="paper", show_default=True)
-@click.option("--from", "source", type=click.Path(path_type=Path, exists=True, file_okay=False),
-              default=Path("leaderboard/results"), show_default=True)
-@click.pass_obj
-def adopt_cmd(obj, profile, source) -> None:
-    """Copy the published runs into the results folder, so `all` skips their cells (a fresh clone)."""
-    n = adopt_published(source, obj["results_dir"], profile)
-    click.echo(f"adopted {n} published run(s) of profile {profile} from {source} into {obj['results_dir']}")
-
-
-@campaign.command("publish")
-@click.option("--profile", default="paper", show_default=True)
-@click.option("--to", "dest", type=click.Path(path_type=Path), default=Path("leaderboard/results"), show_default=True)
-@click.pass_obj
-def publish_cmd(obj, profile, dest) -> None:
-    """Copy finished runs' small files (final, config, metrics) into the committed results folder."""
-    n = publish(obj["results_dir"], profile, dest)
-    click.echo(f"published {n} new run(s) of profile {profile} to {dest}")

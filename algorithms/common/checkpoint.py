@@ -1,4 +1,5 @@
-"""Protocol pieces every algorithm shares: checkpoint state and deterministic actor actions.
+"""Pieces of the algorithm contract (algorithms/base.py: Algorithm) every algorithm shares: checkpoint
+state and deterministic actor actions.
 
 An algorithm lists its networks in `modules()`, its optimisers in `optimisers()` and its private
 random generators in `generators()`; `state_dict()` / `load_state_dict()` then cover all of them
@@ -13,18 +14,22 @@ actors, `critic_opt` for a critic and its mixer). A class that renamed a key lis
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from plcql_bench.algorithms.base import Algorithm
 
-class Checkpointable:
+
+class Checkpointable(Algorithm):
+    """`state_dict()` / `load_state_dict()` from `modules()`, `optimisers()`, `generators()` and `rounds`
+    (`legacy_keys`, old checkpoint key -> today's, is the contract's: see the module docstring)."""
+
     rounds: int
-    # checkpoint key of an earlier version -> today's key (see the module docstring)
-    legacy_keys: ClassVar[dict[str, str]] = {}
 
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
@@ -79,7 +84,7 @@ def renamed_keys(state: dict[str, Any], legacy: dict[str, str]) -> dict[str, Any
     return {legacy.get(k, k): v for k, v in state.items()}
 
 
-class DeterministicActors:
+class DeterministicActors(Algorithm):
     """`act()` for algorithms with stacked deterministic tanh actors in `self.actors`."""
 
     actors: nn.Module
@@ -87,10 +92,20 @@ class DeterministicActors:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, avail: np.ndarray | None = None) -> np.ndarray:
+        if self.actors.training:  # a single call: in evaluation mode for it, then back
+            with self.evaluating():
+                return self.act(obs, avail)
+        a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
+        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32, copy=False)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """The actors in evaluation mode (input BatchNorm on running statistics, as the references' rollouts)
+        for a whole evaluation, their mode restored after: switching it at every step cost ~40 % of an act()
+        on MPE (module.train() walks every submodule), the same actions either way."""
         was_training = self.actors.training
-        self.actors.eval()  # input BatchNorm uses running statistics, as the references' rollouts
+        self.actors.eval()
         try:
-            a = self.actors(torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device))
+            yield
         finally:
             self.actors.train(was_training)
-        return a.clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)

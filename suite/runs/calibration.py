@@ -1,6 +1,6 @@
 """Measured costs per machine, and the cost of a cell from them (`plan`'s estimate).
 
-A calibration file (JSON, `suite/calibrations/<machine>.json`, or any path) holds, per algorithm
+A calibration file (JSON, `suite/runs/calibrations/<machine>.json`, or any path) holds, per algorithm
 and task, the cost of one update round and of one evaluation:
 
     {"machine": "cpu-dev-2core", "description": "...", "device": "cpu", "torch_threads": 1,
@@ -19,7 +19,7 @@ task's reference config, evaluations with the untrained policy). A cell's cost i
 
     rounds_left * round_ms + (evaluations left) * eval_s(eval_episodes) + eval_s(final_eval_episodes)
 
-with one evaluation at round 0 and every `eval_every` rounds (suite/runner.py).
+with one evaluation at round 0 and every `eval_every` rounds (suite/runs/runner.py).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from pathlib import Path
 
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.store import atomic_write_bytes
+from plcql_bench.algorithms.base import REGISTRY, load_all
 
 DEFAULT_MACHINE = "cpu-dev-2core"
 
 
 def calibrations_dir() -> Path:
-    return Path(str(resources.files("plcql_bench.suite").joinpath("calibrations")))
+    return Path(str(resources.files("plcql_bench.suite.runs").joinpath("calibrations")))
 
 
 def known_machines() -> list[str]:
@@ -99,10 +100,10 @@ def eval_seconds(entry: dict, episodes: int) -> float:
 
 def _base_algorithm(name: str) -> str | None:
     """The algorithm a registered variant (e.g. plcql-k1, `register_variant`) is built on, else None."""
-    from plcql_bench.algorithms.base import REGISTRY, load_all
 
     load_all()
-    return getattr(REGISTRY.get(name), "variant_of", None)
+    cls = REGISTRY.get(name)
+    return cls.variant_of if cls is not None else None
 
 
 def cell_cost(cell, profile, calib: dict, rounds_done: int = 0) -> CellCost:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from plcql_bench.suite.matrix import parse_duration
+from plcql_bench.suite.runs.matrix import parse_duration
 
 
 class Duration(click.ParamType):

@@ -13,19 +13,38 @@ files a run directory holds, so it is cheap enough for `plan` and `status` on th
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from plcql_bench.suite.core.errors import BenchError
-from plcql_bench.suite.profiles import Profile
+from plcql_bench.suite.runs.profiles import Profile
 from plcql_bench.suite.core.store import read_json
 from plcql_bench.suite.core.validate import did_you_mean
+from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.cards import committed_entry
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.suite.runs.calibration import cell_cost
+from plcql_bench.suite.core.schema import (
+    RecordError,
+    check_location,
+    device_kind,
+    device_kinds,
+    read_record,
+    run_seconds,
+    scan_records,
+)
+from plcql_bench.suite.core.validate import check_config, unknown_key
+from plcql_bench.suite.runs.runner import Cell, data_profile_dir, plan_run, resolve_config
+from plcql_bench.suite.envs.tasks import task_tiers
 
-# --only keys, with the aliases users type.
+# --only keys, with the aliases users type (`dataset`: the tier's old spelling).
 _KEYS = {"algo": "algo", "algos": "algo", "task": "task", "tasks": "task", "dataset": "tier",
          "datasets": "tier", "tier": "tier", "tiers": "tier", "seed": "seed", "seeds": "seed"}
 STATES = ("done", "partial", "running", "failed", "todo")
@@ -49,7 +68,7 @@ def parse_only(specs: Iterable[str], flag: str = "--only") -> dict[str, list[str
             if "=" in token:
                 key, value = (part.strip() for part in token.split("=", 1))
                 if key not in _KEYS:
-                    raise BenchError(f"{flag}: unknown key {key!r} (use algo, task, dataset, seed)"
+                    raise BenchError(f"{flag}: unknown key {key!r} (use algo, task, tier, seed)"
                                      f"{did_you_mean(key, _KEYS)}")
                 if not value:  # `seed=` must not mean "every seed", nor be dropped after `seed=0`
                     raise BenchError(f"{flag} {spec!r}: {key}= has no value (expected {key}=V[,V...])")
@@ -88,8 +107,6 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     (`sweeps`: parse_sweeps), then every N-th cell from i for shard i/N (shards are disjoint and
     cover the selection). Task x tier pairs the task does not have (SMAC random, MPE mixed) are not
     cells; a cell listed by two blocks appears once."""
-    from plcql_bench.suite.runner import Cell
-    from plcql_bench.suite.tasks import task_tiers
 
     blocks = matrix_blocks(profile)
     axes = {key: list(dict.fromkeys(v for b in blocks for v in b[key + "s"])) for key in ("algo", "task", "tier", "seed")}
@@ -97,9 +114,8 @@ def select_cells(profile: Profile, only: dict[str, list[str]] | None = None,
     for key, wanted in only.items():
         missing = [w for w in wanted if w not in axes[key]]
         if missing:
-            name = "dataset" if key == "tier" else key
-            raise BenchError(f"--only {name}={','.join(missing)}: not in profile {profile.name!r} "
-                             f"matrix ({name}s: {', '.join(axes[key])})")
+            raise BenchError(f"--only {key}={','.join(missing)}: not in profile {profile.name!r} "
+                             f"matrix ({key}s: {', '.join(axes[key])})")
     keep = {k: set(only.get(k, axes[k])) for k in axes}
     cells = []
     for b in blocks:
@@ -142,8 +158,6 @@ def parse_sweeps(specs: Iterable[str]) -> list[Sweep]:
     """Each `ALGO.FIELD=V1[,V2...]`, its values read as `run --set` reads them (JSON, else a string) and
     checked as `--set` values are (the field's type and range) for every implementation of ALGO that has the
     field; BenchError naming the option otherwise."""
-    from plcql_bench.algorithms.base import implementations, load_all, parse_sweep_value, sweep_name
-    from plcql_bench.suite.core.validate import check_config, unknown_key
 
     out = []
     for spec in specs:
@@ -171,15 +185,12 @@ def parse_sweeps(specs: Iterable[str]) -> list[Sweep]:
 
 
 def _config_fields(cls) -> set[str]:
-    import dataclasses
-
     return {f.name for f in dataclasses.fields(cls.Config)}
 
 
 def expand_sweeps(cells: list, sweeps: list[Sweep]) -> list:
     """Each cell of a swept algorithm followed by the same cell of each of its variants; BenchError when a
     sweep's algorithm has no cell in the selection (a sweep that trains nothing is a mistake)."""
-    from plcql_bench.suite.runner import Cell
 
     if not sweeps:
         return cells
@@ -196,7 +207,6 @@ def expand_sweeps(cells: list, sweeps: list[Sweep]) -> list:
 
 def matrix_datasets(profile: Profile) -> list[tuple[str, str]]:
     """The (task, tier) datasets the profile's matrix trains on, in matrix order."""
-    from plcql_bench.suite.tasks import task_tiers
 
     pairs = [(t, q) for b in matrix_blocks(profile) for t in b["tasks"] for q in b["tiers"] if q in task_tiers(t)]
     return list(dict.fromkeys(pairs))
@@ -211,10 +221,6 @@ class Resolved:
 
 
 def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[Resolved]:
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.format import DatasetError
-    from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
-
     out = []
     root = data_profile_dir(data_dir, profile)
     for cell in cells:
@@ -238,8 +244,6 @@ def resolve(cells, profile: Profile, data_dir: Path, results_dir: Path) -> list[
 def plan_on_card(cell, profile: Profile, data_dir: Path, results_dir: Path):
     """A cell whose dataset is not built here, planned on its committed card's sha256 (the dataset a
     build reproduces), so the runs already done on it count; None without a card."""
-    from plcql_bench.datasets.cards import committed_entry
-    from plcql_bench.suite.runner import plan_run
 
     entry = committed_entry(profile.data_profile, cell.task, cell.tier)
     return plan_run(cell, profile, data_dir, results_dir, entry=entry) if entry else None
@@ -270,7 +274,6 @@ def run_record(run_dir: Path) -> dict:
     `damaged`: [(file, why)] for each file it holds that cannot be used (a final.json that is not
     a valid result of the run in this directory, an unreadable status.json or config.json). A run
     whose final.json is rejected is not done: its state comes from its other files."""
-    from plcql_bench.suite.core.schema import RecordError, check_location, read_record
 
     run_dir = Path(run_dir)
     damaged: list[tuple[Path, str]] = []
@@ -330,7 +333,6 @@ def recorded_runtimes(results_dir: Path) -> list[dict]:
     """(algo, task, tier, profile, updates, seconds, devices) of every valid finished run under results_dir:
     seconds as schema.run_seconds counts them (every process of a resumed run), devices the kinds it trained
     on (damaged files are skipped: the read commands report them)."""
-    from plcql_bench.suite.core.schema import device_kinds, run_seconds, scan_records
 
     out = []
     records, _damaged = scan_records(Path(results_dir)) if Path(results_dir).is_dir() else ([], [])
@@ -383,14 +385,12 @@ class Estimate:
 def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
                    calib: dict | None = None) -> list[Estimate]:
     """Seconds each cell not done yet still needs: from the machine calibration (measured round
-    and evaluation costs per algo x task, suite/calibration.py) when it has the cell's algo x task,
+    and evaluation costs per algo x task, suite/runs/calibration.py) when it has the cell's algo x task,
     else from recorded runtimes: the median seconds per update of the profile's finished runs trained
     wholly on the calibration's kind of device, with the same (algo, task, tier), else (algo, task),
     else algo, else any run, times the updates left (the level used is the estimate's `basis`).
     A calibration of another kind of machine (a GPU) sets `"recorded_fallback": false`: runtimes
     recorded here say nothing about it, so its unmeasured cells are not counted."""
-    from plcql_bench.suite.calibration import cell_cost
-    from plcql_bench.suite.core.schema import device_kind
 
     fallback = calib is None or calib.get("recorded_fallback", True)
     device = device_kind((calib or {}).get("device", "cpu"))
@@ -420,7 +420,6 @@ def estimate_cells(items: list[Resolved], results_dir: Path, profile: Profile,
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as 90m, 2h30m, 1.5h or 45s (units s, m, h; at least one); ValueError otherwise."""
-    import re
 
     parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", text.strip())
     if not parts or "".join(n + u for n, u in parts) != text.strip():

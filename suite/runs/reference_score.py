@@ -1,9 +1,9 @@
 """The official OMAR, CFCQL or MACQL code trained on this suite's CN, PP or World dataset and scored with this
 suite's protocol.
 
-    python -m plcql_bench.suite.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
-    python -m plcql_bench.suite.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
-    python -m plcql_bench.suite.reference_score --macql PATH --tier medium     (PATH: the thu-rllab/CFCQL checkout)
+    python -m plcql_bench.suite.runs.reference_score --omar PATH --tier expert [--task mpe-cn] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.runs.reference_score --cfcql PATH --tier expert [--task mpe-pp] [--seed 0] [--rounds N]
+    python -m plcql_bench.suite.runs.reference_score --macql PATH --tier medium     (PATH: the thu-rllab/CFCQL checkout)
 
 It answers one question about a gap to the paper: is it our implementation's or the data's? PATH is a
 checkout of ling-pan/OMAR at 0e52ad6 or of thu-rllab/CFCQL (its `continuous/` code), imported from PATH
@@ -11,7 +11,7 @@ with the CPU shims of `reference_speed` (nothing of it is copied into this proje
 is built by its own `init_from_env` for the task's scenario (mpe-cn: simple_spread, mpe-pp: simple_tag,
 mpe-world: simple_world) and the tier, so cql_alpha (and OMAR's omar_coe) come from its `env_config_map`
 and every other setting is its main.py's default or README command (OMAR_SETTINGS, CFCQL_SETTINGS
-below, with main.py's per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
+in reference_speed, with main.py's per-scenario overrides), not this suite's configs. It trains as its main.py loop does,
 on minibatches of 1,024 transitions drawn from the tier's dataset by its own `ReplayBuffer.sample`:
 
   OMAR   per round, each agent updates on its own minibatch, then all targets;
@@ -41,7 +41,8 @@ check trains the profile's rounds like every other.
 from __future__ import annotations
 
 import argparse
-import sys
+import contextlib
+import subprocess
 import time
 import types
 from pathlib import Path
@@ -50,50 +51,14 @@ import numpy as np
 import torch
 
 from plcql_bench.suite.core import official
-from plcql_bench.suite.reference_speed import cpu_shims, load_official_omar
-
-# main.py's argparse defaults for MPE (ling-pan/OMAR@0e52ad6), passed to init_from_env as its main.py does
-OMAR_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=1, lse_temp=1.0, batch_size=1024,
-                     num_sampled_actions=10, omar=1, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
-                     omar_num_samples=10, omar_num_elites=10)
-# thu-rllab/CFCQL continuous/main.py: its argparse defaults with the README's `--cql --cf_cql --central_critic`
-# (lr 0.01: main.py's simple_spread override), passed to MATD3CC.init_from_env as its main.py does
-CFCQL_SETTINGS = dict(tau=0.01, lr=0.01, hidden_dim=64, cql=True, lse_temp=1.0, batch_size=1024,
-                      num_sampled_actions=10, omar=False, omar_iters=3, omar_mu=0.0, omar_sigma=2.0,
-                      omar_num_samples=10, omar_num_elites=10, env_info=None, logging_interval=100, no_log=True,
-                      cf_cql=True, soft_q=True, action_noise_scale=0.05, cf_omar=True, cf_tau=1.0,
-                      no_action_reg=False, bc_tau=0.0, sample_action_class="1-1-1", beta_action_noise=1e-5,
-                      cf_pol=True, cf_target=False)
-CFCQL_CA_RATIO = 5  # --ca_ratio 5
-BATCH = 1024
-# The suite's tasks the official code runs on: its scenario name, its prey count, and the lr its main.py sets
-# per scenario (CFCQL: simple_spread overrides --lr 0.001 with 0.01; OMAR keeps 0.01 on all three).
-SCENARIOS = {
-    "mpe-cn": dict(env_id="simple_spread", preys=0, cfcql_lr=0.01),
-    "mpe-pp": dict(env_id="simple_tag", preys=1, cfcql_lr=0.001),
-    "mpe-world": dict(env_id="simple_world", preys=1, cfcql_lr=0.001),
-}
-
-
-def load_official_cfcql(path: Path):
-    """MATD3CC and ReplayBuffer from a thu-rllab/CFCQL checkout (`continuous/`), with the CPU shims. Its
-    logging module imports tensorboard_logger, which its training with no_log never calls: a stand-in."""
-    cpu_shims()
-    code = path / "continuous"
-    source = code / "algorithms" / "maddpg_cc.py"
-    if not source.exists():
-        raise SystemExit(f"{path}: not a thu-rllab/CFCQL checkout (no continuous/algorithms/maddpg_cc.py)")
-    if "tensorboard_logger" not in sys.modules:
-        stub = types.ModuleType("tensorboard_logger")
-        stub.configure = stub.log_value = lambda *a, **k: None
-        sys.modules["tensorboard_logger"] = stub
-    sys.path.insert(0, str(code))
-    from utils.buffer import ReplayBuffer  # noqa: E402  (from the checkout)
-
-    module = types.ModuleType("cfcql_official_maddpg_cc")
-    module.__file__ = str(source)
-    exec(compile(source.read_text(), module.__file__, "exec"), module.__dict__)
-    return module.MATD3CC, ReplayBuffer
+from plcql_bench.suite.runs.reference_speed import (BATCH, CFCQL_CA_RATIO, CFCQL_SETTINGS, OMAR_SETTINGS, SCENARIOS,
+                                                    CheckoutError, load_official_cfcql, load_official_omar)
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.cards import card_scoring, dataset_identity
+from plcql_bench.datasets.format import load_dataset
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
+from plcql_bench.suite.envs.tasks import get_task
 
 
 def official_agent(kind: str, path: Path, task_id: str, tier: str, n: int, obs_dim: int, act_dim: int):
@@ -163,24 +128,24 @@ class OfficialPolicy:
         out = torch.stack([a.reshape(-1, self.act_dim) for a in acts], 1)
         return out.reshape(*lead, self.n, self.act_dim).clamp(-1.0, 1.0).numpy()
 
+    def begin_episodes(self, num_envs: int) -> None:
+        """Feed-forward actors keep no state between steps: nothing to reset (the evaluation calls it)."""
+
+    def evaluating(self) -> contextlib.AbstractContextManager:
+        """Nothing to switch for the evaluation: the loop puts the official agent in its rollout mode
+        (`prep_rollouts`) before it (the evaluation calls it)."""
+        return contextlib.nullcontext()
+
 
 def score(task, policy, dataset, episodes: int) -> tuple[float, float]:
     """(normalised score, mean return) of `policy` on the suite's first `episodes` evaluation seeds, as a
     run of this suite is evaluated (runner.evaluate_policy)."""
-    from plcql_bench.suite.runner import evaluate_policy
 
     ev = evaluate_policy(task, policy, dataset, episodes)
     return float(ev["normalised_score"]), float(ev["return_mean"])
 
 
 def main(argv: list[str] | None = None) -> None:
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.cards import card_scoring, dataset_identity
-    from plcql_bench.datasets.format import load_dataset
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import configure_process, data_profile_dir, dataset_task
-    from plcql_bench.suite.tasks import get_task
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--omar", type=Path, help="checkout of ling-pan/OMAR (0e52ad6)")
@@ -223,7 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     final_episodes = args.final_episodes or prof.train_budget(task_id, args.tier)["final_eval_episodes"]
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)  # the official buffers sample with np.random (their main.py seeds it the same way)
-    agent, ReplayBuffer = official_agent(kind, checkout.resolve(), task_id, args.tier, n, o, a)
+    try:
+        agent, ReplayBuffer = official_agent(kind, checkout.resolve(), task_id, args.tier, n, o, a)
+    except CheckoutError as exc:
+        raise SystemExit(str(exc)) from None
     rb = fill_buffer(ReplayBuffer, dataset.arrays, n, o, a)
     policy = OfficialPolicy(agent, n, o, a)
     print(f"# official {kind.upper()} ({checkout}) on this suite's {task_id} {args.tier} ({path}), seed {args.seed}, "
@@ -262,7 +230,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def checkout_commit(checkout: Path) -> str | None:
     """The checkout's git commit (None when it is not a git checkout), '+dirty' when its tracked files differ."""
-    import subprocess
 
     def git(*a):
         return subprocess.run(["git", "-C", str(checkout), *a], capture_output=True, text=True, timeout=60)

@@ -15,7 +15,10 @@ import yaml
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.validate import (ConfigError, config_fields, did_you_mean, excerpt, field_problem, is_int,
                                              load_user_yaml, unknown_key)
-from plcql_bench.suite.tasks import known_task_ids
+from plcql_bench.suite.envs.tasks import known_task_ids
+from plcql_bench.algorithms.base import all_algorithm_classes
+from plcql_bench.datasets.generations import DEFAULT_GENERATION, GENERATIONS
+from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def builtin_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A built-in profile by name or a YAML file, validated (suite/profiles: SCHEMA); BenchError
+    """A built-in profile by name or a YAML file, validated (suite/runs/profiles: SCHEMA); BenchError
     ``<file>: <field>: <problem>`` on anything malformed, before anything is written."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -138,7 +141,6 @@ def _count(v: Any, source: str, field: str, minimum: int = 1) -> int:
 
 def _table_keys() -> tuple[set[str], set[str]]:
     """Task ids a per-task table may name (the registered tasks and their StarCraft II twins) and tiers."""
-    from plcql_bench.suite.tasks import ALL_TIERS
 
     return set(known_task_ids()), set(ALL_TIERS)
 
@@ -216,8 +218,6 @@ def _datasets(raw: Any, source: str) -> tuple[dict[str, int], str | None, str]:
 
 
 def _generation(raw: dict, source: str) -> str:
-    from plcql_bench.datasets.generations import DEFAULT_GENERATION, GENERATIONS
-
     name = raw.get("generation", DEFAULT_GENERATION)
     if name not in GENERATIONS:
         raise BenchError(f"{source}: datasets.generation: unknown generation {_kind(name)}"
@@ -231,7 +231,6 @@ IMPORT_KEYS = ("format", "path", "uid", "seed")
 def _imports(raw: Any, source: str) -> dict[str, dict]:
     """datasets.import: '<task>/<tier>' -> {format (auto, vault, omar-npy, cfcql-h5), path, uid, seed}; a
     relative path is taken from the profile file's folder (the working directory for a built-in)."""
-    from plcql_bench.suite.tasks import get_task
 
     if raw is None:
         return {}
@@ -314,7 +313,6 @@ def _check_checkpoints_on_evaluations(eval_every: dict[str, int], checkpoint_eve
 def check_algo_overrides(values: Any, where: str, path: str = "algo_overrides.") -> dict[str, Any]:
     """A profile's ``algo_overrides``: a mapping whose keys are config fields of at least one
     algorithm (it applies to those that have the field) and whose values are valid for each of them."""
-    from plcql_bench.algorithms.base import all_algorithm_classes  # imports torch: only when checked
 
     if values is None:
         return {}

@@ -1,6 +1,6 @@
 """The suite from Python: load a dataset tier as arrays, train one run, read every result as a DataFrame.
 
-    from plcql_bench.suite import api
+    from plcql_bench.suite.runs import api
 
     data = api.load_dataset("mpe-cn", "random", profile="smoke")    # built first when missing
     data.arrays["obs"]                                              # numpy, [transitions, agents, obs_dim]
@@ -18,9 +18,25 @@ DatasetError with the CLI's one-line message. Example: docs/python-api.md (run b
 from __future__ import annotations
 
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
+
+from plcql_bench.datasets import format as fmt, manifest
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.schema import run_seconds
+from plcql_bench.suite.core.store import read_json
+from plcql_bench.suite.runs.executors import _RunLog
+from plcql_bench.suite.runs.export import COLUMNS, select_runs, tidy_rows
+from plcql_bench.suite.runs.matrix import parse_only
+from plcql_bench.suite.runs.preflight import ensure_dataset, forget_build_failures
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import Cell, check_dataset_identity, data_profile_dir, execute, plan_run, resolve_config
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.tracking import check_available
 
 DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
@@ -40,12 +56,6 @@ def load_dataset(task: str, tier: str, profile: str = "smoke", data: str | os.Pa
     """The task's tier as the profile trains on it (datasets/format.py: Dataset; ``.arrays`` holds every
     array of the file as numpy, ``.attrs`` its attributes), loaded with the runner's checks (sha256, the
     task and tier it states). Built first, at the profile's size, when it is missing and ``build``."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets import format as fmt
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import check_dataset_identity, data_profile_dir
-    from plcql_bench.suite.tasks import get_task
 
     prof = load_profile(profile)
     spec = get_task(task).spec
@@ -64,10 +74,6 @@ def load_dataset(task: str, tier: str, profile: str = "smoke", data: str | os.Pa
 
 def _ensure_built(task: str, tier: str, prof, root: Path, log) -> None:
     """Build task/tier under the same per-dataset lock `all` takes; BenchError with the cause and fix."""
-    import uuid
-
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.preflight import ensure_dataset, forget_build_failures
 
     token = uuid.uuid4().hex
     try:
@@ -80,7 +86,6 @@ def _ensure_built(task: str, tier: str, prof, root: Path, log) -> None:
 
 def as_tensors(dataset, device: str = "cpu") -> dict:
     """Every array of a loaded dataset as a torch tensor on ``device`` (flags stay uint8, as stored)."""
-    import torch
 
     return {name: torch.as_tensor(array, device=device) for name, array in dataset.arrays.items()}
 
@@ -92,14 +97,7 @@ def train(algo: str, task: str, dataset: str, seed: int = 0, profile: str = "smo
     """Train and evaluate one cell, as `plcql-bench run` does (its dataset built first when missing); a
     finished run is not trained again. Returns the run's final.json record. ``overrides``: config fields,
     as `run --set` (checked the same way); ``log``: each line of the run's log (run.log gets them too);
-    ``trackers``: ("tensorboard", "wandb"), as `run --log` (suite/tracking.py)."""
-    import torch
-
-    from plcql_bench.suite.core.store import read_json
-    from plcql_bench.suite.executors import _RunLog
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
-    from plcql_bench.suite.tracking import check_available
+    ``trackers``: ("tensorboard", "wandb"), as `run --log` (suite/runs/tracking.py)."""
 
     prof = load_profile(profile)
     cell = Cell(algo, task, dataset, int(seed))
@@ -134,11 +132,6 @@ def results_frame(results: str | os.PathLike | None = None, profile: str | None 
     metric). ``only``: `--only`'s text ("algo=bc,cfcql,seed=0") or its parsed dict. A damaged run file
     is left out with a warning naming it, as the CLI does."""
     import pandas as pd
-
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.core.schema import run_seconds
-    from plcql_bench.suite.export import COLUMNS, select_runs, tidy_rows
-    from plcql_bench.suite.matrix import parse_only
 
     root = results_dir(results)
     if not root.is_dir():

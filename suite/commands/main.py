@@ -4,19 +4,74 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import time
+import uuid
+import warnings
 from pathlib import Path
 
 import click
+import torch
+from tqdm import tqdm
 
-from plcql_bench.suite.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
-from plcql_bench.suite.clitypes import DURATION
+from plcql_bench.suite.runs.api import DATA_ENV, RESULTS_ENV  # the Python API reads the same variables
+from plcql_bench.suite.commands.clitypes import DURATION
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench import __version__
+from plcql_bench.suite.commands.bench import bench_speed, build_kernels
+from plcql_bench.algorithms.common import native
+from plcql_bench.suite.commands.datasets import datasets
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.leaderboard.build import build
+from plcql_bench.leaderboard.site import (
+    COMMITTED_RESULTS,
+    YOUR_RUNS,
+    build_boards,
+    committed_hint,
+    committed_results,
+    shown,
+)
+from plcql_bench.suite.runs import preflight
+from plcql_bench.suite.runs.calibration import calibration_for, makespan
+from plcql_bench.suite.commands.campaign import campaign
+from plcql_bench.suite.core.schema import Damaged, enforce_strict, links_out
+from plcql_bench.suite.core.store import link_leaving, read_json
+from plcql_bench.suite.envs.prey import OMAR_PREY_ENV
+from plcql_bench.suite.runs.executors import (
+    Job,
+    _RunLog,
+    cpu_count,
+    default_jobs,
+    resolve_device,
+    restore_interrupts,
+    run_jobs,
+)
+from plcql_bench.suite.runs.export import export
+from plcql_bench.suite.runs.matrix import (
+    cell_state,
+    estimate_cells,
+    format_seconds,
+    parse_only,
+    parse_shard,
+    parse_sweeps,
+    plan_on_card,
+    resolve,
+    run_record,
+    select_cells,
+    select_queue,
+)
+from plcql_bench.suite.runs.preflight import check_buildable
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.commands.regress import regress
+from plcql_bench.suite.runs.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
+from plcql_bench.suite.runs.stacking import stack_groups
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.tracking import check_available
+from plcql_bench.suite.runs.versions import git_commit, package_versions
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from plcql_bench.datasets.format import DatasetError
-
     return (BenchError, DatasetError)
 
 
@@ -62,7 +117,6 @@ def _results_root(obj) -> Path:
 
 def _reading(obj) -> None:
     """The first line of a command that reads results: which folder, and how it was chosen."""
-    from plcql_bench.leaderboard.site import shown
 
     click.echo(f"results: {shown(obj['results_dir'])} ({obj['results_from']})")
 
@@ -70,7 +124,6 @@ def _reading(obj) -> None:
 def _hint(obj, command: str, profile: str | None = None) -> None:
     """For a command that found nothing in the results folder: where the committed results are
     and the command that reads them (nothing when there are none, or they are what it read)."""
-    from plcql_bench.leaderboard.site import committed_hint
 
     hint = committed_hint(obj["results_dir"], command, profile)
     if hint:
@@ -89,8 +142,6 @@ def _hint(obj, command: str, profile: str | None = None) -> None:
 @click.pass_context
 def cli(ctx: click.Context, data_dir: Path, results_dir: Path, omar_prey: Path | None) -> None:
     """Offline multi-agent RL benchmark: PLCQL and its baselines."""
-    from plcql_bench.suite.envs.prey import OMAR_PREY_ENV
-    from plcql_bench.suite.executors import restore_interrupts
 
     restore_interrupts()
     if omar_prey is not None:  # through the environment, so worker processes find it too
@@ -108,8 +159,6 @@ def cli(ctx: click.Context, data_dir: Path, results_dir: Path, omar_prey: Path |
 @click.option("--all", "show_all", is_flag=True, help="Also list resolved package versions.")
 def version(show_all: bool) -> None:
     """Print the suite version (and, with --all, every tracked package and the git commit)."""
-    from plcql_bench import __version__
-    from plcql_bench.suite.versions import git_commit, package_versions
 
     click.echo(f"plcql-bench {__version__}")
     if show_all:
@@ -142,7 +191,8 @@ _LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tens
 @cli.command()
 @click.option("--algo", required=True)
 @click.option("--task", required=True)
-@click.option("--dataset", "tier", required=True, help="Dataset tier, e.g. expert.")
+@click.option("--tier", "--dataset", "tier", required=True, help="Dataset tier, e.g. expert (--dataset: the old "
+              "spelling, still accepted).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--profile", default="smoke", show_default=True)
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
@@ -152,12 +202,6 @@ _LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tens
 @click.pass_obj
 def run(obj, algo, task, tier, seed, profile, sets, device, threads, trackers) -> None:
     """Train and evaluate one cell; skips it if already finished."""
-    import torch
-
-    from plcql_bench.suite.executors import _RunLog
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import Cell, execute, plan_run
-    from plcql_bench.suite.tracking import check_available
 
     trackers = check_available(trackers)
     plan = plan_run(Cell(algo, task, tier, seed), load_profile(profile), obj["data_dir"],
@@ -184,7 +228,7 @@ def _matrix_options(f):
                      help="Only shard I of N (0-based) of the selected cells, for CI matrices and "
                           "Slurm arrays (e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")(f)
     f = click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
-                     help="Filter the matrix: algo=, task=, dataset=, seed= with comma lists, "
+                     help="Filter the matrix: algo=, task=, tier=, seed= with comma lists, "
                           "e.g. --only algo=bc,cfcql,seed=0,1.")(f)
     f = click.option("--queue", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
                      help="Like --only, but several --queue options add up in the order given (a "
@@ -196,9 +240,6 @@ def _matrix_options(f):
 
 
 def _select(obj, profile, only, shard, queue=(), sets=()):
-    from plcql_bench.suite.matrix import parse_only, parse_shard, parse_sweeps, select_cells, select_queue
-    from plcql_bench.suite.profiles import load_profile
-
     if only and queue:
         raise click.UsageError("--only and --queue select cells in different ways: use one of them")
     prof = load_profile(profile)
@@ -214,12 +255,7 @@ class _Progress:
     def __init__(self, total: int, desc: str):
         self.bar = None
         if total and sys.stdout.isatty():
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout, dynamic_ncols=True)
-            except ImportError:  # tqdm is a dependency, but keep working without it
-                self.bar = None
+            self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout, dynamic_ncols=True)
 
     def echo(self, msg: str, err: bool = False) -> None:
         if self.bar is not None and not err:
@@ -269,15 +305,6 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
     a run's traceback goes to its status.json); exit 1 if any selected cell is failed, 2 if a
     dataset is damaged or a config does not resolve."""
-    import time
-    import uuid
-
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.executors import Job, cpu_count, default_jobs, resolve_device, run_jobs
-    from plcql_bench.suite.matrix import cell_state, plan_on_card
-    from plcql_bench.suite.runner import data_profile_dir, plan_run, resolve_config
-
-    from plcql_bench.suite.tracking import check_available
 
     deadline = None if finish_within is None else time.monotonic() + finish_within
     trackers = check_available(trackers)
@@ -295,6 +322,7 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     data_root = data_profile_dir(obj["data_dir"], prof)
     # A missing dataset is built by the job of its first cell, just before it trains (preflight.ensure_dataset):
     # the queue's first cells do not wait for every dataset of the selection.
+    _build_native_kernels(cells)
     problems, deferred = preflight.prepare_datasets(dict.fromkeys((c.task, c.tier) for c in cells), prof, data_root,
                                                     build_missing, click.echo)
     token = uuid.uuid4().hex
@@ -333,7 +361,6 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     to_build = {(c.task, c.tier) for c in todo} & set(deferred)
     if to_build:
         click.echo(f"{len(to_build)} dataset(s) not built yet: each is built just before its first cell trains")
-    from plcql_bench.suite.stacking import stack_groups
 
     job_list = [Job(g[0], prof, obj["data_dir"], obj["results_dir"], device=dev, fresh=force, stack=g[1:],
                     build_dataset=(g[0].task, g[0].tier) in deferred, build_token=token, trackers=trackers)
@@ -381,10 +408,22 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
 DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per line
 
 
+def _build_native_kernels(cells) -> None:
+    """The discrete networks' native (C) kernels, built here once before any run starts (not inside a training
+    process); where they cannot be built, one line says the torch form runs instead."""
+    if not native.enabled() or not any(get_task(c.task).spec.discrete for c in cells):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # said once below instead of once per kernel
+        built = native.build_all()
+    missing = [name for name in built if name not in native.loaded()]
+    if missing:
+        click.echo(f"note: native kernels {', '.join(missing)} {built[missing[0]]}", err=True)
+
+
 def _records_failure(status_file: Path | None) -> bool:
     """Whether a run's status.json records a failure (a FAILED line points to it only then: one that could
     not be written, in a read-only folder, still says done)."""
-    from plcql_bench.suite.core.store import read_json
 
     try:
         return status_file is not None and read_json(status_file).get("status") in ("failed", "interrupted")
@@ -406,8 +445,6 @@ def _set_estimates(job_list, prof, obj) -> None:
     """Each job's estimate for --finish-within: `plan`'s seconds for its cell (a seed stack: its slowest
     seed's). An estimate priced only from the algorithm's runs on other tasks (Estimate.weak) counts as
     none: such a job never starts under a deadline, rather than being cut off by the session's end."""
-    from plcql_bench.suite.calibration import calibration_for
-    from plcql_bench.suite.matrix import estimate_cells, resolve
 
     cells = [c for job in job_list for c in job.cells()]
     left = {e.cell: None if e.weak else e.seconds
@@ -442,7 +479,7 @@ def _all_summary(prof, cells, counts: dict, problems: dict, cells_per) -> None:
               help="Parallel runs for the wall-clock estimate (default: the calibrated machine's cores "
                    "on CPU, 1 on a GPU).")
 @click.option("--machine", default=None, metavar="NAME|FILE",
-              help="Calibration to estimate from: a committed machine (suite/calibrations/) or a file "
+              help="Calibration to estimate from: a committed machine (suite/runs/calibrations/) or a file "
                    "written by `bench-speed --calibrate` (default: " + "cpu-dev-2core" + ").")
 @click.option("--cells/--no-cells", "show_cells", default=True, show_default=True,
               help="List every cell, or only the summary.")
@@ -454,10 +491,6 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
     from measured costs: per task, per algorithm, serial and with --jobs. Exit 2 if a config does
     not resolve; datasets not built yet are listed (`all` builds them), with the fix when nothing
     here can build them."""
-    from plcql_bench.suite.calibration import calibration_for
-    from plcql_bench.suite.matrix import cell_state, estimate_cells, format_seconds, resolve, run_record
-    from plcql_bench.suite.preflight import check_buildable
-    from plcql_bench.suite.core.schema import Damaged
 
     prof, cells = _select(obj, profile, only, shard, queue, sets)
     items = resolve(cells, prof, obj["data_dir"], obj["results_dir"])
@@ -465,7 +498,7 @@ def plan(obj, profile, only, queue, sets, shard, jobs, machine, show_cells, stri
     counts = dict.fromkeys(("done", "partial", "running", "failed", "todo"), 0)
     bad, unbuildable, done_seeds, damaged = [], {}, {}, []
     if show_cells:
-        click.echo(f"{'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
+        click.echo(f"{'algo':<12} {'task':<24} {'tier':<13} {'seed':>4}  {'state':<8} {'step':>11}  run / note")
     for item in items:
         c = item.cell
         state = cell_state(item.plan)
@@ -536,7 +569,6 @@ def _print_coverage(done_seeds: dict) -> None:
 
 def _print_estimate(rows, jobs: int, calib: dict, fmt) -> None:
     """Per-task and per-algorithm totals, serial and with `jobs` parallel runs (longest first)."""
-    from plcql_bench.suite.calibration import makespan
 
     known = [r for r in rows if r.seconds is not None]
     about = "; ".join(x for x in (calib.get("description"), calib.get("source"),
@@ -577,7 +609,6 @@ _STRICT = click.option("--strict", is_flag=True,
 
 def _finish(damaged, strict: bool) -> None:
     """One warning line per damaged file (on stderr); exit status 2 under --strict if any."""
-    from plcql_bench.suite.core.schema import enforce_strict
 
     enforce_strict(damaged, strict, echo=lambda line: click.echo(f"warning: {line}", err=True))
 
@@ -592,8 +623,6 @@ def status(obj, profile, states, strict) -> None:
     """Table of the runs under the results folder: state, step, runtime, failure reason. A damaged
     file (a final.json that is not the run's valid result, an unreadable status.json or config.json)
     is named in a warning line; its run is listed by what its other files say."""
-    from plcql_bench.suite.matrix import format_seconds, run_record
-    from plcql_bench.suite.core.schema import Damaged, links_out
 
     if obj["results_default"] and not Path(obj["results_dir"]).is_dir():
         _reading(obj)
@@ -612,7 +641,7 @@ def status(obj, profile, states, strict) -> None:
         if states and rec["state"] not in states:
             continue
         rows.append((ident, rec))
-    click.echo(f"{'profile':<8} {'algo':<12} {'task':<24} {'dataset':<13} {'seed':>4}  {'state':<8} "
+    click.echo(f"{'profile':<8} {'algo':<12} {'task':<24} {'tier':<13} {'seed':>4}  {'state':<8} "
                f"{'step':>11} {'runtime':>8}  reason")
     counts: dict[str, int] = {}
     for ident, rec in rows:
@@ -633,7 +662,6 @@ def status(obj, profile, states, strict) -> None:
 
 def _run_dirs(root: Path) -> list[Path]:
     """Every folder under root holding a run's files (not through a link out of root: schema.links_out)."""
-    from plcql_bench.suite.core.store import link_leaving
 
     return sorted({p.parent for name in ("config.json", "status.json", "final.json") for p in root.rglob(name)
                    if p.is_file() and not link_leaving(p, root)})
@@ -642,9 +670,6 @@ def _run_dirs(root: Path) -> list[Path]:
 def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
     """profile/algo/task/dataset/seed of a run folder: config.json when readable, else the
     layout <profile>/<algo>/<task>/<tier>/seed<k>-<key>/."""
-    import re
-
-    from plcql_bench.suite.core.store import read_json
 
     ident: dict = {}
     if not any(p.name == "config.json" for p, _ in rec["damaged"]):
@@ -669,7 +694,7 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
               help="Output file (default: results.csv / results.parquet / marl_eval.json).")
 @click.option("--profile", default=None, help="Only this profile's runs (default: every profile).")
 @click.option("--only", multiple=True, metavar="KEY=V[,V..][,KEY=V..]",
-              help="Only these runs: algo=, task=, dataset=, seed= with comma lists, as for `all`.")
+              help="Only these runs: algo=, task=, tier=, seed= with comma lists, as for `all`.")
 @click.option("--consistent", is_flag=True,
               help="marl-eval: cut the export to what marl-eval's matrices accept (per env the tasks with the "
                    "same evaluation steps, the algorithms all of them have, the seeds all of those have); "
@@ -677,10 +702,9 @@ def _run_identity(root: Path, run_dir: Path, rec: dict) -> dict:
 @_STRICT
 @click.pass_obj
 def export_cmd(obj, fmt, out, profile, only, consistent, strict) -> None:
-    """Tidy table of finished runs (one row per algo/task/dataset/seed/step/metric), or marl-eval JSON.
+    """Tidy table of finished runs (one row per algo/task/tier/seed/step/metric; the tier's column is named
+    `dataset`, as in final.json), or marl-eval JSON.
     A damaged run (final.json or metrics.jsonl) is left out with a warning line naming the file."""
-    from plcql_bench.suite.export import export
-    from plcql_bench.suite.matrix import parse_only
 
     root = _results_root(obj)
     out = out or Path({"csv": "results.csv", "parquet": "results.parquet", "marl-eval": "marl_eval.json"}[fmt])
@@ -728,7 +752,6 @@ def _accept_dir_options(group: click.Group) -> None:
 def leaderboard(obj, out, front, strict) -> None:
     """Render the static leaderboard from result files (--results-dir; --results is the same option); with
     --front DIR, DIR's board is the front page and the results folder's one click away."""
-    from plcql_bench.leaderboard.build import build
 
     own = Path(obj["results_dir"])
     try:
@@ -754,7 +777,6 @@ def leaderboard(obj, out, front, strict) -> None:
 def _boards(obj, front: Path, own: Path, out: Path, explicit: bool) -> list:
     """`leaderboard --front`: the front board and, when the results folder holds runs, its own. A
     results folder named on the command line must exist; the default one may not yet."""
-    from plcql_bench.leaderboard.site import COMMITTED_RESULTS, YOUR_RUNS, build_boards, committed_results, shown
 
     if not Path(front).is_dir():
         raise BenchError(f"results directory not found: {front} (--front)")
@@ -775,13 +797,8 @@ leaderboard.params.insert(0, _dir_option("--results-dir", "results_dir", "--resu
 
 def _register_subcommands() -> None:
     """Command groups that live next to what they drive."""
-    from plcql_bench.algorithms.cli import bench_speed
-    from plcql_bench.datasets.cli import datasets
-
-    cli.add_command(datasets)
-    cli.add_command(bench_speed)
-    from plcql_bench.suite.regress import regress; cli.add_command(regress)  # noqa: E702
-    from plcql_bench.suite.campaign import campaign; cli.add_command(campaign)  # noqa: E702
+    for group in (datasets, bench_speed, build_kernels, regress, campaign):
+        cli.add_command(group)
 
 
 _register_subcommands()

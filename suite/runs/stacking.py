@@ -32,10 +32,10 @@ import torch
 
 from plcql_bench.algorithms.base import get_algorithm
 from plcql_bench.algorithms.common.stacked import SeedStack, stackable
-from plcql_bench.suite import runner as R
+from plcql_bench.suite.runs import runner as R
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.store import atomic_write_json, read_json
-from plcql_bench.suite.tasks import get_task
+from plcql_bench.suite.envs.tasks import get_task
 
 
 def can_stack(cell) -> bool:
@@ -168,7 +168,7 @@ def _start(plan, log, dataset, device: str, seeds: list[int]) -> _Run:
     run = _Run(plan, log)
     run.algo = cls(task.spec, plan.config, cell.seed, device)
     run.sampler = R.make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
-    run.probe = R._probe_batch(run.sampler) if hasattr(run.algo, "diagnostics") else None
+    run.probe = R._probe_batch(run.sampler)
     run.state = R._resume(plan, run.algo, run.sampler, log, device) or R.fresh_state(device)
     run.pending = run.state.pop("pending", [])  # a stop's checkpoint: the rounds since the last evaluation
     run.rng = (torch.get_rng_state(), np.random.get_state())
@@ -244,14 +244,10 @@ def _train_stack(runs: list[_Run], dataset, device: str) -> list[dict]:
         for r in runs:
             r.state["train_s"] += elapsed
             with r.global_rng():
-                final = R.evaluate_policy(task, r.algo, dataset, budget["final_eval_episodes"])
-            result = R._result(r.plan, task, final, r.state, budget)
-            if hasattr(r.algo, "run_warnings"):
-                warnings, extra = r.algo.run_warnings(r.state["history"])
-                for w in warnings:
-                    r.log(f"WARNING {r.plan.cell.label()}: {w}")
-                result.update(warnings=warnings, **extra)
-            results.append(R._validated(result, device))
+                final = R._timed_eval(r.state, task, r.algo, dataset, budget["final_eval_episodes"])
+            result = R.with_run_warnings(R._result(r.plan, task, final, r.state, budget), r.algo,
+                                         r.state["history"], r.plan.cell, r.log)
+            results.append(R._validated(result, device, stacked=True))
     except BaseException as exc:
         _stopped(runs, exc)
         raise

@@ -34,6 +34,7 @@ own validation and aggregation on it. `--only` (select_runs) filters every forma
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ _ONLY_FIELD = {"algo": "algo", "task": "task", "tier": "dataset", "seed": "seed"
 def select_runs(results_dir: Path, profile: str | None = None, only: dict | None = None,
                 damaged: list[Damaged] | None = None) -> list[tuple[Path, RunRecord]]:
     """The finished runs of ``profile`` (every profile when None) that match ``only``
-    (suite/matrix.py: parse_only, keys algo, task, tier, seed). A value that no run of the selection
+    (suite/runs/matrix.py: parse_only, keys algo, task, tier, seed). A value that no run of the selection
     has is an error (a typo must not look like "no runs")."""
     runs = list(finished_runs(results_dir, profile, damaged))
     for key, wanted in (only or {}).items():
@@ -74,9 +75,8 @@ def select_runs(results_dir: Path, profile: str | None = None, only: dict | None
         have = sorted({str(getattr(rec, field_name)) for _, rec in runs}, key=_natural)
         missing = [w for w in wanted if w not in have]
         if missing:
-            name = "dataset" if key == "tier" else key
-            raise BenchError(f"--only {name}={','.join(missing)}: no finished run has it "
-                             f"({name}s: {', '.join(have) or 'none'}){did_you_mean(missing[0], have)}")
+            raise BenchError(f"--only {key}={','.join(missing)}: no finished run has it "
+                             f"({key}s: {', '.join(have) or 'none'}){did_you_mean(missing[0], have)}")
         runs = [(d, rec) for d, rec in runs if str(getattr(rec, field_name)) in wanted]
     return runs
 
@@ -300,8 +300,6 @@ def export(results_dir: Path, out: Path, fmt: str, profile: str | None = None,
         return sum(len(runs) for tasks in data.values() for algos in tasks.values() for runs in algos.values())
     rows = tidy_rows(results_dir, profile, damaged, only)
     if fmt == "csv":
-        import io
-
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()

@@ -17,6 +17,7 @@ fails while training is closed with one warning in run.log; the run goes on (met
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -32,7 +33,6 @@ FINAL_KEYS = ("return_mean", "return_std", "normalised_score", "win_rate")
 def check_available(names) -> tuple[str, ...]:
     """The tracker names, checked before anything runs: known, and their package installed (BenchError
     naming the extra that installs it)."""
-    import importlib.util
 
     names = tuple(dict.fromkeys(names or ()))
     for name in names:

@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import click
+import numpy as np
+
+from plcql_bench.datasets import manifest, matd3, originals
+from plcql_bench.datasets.behaviour import _random, available, stale, unavailable
+from plcql_bench.datasets.build import _collect_tier, build_dataset
+from plcql_bench.datasets.cards import CARDS_DIR, export_cards
+from plcql_bench.datasets.importers import import_dataset, normalise_tier
+from plcql_bench.datasets.recipes import recipe_for
+from plcql_bench.datasets.smax_collect import WORKERS_ENV
+from plcql_bench.datasets.tiers_v2 import publish_v2
+from plcql_bench.datasets.train import train_behaviour
+from plcql_bench.datasets.vault import export_vault
+from plcql_bench.suite.envs import protocol
+from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.runs.matrix import matrix_datasets
+from plcql_bench.suite.runs.preflight import importer
+from plcql_bench.suite.runs.profiles import load_profile
+from plcql_bench.suite.runs.runner import check_dataset_identity, data_profile_dir
+from plcql_bench.suite.envs.tasks import get_task, task_ids
 
 
 @click.group()
@@ -19,11 +41,6 @@ def datasets_list(obj: dict, profile: str) -> None:
     """Every task x tier with its status under the profile's data directory ("stale": built by an
     older collection recipe; `datasets build --force` rebuilds it; "unavailable": nothing here can
     build it, with the reason and the command that fixes it)."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import available, stale, unavailable
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import data_profile_dir
-    from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
     gen = prof.generation
@@ -75,21 +92,11 @@ def _number(v) -> bool:
 @click.pass_obj
 def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, force, workers) -> None:
     """Build TASK TIER (or --all / --matrix) at the profile's size."""
-    import os
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import available, stale
-    from plcql_bench.datasets.build import build_dataset
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.runner import data_profile_dir
-    from plcql_bench.suite.tasks import get_task, task_ids
 
     prof = load_profile(profile)
     if build_all:
         todo = [(t, q) for t in task_ids() for q in get_task(t).spec.tiers if available(t, q, prof.generation)]
     elif matrix:
-        from plcql_bench.suite.matrix import matrix_datasets
-
         todo = matrix_datasets(prof)
     elif task and tier:
         todo = [(task, tier)]
@@ -97,8 +104,6 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         raise click.UsageError("give TASK TIER, or --all, or --matrix")
     root = data_profile_dir(obj["data_dir"], prof)
     if workers is not None:
-        from plcql_bench.datasets.smax_collect import WORKERS_ENV
-
         os.environ[WORKERS_ENV] = str(workers)  # read by the SMAX collect hook
     for task_id, q in todo:
         spec = get_task(task_id).spec  # unknown task or tier -> clear error before any work
@@ -112,7 +117,6 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
             continue
         source = prof.import_for(task_id, q)
         if source:  # the profile imports this tier (datasets.import)
-            from plcql_bench.suite.preflight import importer
 
             entry = importer(source)(task_id, q, 0, root, profile=prof.data_profile)
         else:
@@ -137,14 +141,9 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
 def datasets_cards(obj, profile, out, compare_with, strict) -> None:
     """Export the cards of every built dataset of a profile (plus an index) for committing; or, with
     --compare originals, compare the committed cards with the originals."""
-    from plcql_bench.datasets.cards import CARDS_DIR, export_cards
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import data_profile_dir
 
     prof = load_profile(profile)
     if compare_with:
-        from plcql_bench.datasets import originals
-
         folder = Path(out) if out else CARDS_DIR / prof.data_profile
         rows = originals.compare(originals.committed_cards(folder))
         click.echo(f"cards: {folder}; originals: {originals.ORIGINALS}")
@@ -176,11 +175,6 @@ def datasets_cards(obj, profile, out, compare_with, strict) -> None:
 @click.pass_obj
 def datasets_import(obj, task, tier, source, fmt_name, uid, profile, omar_seed, prey_file) -> None:
     """Convert an official dataset (OMAR .npy, CFCQL SMAC .h5, an OG-MARL vault) to format v1 as TASK/TIER."""
-    from plcql_bench.datasets.importers import import_dataset, normalise_tier
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import data_profile_dir
-    from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task).spec
     tier = normalise_tier(tier)
@@ -210,13 +204,6 @@ def datasets_import(obj, task, tier, source, fmt_name, uid, profile, omar_seed, 
 def datasets_export(obj, task, tier, fmt_name, out, vault_name, uid, profile, force) -> None:
     """Write the built dataset TASK/TIER as an OG-MARL vault that flashbax (and OG-MARL) read; every array of
     the file is kept, so `datasets import --format vault` gives it back exactly."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.importers import normalise_tier
-    from plcql_bench.datasets.vault import export_vault
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.profiles import load_profile
-    from plcql_bench.suite.runner import check_dataset_identity, data_profile_dir
-    from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task).spec
     tier = normalise_tier(tier)
@@ -248,9 +235,6 @@ def datasets_export(obj, task, tier, fmt_name, out, vault_name, uid, profile, fo
                    "non-smoke profiles; smoke publishes only with --assets).")
 def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, assets) -> None:
     """Train MATD3 behaviour policies for TASK (continuous tasks); resumes from --out."""
-    from plcql_bench.datasets import matd3
-    from plcql_bench.suite.core.errors import BenchError
-    from plcql_bench.suite.tasks import get_task
 
     spec = get_task(task).spec
     if spec.discrete:
@@ -258,8 +242,8 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
     matd3.budget_for(task, profile)  # unknown profile -> one-line error
     if assets is None and profile != "smoke":
         assets = str(matd3.ASSETS_DIR)
-    res = matd3.train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds,
-                                assets=assets, progress=click.echo, env_steps=env_steps)
+    res = train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds,
+                          assets=assets, progress=click.echo, env_steps=env_steps)
     if res is None:
         return
     tiers = res["tiers"] if "tiers" in res else {t: {"return": res[t]["return"],
@@ -279,7 +263,6 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
 def datasets_publish_v2(task, run_dir, assets) -> None:
     """Choose the v2 generation's expert and medium checkpoints of a finished `train-behaviour TASK --profile
     v2` run (RUN_DIR) by the originals' statistics, and write index-v2.json with its medium-replay sequence."""
-    from plcql_bench.datasets.tiers_v2 import publish_v2
 
     index = publish_v2(task, run_dir, assets, progress=click.echo)
     for t, e in index["tiers"].items():
@@ -301,11 +284,6 @@ def datasets_publish_replay(task, run_dir, assets) -> None:
     medium checkpoint, so medium-replay rebuilds anywhere. The run must be the one that produced
     the published tiers: same seed and budget, trained at least up to the medium step (e.g.
     `train-behaviour TASK --profile cpu --env-steps <medium step> --out RUN_DIR --assets <tmp>`)."""
-    import json
-    from pathlib import Path
-
-    from plcql_bench.datasets import matd3
-    from plcql_bench.suite.core.errors import BenchError
 
     d = Path(assets or matd3.ASSETS_DIR) / task
     try:
@@ -334,15 +312,6 @@ def datasets_publish_replay(task, run_dir, assets) -> None:
 def datasets_bench(tasks, episodes, workers) -> None:
     """Collection speed: env-steps/s of `datasets build`'s collector with a uniform random policy
     (SMAX: smax_collect.bench, compile excluded)."""
-    import time
-
-    import numpy as np
-
-    from plcql_bench.datasets.behaviour import _random
-    from plcql_bench.datasets.build import _collect_tier
-    from plcql_bench.datasets.recipes import recipe_for
-    from plcql_bench.suite import protocol
-    from plcql_bench.suite.tasks import get_task, task_ids
 
     for task_id in tasks or task_ids():
         task, recipe = get_task(task_id), recipe_for(task_id)

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -26,8 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.suite.runs import preflight
+from plcql_bench.suite.core.store import read_json
+from plcql_bench.suite.runs.runner import RunBusy, data_profile_dir, execute_here, plan_run
+from plcql_bench.suite.runs.stacking import execute_stack
 
 
 @dataclass
@@ -45,7 +54,7 @@ class Job:
     build_dataset: bool = False  # the cell's dataset was missing when `all` started: build it first (preflight)
     build_token: str = ""  # the `all` invocation, for preflight.ensure_dataset's failure records
     estimate_s: float | None = None  # seconds it still needs (`plan`'s estimate), read under a deadline
-    trackers: tuple = ()  # `all --log`: experiment trackers mirroring each run's metrics (suite/tracking.py)
+    trackers: tuple = ()  # `all --log`: experiment trackers mirroring each run's metrics (suite/runs/tracking.py)
 
     def cells(self) -> list:
         return [self.cell, *self.stack]
@@ -105,7 +114,7 @@ def resolve_device(device: str) -> tuple[str, int]:
 # ----------------------------------------------------------------------------- the worker
 def run_job(job: Job) -> dict:
     """Train one cell; returns {"cell", "state": trained|skipped|busy|failed, ...}. Never raises.
-    A job with a `stack` trains its cells as one seed stack (suite/stacking.py) and returns
+    A job with a `stack` trains its cells as one seed stack (suite/runs/stacking.py) and returns
     {"stack_outcomes": one outcome per cell}."""
     if job.stack:
         return _run_stack_job(job)
@@ -113,8 +122,6 @@ def run_job(job: Job) -> dict:
     out: dict[str, Any] = {"cell": job.cell, "state": "failed", "score": None, "error": "",
                            "traceback": "", "run_dir": None, "seconds": 0.0, "pid": os.getpid()}
     try:
-        from plcql_bench.suite.runner import RunBusy, execute_here, plan_run
-
         device = _worker_device(job)
         if _missing_dataset(job, [out]):
             return out
@@ -146,7 +153,6 @@ def run_job(job: Job) -> dict:
 def _user_error(exc: BaseException) -> bool:
     """Whether a failure is the user's to fix (exit status 2): bad input, or a file or folder that cannot be
     read or written (a read-only results folder, a full disk), as the CLI treats them."""
-    from plcql_bench.datasets.format import DatasetError
 
     return isinstance(exc, (BenchError, DatasetError, OSError))
 
@@ -157,10 +163,6 @@ def _missing_dataset(job: Job, outs: list[dict]) -> bool:
     and the fix, as `all` records an unbuildable dataset; returns True then."""
     if not job.build_dataset:
         return False
-    import sys
-
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.runner import data_profile_dir
 
     def say(line: str, err: bool = False) -> None:  # the console: a pool worker's lines go to stderr
         print(line, file=sys.stderr if err or not job.echo else sys.stdout, flush=True)
@@ -180,7 +182,6 @@ def _missing_dataset(job: Job, outs: list[dict]) -> bool:
 
 def _worker_device(job: Job) -> str:
     """Set the worker's torch threads and resolve the job's device ("auto": CUDA when there is one)."""
-    import torch
 
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -197,9 +198,6 @@ def _run_stack_job(job: Job) -> dict:
     outs = [{"cell": c, "state": "failed", "score": None, "error": "", "traceback": "", "run_dir": None,
              "seconds": 0.0, "pid": os.getpid()} for c in cells]
     try:
-        from plcql_bench.suite.runner import plan_run
-        from plcql_bench.suite.stacking import execute_stack
-
         device = _worker_device(job)
         if _missing_dataset(job, outs):
             return {"stack_outcomes": outs}
@@ -229,8 +227,6 @@ def _resumable(plan, job: Job) -> bool:
 
 
 def _score(plan) -> float | None:
-    from plcql_bench.suite.core.store import read_json
-
     try:
         return read_json(plan.final_path).get("score")
     except (OSError, ValueError):
@@ -271,8 +267,6 @@ def restore_interrupts() -> None:
 def _init_worker(threads: int | None) -> None:
     restore_interrupts()
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
 
 
@@ -313,7 +307,7 @@ def run_jobs(jobs: list[Job], executor: str = "local", workers: int = 1, device:
 
 
 # A job starts under a deadline only if FINISH_MARGIN x its estimate fits in the time left: the estimates
-# (suite/calibration.py) are within ~15 % of measured runs on a quiet machine, and a run cut off by the
+# (suite/runs/calibration.py) are within ~15 % of measured runs on a quiet machine, and a run cut off by the
 # deadline's end of session is worth nothing there.
 FINISH_MARGIN = 1.2
 
@@ -340,9 +334,6 @@ def build_left_s(job: Job) -> float:
     left the dataset to be built and no worker has built it yet, else 0."""
     if not job.build_dataset:
         return 0.0
-    from plcql_bench.datasets import manifest
-    from plcql_bench.suite import preflight
-    from plcql_bench.suite.runner import data_profile_dir
 
     try:
         if manifest.lookup(data_profile_dir(job.data_dir, job.profile), job.cell.task, job.cell.tier) is not None:
@@ -440,7 +431,6 @@ def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
 def _worker_died(job: Job) -> dict:
     """Outcome of a job whose process died without reporting; it resumes from its checkpoint
     on the next `all` (its status.json still says running or interrupted). A seed stack: one per seed."""
-    from plcql_bench.suite.runner import plan_run
 
     if job.stack:
         return {"stack_outcomes": [_worker_died(Job(c, job.profile, job.data_dir, job.results_dir,

@@ -29,7 +29,7 @@ from plcql_bench.algorithms.common import kernels, native
 from plcql_bench.datasets import format as fmt
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import card_scoring, dataset_identity
-from plcql_bench.suite import protocol
+from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.core import stop
 from plcql_bench.suite.core.batch import Batch
 from plcql_bench.suite.core.errors import BenchError
@@ -37,9 +37,12 @@ from plcql_bench.suite.core.schema import (RESULT_SCHEMA_VERSION, RecordError, R
                                            hardware_info, read_record, run_key_of)
 from plcql_bench.suite.core.store import atomic_write_bytes, atomic_write_json, link_leaving, read_json
 from plcql_bench.suite.core.validate import check_config, config_fields, did_you_mean
-from plcql_bench.suite.profiles import Profile
-from plcql_bench.suite.tasks import get_task
-from plcql_bench.suite.versions import git_commit, image_labels, package_versions
+from plcql_bench.suite.runs.profiles import Profile
+from plcql_bench.suite.envs.tasks import get_task
+from plcql_bench.suite.runs.versions import git_commit, image_labels, package_versions
+from plcql_bench.datasets.episodes import EpisodeSampler
+from plcql_bench.suite.envs.prey import prey_kind
+from plcql_bench.suite.runs.tracking import Session
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class RunPlan:
     file_sha256: str = ""  # the file's own, checked when it loads (the same but for a rebuild)
     dataset_rebuild: dict | None = None  # datasets.cards.dataset_identity's record of a rebuild
     dataset_source: str = ""  # an imported dataset's origin (its `source` attribute), recorded in final.json
-    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/tracking.py)
+    trackers: tuple = ()  # `--log`: experiment trackers that mirror the run's metrics (suite/runs/tracking.py)
     tracking: Any = field(default=None, repr=False, compare=False)  # their open Session while it trains
 
     @property
@@ -164,7 +167,7 @@ def resolve_config(cell: Cell, profile: Profile, overrides: dict[str, Any] | Non
     check_config(cls, overrides or {}, "--set")
     # A sweep variant's value (all --set ALGO.FIELD=V, algorithms/base.py) wins over the task's and the
     # profile's values of its field, as --set does; a --set of the same field still wins over it.
-    swept = getattr(cls, "sweep", {})
+    swept = cls.sweep
     check_config(cls, swept, f"--set {cell.algo}")
     try:
         return make_config(cls, {**defaults, **from_profile, **swept, **(overrides or {})})
@@ -215,8 +218,6 @@ def make_sampler(cls, arrays: dict[str, np.ndarray], discrete: bool, seed: int, 
     """The sampler the algorithm class asks for (`batch_kind`): uniform transitions (Sampler) or
     whole padded episodes (datasets/episodes.py: EpisodeSampler). Both expose `.generator`."""
     if batch_kind(cls) == "episodes":
-        from plcql_bench.datasets.episodes import EpisodeSampler
-
         return EpisodeSampler(arrays, seed, device)
     return Sampler(arrays, discrete, seed, device, reward=reward_kind(cls))
 
@@ -235,7 +236,6 @@ def dataset_task(task_id: str, dataset):
     """The task a dataset's runs train and are evaluated on: PP and World against the prey the data was
     collected with (its env_versions name it: OMAR's pretrained prey, or the suite's own), so a policy
     learned from OMAR-prey data is never scored against another prey."""
-    from plcql_bench.suite.envs.prey import prey_kind
 
     versions = dataset.attrs.get("env_versions") or {}
     return get_task(task_id, prey=prey_kind(versions, task_id if "prey" in versions else None))
@@ -275,12 +275,18 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
         kernels.large_allocations_from_heap(discrete)
 
 
-def _kernels_label() -> str:
-    """The kernels a run's log names: fused or plain, and whether the native (C) kernels may be used
-    (PLCQL_NATIVE; where no compiler is present they fall back to torch, with one warning on stderr)."""
-    if not kernels.fused_default():
-        return "plain"
-    return "fused" + (" (native on)" if native.enabled() else " (native off: PLCQL_NATIVE)")
+def kernel_choice(stacked: bool = False) -> dict:
+    """The kernels a run used, as its log line and final.json (`hardware.kernels`) record them: `choice` plain,
+    fused, or native (fused, with the C kernels allowed), from PLCQL_KERNELS and PLCQL_NATIVE (a seed stack's
+    critic takes the plain kernels); `native_loaded`: the C kernels this process loaded (none where no compiler
+    is present: the torch form then runs, with one warning). Not part of the run key, like the device and the
+    thread count: the forms agree within tests/test_speed_equivalence.py's and tests/test_native.py's
+    tolerances."""
+    if stacked or not kernels.fused_default():
+        choice = "plain"
+    else:
+        choice = "native" if native.enabled() else "fused"
+    return {"choice": choice, "native_loaded": native.loaded()}
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
@@ -313,7 +319,7 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
         _remove_stale_temp_files(plan.run_dir)
         atomic_write_json(plan.run_dir / "config.json", _identity_record(plan))
         log(f"start {plan.cell.label()} run {plan.run_key} pid {os.getpid()} device {device} "
-            f"torch threads {torch.get_num_threads()} kernels {_kernels_label()}")
+            f"torch threads {torch.get_num_threads()} kernels {kernel_choice()['choice']}")
         _set_aside_rejected_final(plan, log)
         started = time.time()
         progress = {"update": 0, "reached": 0, "runtime_s": 0.0}
@@ -341,10 +347,8 @@ def execute_here(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = Fa
 
 
 def open_tracking(plan: RunPlan, log) -> None:
-    """The run's `--log` trackers (suite/tracking.py), opened lazily at its first logged point."""
+    """The run's `--log` trackers (suite/runs/tracking.py), opened lazily at its first logged point."""
     if plan.trackers:
-        from plcql_bench.suite.tracking import Session
-
         plan.tracking = Session(plan.trackers, plan.run_dir, _identity_record(plan), log)
 
 
@@ -370,10 +374,11 @@ def _set_aside_rejected_final(plan: RunPlan, log) -> None:
         log(f"final.json is not a valid result of this run ({problem}); kept as final.json.rejected, training")
 
 
-def _validated(result: dict, device: str) -> dict:
-    """The result as the one schema (suite/core/schema.py) states it, with the hardware it ran on; an
-    inconsistent result raises here, so it is recorded as failed, never as done."""
-    return RunRecord.from_json({**result, "hardware": hardware_info(device)}).to_json()
+def _validated(result: dict, device: str, stacked: bool = False) -> dict:
+    """The result as the one schema (suite/core/schema.py) states it, with the hardware and the kernels it ran
+    on; an inconsistent result raises here, so it is recorded as failed, never as done."""
+    hardware = {**hardware_info(device), "kernels": kernel_choice(stacked)}
+    return RunRecord.from_json({**result, "hardware": hardware}).to_json()
 
 
 LOCK_GRACE_S = 2.0  # how long a starting run waits for a lock held by someone else
@@ -424,7 +429,7 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
     cls = get_algorithm(cell.algo, discrete=task.spec.discrete)
     algo = cls(task.spec, plan.config, cell.seed, device)
     sampler = make_sampler(cls, dataset.arrays, task.spec.discrete, cell.seed, device)
-    probe = _probe_batch(sampler) if hasattr(algo, "diagnostics") else None
+    probe = _probe_batch(sampler)
     state = _resume(plan, algo, sampler, log, device) or fresh_state(device)
     progress.update(update=state["update"], reached=state["update"], runtime_s=state["train_s"])
     if state["update"] > 0:
@@ -456,13 +461,18 @@ def _train_and_evaluate(plan: RunPlan, dataset, device: str, log, progress: dict
             if stopping:
                 raise stop.stopped(done)
     state["train_s"] += time.time() - clock
-    final = evaluate_policy(task, algo, dataset, budget["final_eval_episodes"])
+    final = _timed_eval(state, task, algo, dataset, budget["final_eval_episodes"])
     result = _result(plan, task, final, state, budget)
-    if hasattr(algo, "run_warnings"):  # e.g. PLCQL: "PAR collapsed to k = n"
-        warnings, extra = algo.run_warnings(state["history"])
-        for w in warnings:
-            log(f"WARNING {cell.label()}: {w}")
-        result.update(warnings=warnings, **extra)
+    return with_run_warnings(result, algo, state["history"], cell, log)
+
+
+def with_run_warnings(result: dict, algo, history: list[dict], cell: Cell, log) -> dict:
+    """The result with the algorithm's warnings and their fields (e.g. PLCQL: "PAR collapsed to k = n"), each
+    warning also in the run log (empty ones are left out of final.json: RunRecord.to_json)."""
+    warnings, extra = algo.run_warnings(history)
+    for w in warnings:
+        log(f"WARNING {cell.label()}: {w}")
+    result.update(warnings=warnings, **extra)
     return result
 
 
@@ -473,7 +483,6 @@ PROBE_SIZE = {"transitions": 1024, "episodes": 16}
 def _probe_batch(sampler):
     """A fixed batch for the algorithm's diagnostics at every evaluation point (the same rows at every
     point and after a resume), drawn without touching the sampler's training random stream."""
-    from plcql_bench.datasets.episodes import EpisodeSampler
 
     saved = sampler.generator.get_state()
     sampler.generator.manual_seed(PROBE_SEED)
@@ -483,11 +492,12 @@ def _probe_batch(sampler):
 
 
 def evaluate_policy(task, algo, dataset, episodes: int) -> dict:
-    """The suite's evaluation of a policy (anything with `act(obs, avail)`, and `begin_episodes` if it is
-    recurrent) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
-    runs and the reference-code scorer (suite/reference_score.py) all evaluate through it."""
-    out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
-                                   begin=getattr(algo, "begin_episodes", None))
+    """The suite's evaluation of a policy (an Algorithm's `act(obs, avail)`, `begin_episodes(num_envs)` and
+    `evaluating()`) on the first `episodes` evaluation seeds: returns, normalised score, win rate. Runs, stacked
+    runs and the reference-code scorer (suite/runs/reference_score.py) all evaluate through it."""
+    with algo.evaluating():  # evaluation mode once, not at every step
+        out = protocol.rollout_returns(task, lambda s: algo.act(s.obs, s.avail), protocol.eval_seeds(episodes),
+                                       begin=algo.begin_episodes)
     returns = out["returns"]
     return {
         "episodes": int(len(returns)),
@@ -509,11 +519,21 @@ def _normalised(ret: float, attrs: dict) -> float | None:
         return None
 
 
-def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe=None) -> None:
+def _timed_eval(state: dict, task, algo, dataset, episodes: int) -> dict:
+    """evaluate_policy, its seconds added to the run's `eval_s` (kept only by runs that counted it from update
+    0: a run resumed from an older checkpoint has none, and records none)."""
+    t0 = time.time()
     ev = evaluate_policy(task, algo, dataset, episodes)
+    if "eval_s" in state:
+        state["eval_s"] += time.time() - t0
+    return ev
+
+
+def _record_eval(plan, task, algo, dataset, update, pending, state, episodes, probe) -> None:
+    ev = _timed_eval(state, task, algo, dataset, episodes)
     point = {"update": update, "return_mean": ev["return_mean"], "score": _score(task, ev)}
     means = {k: float(np.mean([m[k] for m in pending])) for k in (pending[0] if pending else {})}
-    diag = algo.diagnostics(probe) if probe is not None else {}
+    diag = algo.diagnostics(probe)
     state["curve"].append(point)
     # float32 precision for the training and diagnostic values (the curve point stays exact): the row in the
     # checkpoint and the file are the same, so a resumed run writes what an uninterrupted one does
@@ -545,7 +565,7 @@ def _checkpoint(plan: RunPlan, algo, sampler, state: dict, pending: list) -> Non
 def fresh_state(device: str) -> dict:
     """A run's training state at update 0. `devices` lists where it trains: {"from_update", "device"}, one
     entry more each time it resumes on another kind of device (a GPU loan's run finished on a CPU)."""
-    return {"update": 0, "curve": [], "history": [], "train_s": 0.0,
+    return {"update": 0, "curve": [], "history": [], "train_s": 0.0, "eval_s": 0.0,
             "devices": [{"from_update": 0, "device": device}]}
 
 
@@ -570,13 +590,13 @@ def _resume(plan: RunPlan, algo, sampler, log=lambda _msg: None, device: str = "
     torch.set_rng_state(payload["torch_rng"])
     np.random.set_state(payload["numpy_rng"])
     sampler.generator.set_state(payload["sampler_rng"])
-    return _note_device(payload["state"], getattr(algo, "reseeded_generators", []), device, log)
+    return _note_device(payload["state"], list(algo.reseeded_generators), device, log)
 
 
 def _note_device(state: dict, reseeded: list[str], device: str, log) -> dict:
     """Extend a resumed state's `devices` when this process trains on another kind of device than the one
     that wrote the checkpoint, and say in the run log what that changes (floating point, and the streams of
-    `reseeded`: algorithms/common/protocol.py, restore_generator)."""
+    `reseeded`: algorithms/common/checkpoint.py, restore_generator)."""
     kind = torch.device(device).type
     if "devices" not in state:  # checkpoints written before `devices`: a stream that did not fit came from the other kind
         other = "cpu" if kind != "cpu" else "cuda"
@@ -602,6 +622,8 @@ def _result(plan: RunPlan, task, final: dict, state: dict, budget: dict) -> dict
         curve=state["curve"],
         train={"updates": budget["updates"], "wall_clock_s": 0.0, "train_s": state["train_s"],
                "updates_per_s": budget["updates"] / max(state["train_s"], 1e-9),
+               # seconds of evaluation: every evaluation point (inside train_s) and the final one
+               **({"eval_s": state["eval_s"]} if "eval_s" in state else {}),
                **({"devices": state["devices"]} if len(state.get("devices", [])) > 1 else {})},
         versions={**package_versions(), **task.spec.env_versions()}, image=image_labels(),
         git_commit=git_commit(), finished_at=_now(),

@@ -16,12 +16,21 @@ removes once the dataset exists.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from plcql_bench.suite.core.store import atomic_write_json
+from plcql_bench.datasets import manifest
+from plcql_bench.datasets.behaviour import stale, unavailable
+from plcql_bench.datasets.build import DatasetUnavailable, build_dataset
+from plcql_bench.datasets.format import DatasetError
+from plcql_bench.datasets.importers import import_dataset
+from plcql_bench.suite.runs.runner import _now, check_dataset_identity, profile_dir
+from plcql_bench.suite.envs.tasks import get_task
 
 NO_DATASET_DIR = "no-dataset"
 
@@ -61,7 +70,6 @@ class DatasetProblem:
 
 def diagnose(task: str, tier: str, exc: Exception, profile_name: str) -> DatasetProblem:
     """Cause and fix of a failed dataset build."""
-    from plcql_bench.datasets.build import DatasetUnavailable
 
     cause = " ".join(f"{type(exc).__name__}: {exc}".split())
     if isinstance(exc, DatasetUnavailable):
@@ -79,8 +87,6 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
     """Check each (task, tier) dataset before `all` trains; builds nothing. Returns (problems, to_build):
     the problems of the datasets that cannot be trained on (damaged; missing with --no-build-missing),
     and the missing ones that their cells' jobs build when the queue reaches them (`ensure_dataset`)."""
-    from plcql_bench.datasets import manifest
-    from plcql_bench.datasets.behaviour import stale
 
     problems, to_build = {}, set()
     for task, tier in pairs:
@@ -117,16 +123,12 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
     that fails is recorded under `.build-failed/` with the `all` invocation's `token`, so the dataset's other
     cells in the same `all` fail at once instead of building again; a later `all` tries again. Returns the
     problem, or None once the dataset is there. `build`: the builder (datasets.build.build_dataset)."""
-    import fcntl
-    import json
-
-    from plcql_bench.datasets import manifest
 
     source = profile.import_for(task, tier)
     if build is None:
         build = importer(source) if source else None
     if build is None:
-        from plcql_bench.datasets.build import build_dataset as build
+        build = build_dataset
     root = Path(data_root)
     root.mkdir(parents=True, exist_ok=True)
     failed = root / BUILD_FAILED_DIR / f"{task}--{tier}.json"
@@ -162,7 +164,6 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
 
 def forget_build_failures(data_root: Path, token: str) -> None:
     """Drop the failure records of one `all` invocation (ensure_dataset's `.build-failed/` files)."""
-    import json
 
     for f in (Path(data_root) / BUILD_FAILED_DIR).glob("*.json"):
         try:
@@ -176,8 +177,6 @@ def check_built(data_root: Path, entry: dict, task: str, tier: str) -> str | Non
     """Why a recorded dataset cannot be trained on (missing, not a file, not the size recorded,
     attributes of another task or tier), or None. Cheap (no checksum: each run verifies the
     sha256 when it loads the file)."""
-    from plcql_bench.datasets.format import DatasetError
-    from plcql_bench.suite.runner import check_dataset_identity
 
     path = Path(data_root) / entry["file"]
     if not path.is_file():
@@ -193,15 +192,12 @@ def check_built(data_root: Path, entry: dict, task: str, tier: str) -> str | Non
 
 
 def no_dataset_dir(cell, profile, results_dir: Path) -> Path:
-    from plcql_bench.suite.runner import profile_dir
-
     return (profile_dir(results_dir, profile) / cell.algo / cell.task / cell.tier
             / f"seed{cell.seed}-{NO_DATASET_DIR}")
 
 
 def record_failure(cell, profile, results_dir: Path, problem: DatasetProblem) -> Path:
     """config.json + status.json (failed, with cause and fix) for a cell whose dataset is missing."""
-    from plcql_bench.suite.runner import _now
 
     d = no_dataset_dir(cell, profile, results_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -225,9 +221,6 @@ def clear_failure(cell, profile, results_dir: Path) -> None:
 def importer(source: dict):
     """A builder (build_dataset's signature) that imports a profile's `datasets.import` source instead."""
     def build(task: str, tier: str, _episodes: int, root: Path, profile: str, **_) -> dict:
-        from plcql_bench.datasets.importers import import_dataset
-        from plcql_bench.suite.tasks import get_task
-
         return import_dataset(source["format"], source["path"], get_task(task).spec, tier, root, profile=profile,
                               seed=source.get("seed", 0), uid=source.get("uid"))
 
@@ -237,7 +230,6 @@ def importer(source: dict):
 def check_buildable(task: str, tier: str, profile_name: str, profile=None) -> DatasetProblem | None:
     """Why `all` could not build task/tier here (no behaviour policy, a missing extra, a profile's import
     source that is not there), or None. Cheap: looks up the behaviour policy without collecting anything."""
-    from plcql_bench.datasets.behaviour import unavailable
 
     source = profile.import_for(task, tier) if profile is not None else None
     if source:

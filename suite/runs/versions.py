@@ -30,7 +30,7 @@ def git_commit() -> str:
     """The source commit: $PLCQL_GIT_COMMIT (set in container images), else git, else unknown."""
     if os.environ.get("PLCQL_GIT_COMMIT"):
         return os.environ["PLCQL_GIT_COMMIT"]
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]  # suite/runs/versions.py -> the checkout
     try:
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5, check=True)
