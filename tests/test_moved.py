@@ -39,3 +39,15 @@ def test_python_m_runs_the_cli_under_its_old_name():
 def test_unknown_names_are_not_aliased():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("plcql_bench.algorithms.common.no_such_module")
+
+
+def test_an_old_folder_left_behind_does_not_shadow_the_alias(tmp_path):
+    """After a `git pull` across the move, an old module's folder can survive with only its __pycache__ (e.g.
+    suite/profiles/): the old path must still import the moved module, not an empty namespace package."""
+    old = "plcql_bench.suite.profiles"
+    stale = tmp_path / "suite"
+    (stale / "profiles" / "__pycache__").mkdir(parents=True)
+    code = (f"import importlib, plcql_bench.suite as s; s.__path__.append({str(stale)!r}); "
+            f"m = importlib.import_module({old!r}); print(m.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == MOVED[old], out.stderr

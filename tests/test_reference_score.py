@@ -10,13 +10,13 @@ is the suite's normalised score of the stand-in's deterministic actors."""
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import pytest
-import torch
 
 from plcql_bench.datasets.format import synthetic_dataset, write_dataset
 from plcql_bench.suite.envs.tasks import get_task
+
+from official_fakes import undo_loader_shims, write_checkout
 
 FAKE_AGENT = '''
 import torch
@@ -75,20 +75,8 @@ def fake_official(request, tmp_path, monkeypatch):
     """(kind, a checkout-shaped folder: MACQL's is CFCQL's); the torch globals the loaders shim are restored
     afterwards."""
     kind = request.param
-    root = tmp_path / kind.upper()
-    code = root if kind == "omar" else root / "continuous"
-    (code / "algorithms").mkdir(parents=True)
-    (code / "utils").mkdir()
-    name, file = ("MATD3", "maddpg.py") if kind == "omar" else ("MATD3CC", "maddpg_cc.py")
-    (code / "algorithms" / file).write_text(textwrap.dedent(FAKE_AGENT.replace("{name}", name)))
-    (code / "utils" / "__init__.py").write_text("")
-    (code / "utils" / "buffer.py").write_text(textwrap.dedent(FAKE_BUFFER))
-    monkeypatch.setattr(torch.Tensor, "cuda", torch.Tensor.cuda)
-    monkeypatch.setattr(torch.cuda, "FloatTensor", torch.cuda.FloatTensor)
-    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", torch.distributions.Distribution._validate_args)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    for mod in ("utils", "utils.buffer", "tensorboard_logger"):
-        monkeypatch.delitem(sys.modules, mod, raising=False)
+    root = write_checkout(tmp_path, kind, FAKE_AGENT, FAKE_BUFFER)
+    undo_loader_shims(monkeypatch)
     yield kind, root
     for mod in ("utils", "utils.buffer", "tensorboard_logger"):
         sys.modules.pop(mod, None)

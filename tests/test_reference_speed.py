@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-import textwrap
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from plcql_bench.suite.commands.main import cli
+
+from official_fakes import undo_loader_shims, write_checkout
 
 FAKE_AGENT = '''
 import torch
@@ -78,23 +78,10 @@ RATIO = re.compile(r"^# official (CFCQL|OMAR) vs ours, (\S+) \((.*)\), 1 torch t
 @pytest.fixture
 def fake_checkout(tmp_path, monkeypatch):
     """make(kind) -> a checkout-shaped folder with stand-ins; the torch globals the loaders shim are restored."""
-    monkeypatch.setattr(torch.Tensor, "cuda", torch.Tensor.cuda)
-    monkeypatch.setattr(torch.cuda, "FloatTensor", torch.cuda.FloatTensor)
-    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", torch.distributions.Distribution._validate_args)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    for mod in ("utils", "utils.buffer", "tensorboard_logger"):
-        monkeypatch.delitem(sys.modules, mod, raising=False)
+    undo_loader_shims(monkeypatch)
 
     def make(kind: str):
-        root = tmp_path / kind.upper()
-        code = root if kind == "omar" else root / "continuous"
-        (code / "algorithms").mkdir(parents=True)
-        (code / "utils").mkdir()
-        name, file = ("MATD3", "maddpg.py") if kind == "omar" else ("MATD3CC", "maddpg_cc.py")
-        (code / "algorithms" / file).write_text(textwrap.dedent(FAKE_AGENT.replace("{name}", name)))
-        (code / "utils" / "__init__.py").write_text("")
-        (code / "utils" / "buffer.py").write_text(textwrap.dedent(FAKE_BUFFER))
-        return root
+        return write_checkout(tmp_path, kind, FAKE_AGENT, FAKE_BUFFER)
 
     yield make
     for mod in ("utils", "utils.buffer", "tensorboard_logger"):

@@ -233,6 +233,17 @@ def time_targets_interleaved(names: list[str], spec: TaskSpec, overrides: dict[s
     return times
 
 
+def _seed_runs(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n: int, device: str,
+               batch_size: int | None):
+    """(class, timing config, one synthetic buffer per seed 0..n-1): what the multi-run timers share."""
+    cls = get_algorithm(algo_name, discrete=spec.discrete)
+    ov = dict(overrides)
+    if batch_size is not None:
+        ov[batch_field(cls)] = batch_size
+    cfg = timing_config(cls, ov)
+    return cls, cfg, [make_buffer(cls, spec, 100_000, device, s) for s in range(n)]
+
+
 def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_seeds: int, rounds: int = 20,
                  warmup: int = 2, device: str = "cpu", clock: str = "wall", batch_size: int | None = None,
                  count_ops: bool = False) -> dict[str, Any]:
@@ -242,15 +253,10 @@ def time_stacked(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_se
     ratio separate/stacked is the stack's gain in runs per hour, for runs sharing one process's device.
     `count_ops`: also {"ops": {"separate": n, "stacked": m}}, the operators each dispatches (`dispatched_ops`)."""
 
-    cls = get_algorithm(algo_name, discrete=spec.discrete)
-    ov = dict(overrides)
-    if batch_size is not None:
-        ov[batch_field(cls)] = batch_size
-    cfg = timing_config(cls, ov)
+    cls, cfg, bufs = _seed_runs(algo_name, spec, overrides, n_seeds, device, batch_size)
     seeds = range(n_seeds)
     separate = [cls(spec, cfg, s, device) for s in seeds]
     stack = SeedStack([cls(spec, cfg, s, device) for s in seeds])
-    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     timer = time.process_time if clock == "cpu" else time.perf_counter
 
@@ -282,13 +288,8 @@ def time_packings(algo_name: str, spec: TaskSpec, overrides: dict[str, Any], n_r
       "threads"   n_runs separate runs' rounds at n_runs torch threads each (fewer, fatter runs).
     CPU time is what a run costs in core-hours, whatever the other jobs on the machine do, so the ratio
     separate/other is the other packing's gain in finished runs per core-hour."""
-    cls = get_algorithm(algo_name, discrete=spec.discrete)
-    ov = dict(overrides)
-    if batch_size is not None:
-        ov[batch_field(cls)] = batch_size
-    cfg = timing_config(cls, ov)
+    cls, cfg, bufs = _seed_runs(algo_name, spec, overrides, n_runs, device, batch_size)
     seeds = range(n_runs)
-    bufs = [make_buffer(cls, spec, 100_000, device, s) for s in seeds]
     sep = [cls(spec, cfg, s, device) for s in seeds]
     fat = [cls(spec, cfg, s, device) for s in seeds]
     threads = torch.get_num_threads()

@@ -60,5 +60,7 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
+    # First in line: after a `git pull` across the move, an old folder left behind by its __pycache__ (e.g.
+    # suite/profiles/) would otherwise be found first, as an empty namespace package.
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
-        sys.meta_path.append(_Alias())
+        sys.meta_path.insert(0, _Alias())
