@@ -106,6 +106,21 @@ def test_corrupt_dataset_fails_cleanly_and_keeps_results(sweep, tmp_path):
     assert after == snapshot
 
 
+def test_a_recorded_dataset_whose_file_is_gone_is_built_again(sweep, tmp_path):
+    """`datasets build` does not call a tier "already built" when the manifest records it but its file was
+    deleted: it says so and builds it again, to the same sha256."""
+    import shutil
+
+    tmp, profile, _ = sweep
+    shutil.copytree(tmp / "data", tmp_path / "data")
+    entry = json.loads((tmp_path / "data" / "tiny" / "manifest.json").read_text())["mpe-cn/random"]
+    (tmp_path / "data" / "tiny" / entry["file"]).unlink()
+    built = cli(tmp_path, "datasets", "build", "mpe-cn", "random", "--profile", str(profile)).stdout
+    assert "already built" not in built and f"{entry['file']} is missing: building it" in built
+    again = json.loads((tmp_path / "data" / "tiny" / "manifest.json").read_text())["mpe-cn/random"]
+    assert (tmp_path / "data" / "tiny" / entry["file"]).is_file() and again["sha256"] == entry["sha256"]
+
+
 def test_stale_dataset_is_flagged_not_rebuilt(sweep, tmp_path):
     """A dataset whose recorded behaviour differs from what the code builds now is listed as
     stale and warned about by `all`, which still skips its finished runs (keyed by sha256)."""

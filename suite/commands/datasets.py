@@ -110,6 +110,10 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         if q not in spec.tiers:
             raise BenchError(f"unknown tier {q!r} for {task_id} (tiers: {', '.join(spec.tiers)})")
         entry = manifest.lookup(root, task_id, q)
+        if entry and not (Path(root) / entry["file"]).is_file():  # recorded, but its file was deleted or moved
+            click.echo(f"{task_id}/{q}: recorded in {manifest.manifest_path(root)} but {entry['file']} is missing: "
+                       "building it")
+            entry = None
         if not force and entry:
             why = stale(entry, task_id, q, prof.generation)
             click.echo(f"{task_id}/{q}: already built (use --force to rebuild)"
