@@ -166,3 +166,27 @@ def test_version_all_lists_packages(tmp_path):
     assert re.search(r"plcql-bench \d+\.\d+\.\d+", out)
     for name in ("torch", "numpy", "h5py", "mpe2", "git commit"):
         assert name in out
+
+
+def test_kernels_option_is_recorded_outside_the_run_key(sweep, tmp_path):
+    """`run --kernels` / `all --kernels` pick the kernels (over $PLCQL_KERNELS / $PLCQL_NATIVE); each run's
+    final.json records the choice, and the run key, which names the result, is the same whichever ran."""
+    import shutil
+
+    tmp, profile, _ = sweep
+    cell = ("--algo", "bc", "--task", "mpe-cn", "--tier", "random", "--seed", "0", "--profile", str(profile))
+    recorded = {}
+    for choice in ("plain", "fused"):
+        root = tmp_path / choice
+        shutil.copytree(tmp / "data", root / "data")
+        if choice == "plain":
+            cli(root, "run", *cell, "--kernels", choice)
+        else:
+            cli(root, "all", "--profile", str(profile), "--only", "algo=bc,tier=random,seed=0", "--kernels", choice)
+        (final,) = list((root / "results").rglob("final.json"))
+        rec = json.loads(final.read_text())
+        recorded[choice] = (rec["hardware"]["kernels"]["choice"], final.parent.name)
+    assert recorded["plain"][0] == "plain" and recorded["fused"][0] == "fused"
+    assert recorded["plain"][1] == recorded["fused"][1]  # the run folder carries the run key
+    bad = cli(tmp_path / "plain", "run", *cell, "--kernels", "fast", check=False)
+    assert bad.returncode == 2 and "--kernels" in bad.stderr

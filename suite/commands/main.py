@@ -64,7 +64,15 @@ from plcql_bench.suite.runs.matrix import (
 from plcql_bench.suite.runs.preflight import check_buildable
 from plcql_bench.suite.runs.profiles import load_profile
 from plcql_bench.suite.commands.regress import regress
-from plcql_bench.suite.runs.runner import Cell, data_profile_dir, execute, plan_run, resolve_config
+from plcql_bench.suite.runs.runner import (
+    KERNEL_CHOICES,
+    Cell,
+    data_profile_dir,
+    execute,
+    plan_run,
+    resolve_config,
+    use_kernels,
+)
 from plcql_bench.suite.runs.stacking import stack_groups
 from plcql_bench.suite.envs.tasks import get_task
 from plcql_bench.suite.runs.tracking import check_available
@@ -188,6 +196,16 @@ _LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tens
                          "W&B offline unless WANDB_MODE says otherwise); metrics.jsonl stays the record. Repeatable.")
 
 
+def _kernels_option(f):
+    """`run` and `all`: which kernels the runs use (recorded in each final.json, outside the run key)."""
+    return click.option(
+        "--kernels", type=click.Choice(KERNEL_CHOICES), default=None,
+        help="The networks' kernels: native (fused, with the C kernels where a compiler is found), fused (torch "
+             "only) or plain (the reference form). Results agree within the equivalence tests' tolerance; the "
+             "choice is recorded in final.json (hardware.kernels), not in the run key. Default: "
+             "$PLCQL_KERNELS / $PLCQL_NATIVE, else native.")(f)
+
+
 @cli.command()
 @click.option("--algo", required=True)
 @click.option("--task", required=True)
@@ -198,11 +216,13 @@ _LOG = click.option("--log", "trackers", multiple=True, type=click.Choice(["tens
 @click.option("--set", "sets", multiple=True, help="Config override key=value (JSON value).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
+@_kernels_option
 @_LOG
 @click.pass_obj
-def run(obj, algo, task, tier, seed, profile, sets, device, threads, trackers) -> None:
+def run(obj, algo, task, tier, seed, profile, sets, device, threads, trackers, kernels) -> None:
     """Train and evaluate one cell; skips it if already finished."""
 
+    use_kernels(kernels)
     trackers = check_available(trackers)
     plan = plan_run(Cell(algo, task, tier, seed), load_profile(profile), obj["data_dir"],
                     obj["results_dir"], _parse_sets(sets))
@@ -296,10 +316,11 @@ class _Progress:
               help="Start a cell only if `plan` expects it to finish within this time of the start "
                    "(e.g. 2h30m, with a 20 % margin), taking the first such cell in queue order; the others "
                    "are left for a later `all`. For a session or CI window whose end loses unfinished runs.")
+@_kernels_option
 @_LOG
 @click.pass_obj
 def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads, device, per_gpu, executor,
-            ray_address, rerun_failed, force, stack, finish_within, trackers) -> None:
+            ray_address, rerun_failed, force, stack, finish_within, kernels, trackers) -> None:
     """Run the profile's matrix: build each missing dataset when the queue reaches its first cell (in that
     cell's job), skip finished cells, resume partial ones
     from their checkpoint, isolate failures (a dataset that cannot be built fails only its cells;
@@ -307,6 +328,7 @@ def run_all(obj, profile, only, queue, sets, shard, build_missing, jobs, threads
     dataset is damaged or a config does not resolve."""
 
     deadline = None if finish_within is None else time.monotonic() + finish_within
+    use_kernels(kernels)
     trackers = check_available(trackers)
     prof, cells = _select(obj, profile, only, shard, queue, sets)
     for cell in cells:  # every config resolves before any dataset is built or anything is written

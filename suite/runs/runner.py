@@ -275,6 +275,20 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
         kernels.large_allocations_from_heap(discrete)
 
 
+KERNEL_CHOICES = ("native", "fused", "plain")
+
+
+def use_kernels(choice: str | None) -> None:
+    """Make `choice` (native, fused or plain: `run`/`all --kernels`) this process's kernels, and those of the runs
+    it spawns, through the two variables configure_process and native.enabled() read. None: leave them."""
+    if choice is None:
+        return
+    if choice not in KERNEL_CHOICES:
+        raise BenchError(f"--kernels: must be one of {', '.join(KERNEL_CHOICES)}, got {choice!r}")
+    os.environ[KERNELS_ENV] = "plain" if choice == "plain" else "fused"
+    os.environ[native.ENV] = "1" if choice == "native" else "0"
+
+
 def kernel_choice(stacked: bool = False) -> dict:
     """The kernels a run used, as its log line and final.json (`hardware.kernels`) record them: `choice` plain,
     fused, or native (fused, with the C kernels allowed), from PLCQL_KERNELS and PLCQL_NATIVE (a seed stack's
