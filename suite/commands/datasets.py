@@ -259,11 +259,16 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
                        + (f", noise {e['noise']}" if "noise" in e else ""))
 
 
+def _publish_arguments(f):
+    """TASK RUN_DIR [--assets]: what the publish commands take (a train-behaviour run, where to publish it)."""
+    f = click.option("--assets", default=None, type=click.Path(path_type=str),
+                     help="Behaviour assets folder (default: datasets/assets/behaviour).")(f)
+    f = click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))(f)
+    return click.argument("task")(f)
+
+
 @datasets.command("publish-v2")
-@click.argument("task")
-@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
-@click.option("--assets", default=None, type=click.Path(path_type=str),
-              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+@_publish_arguments
 def datasets_publish_v2(task, run_dir, assets) -> None:
     """Choose the v2 generation's expert and medium checkpoints of a finished `train-behaviour TASK --profile
     v2` run (RUN_DIR) by the originals' statistics, and write index-v2.json with its medium-replay sequence."""
@@ -279,10 +284,7 @@ def datasets_publish_v2(task, run_dir, assets) -> None:
 
 
 @datasets.command("publish-replay")
-@click.argument("task")
-@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
-@click.option("--assets", default=None, type=click.Path(path_type=str),
-              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+@_publish_arguments
 def datasets_publish_replay(task, run_dir, assets) -> None:
     """Publish the checkpoint sequence of a train-behaviour run (RUN_DIR) up to TASK's published
     medium checkpoint, so medium-replay rebuilds anywhere. The run must be the one that produced
