@@ -76,12 +76,14 @@ board: setup
 
 leaderboard: board
 
-# The README's board summary (leaderboard/readme.py; tests/test_readme_board.py fails when it is
+# The README's board summary (leaderboard/readme.py) and docs/reproduction.md's v1 -> v2 table
+# (leaderboard/generations.py; tests/test_readme_board.py fails when either is
 # out of date) and its screenshot: the front page a clean clone's `make board` writes (no runs of
 # your own yet), checked and shot at 1,366 px by the browser test's checker (leaderboard/browser.py).
 README_SITE = build/readme
 readme: setup
 	$(BIN)/python -m plcql_bench.leaderboard.readme
+	$(BIN)/python -m plcql_bench.leaderboard.generations
 	rm -rf $(README_SITE) && mkdir -p $(README_SITE)/results
 	cd $(README_SITE) && $(abspath $(BIN))/plcql-bench leaderboard --front $(CURDIR)/leaderboard/results --out site
 	$(BIN)/python -m plcql_bench.leaderboard.browser $(README_SITE)/site/index.html --window 1366,768 \
@@ -103,6 +105,7 @@ publish-results: setup
 	$(BIN)/plcql-bench campaign publish --profile $(PROFILE)
 	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
 	$(BIN)/python -m plcql_bench.leaderboard.readme
+	$(BIN)/python -m plcql_bench.leaderboard.generations
 
 # The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
 # resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.

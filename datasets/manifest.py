@@ -165,6 +165,17 @@ def lookup(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, An
     return _read(manifest_path(data_dir)).get(key(task_id, tier))
 
 
+def built(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any] | None:
+    """The entry for task_id/tier when its file is there too; None when it is not recorded or its file is gone
+    (deleted to free space, or moved): `datasets build` and `all` then build it again."""
+    entry = lookup(data_dir, task_id, tier)
+    return entry if entry is not None and file_present(data_dir, entry) else None
+
+
+def file_present(data_dir: str | os.PathLike, entry: dict[str, Any]) -> bool:
+    return (Path(data_dir) / entry["file"]).exists()
+
+
 def require(data_dir: str | os.PathLike, task_id: str, tier: str) -> dict[str, Any]:
     """The entry for task_id/tier; ManifestError naming the manifest when it is absent."""
     path = manifest_path(data_dir)
@@ -196,6 +207,6 @@ def load(
 
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "ManifestError", "dataset_path", "key", "load", "lookup",
+    "FORMAT_VERSION", "MANIFEST_NAME", "ManifestError", "built", "dataset_path", "file_present", "key", "load", "lookup",
     "make_entry", "manifest_path", "read_manifest", "record", "require",
 ]  # fmt: skip

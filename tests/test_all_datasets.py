@@ -137,6 +137,8 @@ def test_ensure_dataset_builds_once_under_its_lock_and_remembers_a_failure_per_a
     def fake_build(task, tier, episodes, data_root, profile, **_):
         calls.append((task, tier))
         time.sleep(0.3)  # the other thread reaches the lock meanwhile
+        (data_root / task).mkdir(parents=True, exist_ok=True)
+        (data_root / task / f"{tier}.h5").write_bytes(b"0")
         manifest.record(data_root, {"task_id": task, "quality": tier, "file": f"{task}/{tier}.h5", "sha256": "0" * 64,
                                     "size_bytes": 1, "format_version": 1, "n_transitions": 1, "n_episodes": 1})
 
@@ -183,3 +185,26 @@ def test_workers_build_missing_datasets_and_an_unbuildable_one_fails_only_its_ce
     assert len(stand_ins) == 2
     assert all("train-behaviour mpe-cn" in json.loads(s.read_text())["fix"] for s in stand_ins)
     assert not list((data / ".build-failed").glob("*.json"))  # this `all`'s failure records are dropped
+
+
+def test_a_recorded_dataset_whose_file_is_gone_is_listed_missing_and_all_builds_it_again(tmp_path, monkeypatch):
+    """The manifest outlives a deleted dataset file: `datasets list` says "missing" (not "built") with the
+    command that fixes it, and `all` builds the file again (the same sha256, so the done run stays done)."""
+    monkeypatch.delenv(matd3.BEHAVIOUR_DIR_ENV, raising=False)
+    profile = _profile(tmp_path)
+    first = _invoke(tmp_path, "all", "--profile", profile, "--only", "dataset=random")
+    assert first.exit_code == 0 and "trained 1" in first.output, first.output
+    manifest_file = tmp_path / "data" / "dstest" / "manifest.json"
+    entry = json.loads(manifest_file.read_text())["mpe-cn/random"]
+    (tmp_path / "data" / "dstest" / entry["file"]).unlink()
+
+    listed = _invoke(tmp_path, "datasets", "list", "--profile", profile)
+    row = next(line for line in listed.output.splitlines() if line.split()[:2] == ["mpe-cn", "random"])
+    assert row.split()[2] == "missing" and f"datasets build mpe-cn random --profile dstest" in row, row
+
+    again = _invoke(tmp_path, "all", "--profile", profile, "--only", "dataset=random")
+    assert again.exit_code == 0, again.output
+    assert f"{entry['file']} is missing: it is built again" in again.output
+    assert "built dataset mpe-cn/random" in again.output and "skipped 1 (done)" in again.output
+    rebuilt = json.loads(manifest_file.read_text())["mpe-cn/random"]
+    assert (tmp_path / "data" / "dstest" / entry["file"]).is_file() and rebuilt["sha256"] == entry["sha256"]

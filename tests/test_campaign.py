@@ -346,6 +346,9 @@ def test_under_a_deadline_a_dataset_still_to_be_built_is_priced_with_its_job(tmp
     manifest.record(tmp_path / "paper", {"task_id": "smax-2s3z", "quality": "medium", "file": "smax-2s3z/medium.h5",
                                          "sha256": "0" * 64, "size_bytes": 1, "format_version": 1,
                                          "n_transitions": 1, "n_episodes": 1})
+    assert build_left_s(job) == 300.0  # recorded, but its file is not there (deleted): still to be built
+    (tmp_path / "paper" / "smax-2s3z").mkdir(parents=True)
+    (tmp_path / "paper" / "smax-2s3z" / "medium.h5").write_bytes(b"0")
     assert build_left_s(job) == 0.0  # another worker built it meanwhile
     assert next_job([job], 1.2 * 100.0, clock) is job
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lb_fixtures import NOW, write_run
-from plcql_bench.leaderboard import build, readme
+from plcql_bench.leaderboard import build, generations, readme
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -107,3 +107,39 @@ def test_readme_shows_and_links_the_front_page_screenshot():
     width, height = struct.unpack(">II", png[16:24])
     assert (width, height) == (1366, 768)
     assert "make board" in text[: text.index("## Quick start")] and "site/index.html" in text[: text.index("## Quick start")]
+
+
+def _generations_row(table: str, cell: str, algo: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {cell} | {algo} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_generations_table_marks_the_verdicts_that_moved_with_the_data(tmp_path):
+    """docs/reproduction.md's v1 -> v2 table: each cell's verdict on both generations, computed as the board
+    computes it, and 'moved' only where one generation says our cell differs from the paper's and the other does
+    not (never while one side has fewer than 3 seeds)."""
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    for seed in range(3):
+        write_run(v1, "cfcql", "mpe-cn", "expert", seed, 20.0 + seed)    # far below the paper's 112.0 ± 4.0
+        write_run(v2, "cfcql", "mpe-cn", "expert", seed, 20.0 + seed)    # the same: not moved
+        write_run(v1, "iql", "mpe-cn", "expert", seed, 20.0 + seed)      # below ...
+    for seed in range(3):
+        write_run(v2, "iql", "mpe-cn", "expert", seed, 2000.0 * seed)    # ... then too spread to tell
+    write_run(v2, "plcql", "mpe-cn", "random", 0, 80.0)                  # one seed: no verdict to compare
+    table = generations.generations_table(v1, v2)
+    cf, iql, pl = (_generations_row(table, "mpe-cn expert", "CFCQL"), _generations_row(table, "mpe-cn expert", "IQL"),
+                   _generations_row(table, "mpe-cn random", "PLCQL"))
+    assert cf[4] == cf[7] == "below" and cf[9] == "no"
+    assert iql[4] == "below" and iql[7] != "below" and iql[9] == "**yes**"
+    assert pl[3] == "—" and pl[7] == "too few seeds" and pl[9] == "—"
+    comps = build.board(v2, views=[DEFAULT_VIEW]).views[0]["comparisons"]  # the board's own figures
+    mine = next(c for c in comps if (c.task, c.dataset, c.algo) == ("mpe-cn", "expert", "iql"))
+    assert iql[6] == f"{mine.mean:.1f} (3)" and iql[7] == mine.verdict
+
+
+def test_reproduction_generations_table_is_the_committed_results():
+    text = (REPO / "docs" / "reproduction.md").read_text(encoding="utf-8")
+    block = generations.generations_table(REPO / "leaderboard" / "archive" / generations.ARCHIVE / "results",
+                                          REPO / "leaderboard" / "results")
+    current = text[text.index(generations.BEGIN) + len(generations.BEGIN) + 1: text.index(generations.END)]
+    assert current == block, "docs/reproduction.md's generations table is out of date: run `make readme`"

@@ -51,6 +51,11 @@ def datasets_list(obj: dict, profile: str) -> None:
     for task_id in task_ids():
         for tier in get_task(task_id).spec.tiers:
             entry = entries.get(f"{task_id}/{tier}")
+            if entry and not manifest.file_present(root, entry):  # recorded, but the file was deleted or moved
+                click.echo(f"{task_id:<26} {tier:<14} {'missing':<12} {'':>11} {'':>18}  {entry['file']} is gone; "
+                           f"run: plcql-bench datasets build {task_id} {tier} --profile {prof.name}")
+                counts["listed"] += 1
+                continue
             if entry:
                 status = "stale" if stale(entry, task_id, tier, gen) else "built"
                 lacks = [k for k in ("n_transitions", "return_mean", "return_std") if not _number(entry.get(k))]
@@ -110,7 +115,7 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
         if q not in spec.tiers:
             raise BenchError(f"unknown tier {q!r} for {task_id} (tiers: {', '.join(spec.tiers)})")
         entry = manifest.lookup(root, task_id, q)
-        if entry and not (Path(root) / entry["file"]).is_file():  # recorded, but its file was deleted or moved
+        if entry and not manifest.file_present(root, entry):  # recorded, but its file was deleted or moved
             click.echo(f"{task_id}/{q}: recorded in {manifest.manifest_path(root)} but {entry['file']} is missing: "
                        "building it")
             entry = None

@@ -336,7 +336,7 @@ def build_left_s(job: Job) -> float:
         return 0.0
 
     try:
-        if manifest.lookup(data_profile_dir(job.data_dir, job.profile), job.cell.task, job.cell.tier) is not None:
+        if manifest.built(data_profile_dir(job.data_dir, job.profile), job.cell.task, job.cell.tier) is not None:
             return 0.0
     except Exception:  # an unreadable manifest: the worker's build reports it; here, price the build
         pass

@@ -91,6 +91,10 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
     problems, to_build = {}, set()
     for task, tier in pairs:
         entry = manifest.lookup(data_root, task, tier)
+        if entry is not None and build_missing and not manifest.file_present(data_root, entry):
+            echo(f"dataset {task}/{tier}: {manifest.manifest_path(data_root)} records it but {entry['file']} is "
+                 "missing: it is built again")
+            entry = None
         if entry is None and build_missing:
             to_build.add((task, tier))
             continue
@@ -135,7 +139,7 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
     with open(root / f".build-{task}--{tier}.lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
-            if manifest.lookup(root, task, tier) is not None:
+            if manifest.built(root, task, tier) is not None:
                 return None
             try:
                 earlier = json.loads(failed.read_text())
