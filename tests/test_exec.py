@@ -206,7 +206,7 @@ def test_gpu_slots_and_device_resolution_without_cuda(monkeypatch):
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     import io
 
-    from plcql_bench.suite.commands import main as cli_mod
+    from plcql_bench.suite.commands import runs as cli_mod
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     assert cli_mod._Progress(3, "all").bar is None  # piped: no bar

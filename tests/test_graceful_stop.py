@@ -143,7 +143,7 @@ def test_a_resumed_runs_outcome_line_gives_its_whole_training_time(setup, handle
     part before the checkpoint included (here 5 rounds slowed to 0.4 s each)."""
     import time
 
-    from plcql_bench.suite.commands.main import outcome_line
+    from plcql_bench.suite.commands.runs import outcome_line
     from plcql_bench.suite.runs.executors import Job, run_job
 
     tmp, profile = setup

@@ -374,7 +374,7 @@ def test_recorded_estimates_name_their_basis_and_weak_ones_never_start_under_a_d
     """An estimate from recorded runtimes says which runs it came from (the same cell, the algorithm on the task,
     the algorithm elsewhere, anything); --finish-within gives a job priced only from other tasks no estimate,
     so it is left for later instead of being started and cut off."""
-    from plcql_bench.suite.commands import main as cli_module
+    from plcql_bench.suite.commands import runs as cli_module
     from plcql_bench.suite.runs.executors import Job
     from plcql_bench.suite.runs.matrix import estimate_cells, resolve
 

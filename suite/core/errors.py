@@ -3,3 +3,7 @@
 
 class BenchError(Exception):
     """Bad input (file, field, name). The message names the file or field at fault."""
+
+
+class RunFailed(Exception):
+    """`run`: training or evaluation raised; the traceback is in the run's status.json and run.log (exit status 1)."""

@@ -13,6 +13,8 @@ at once, as does any signal outside a training loop (loading a dataset, the fina
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from contextlib import contextmanager
 
@@ -60,3 +62,18 @@ def requested() -> bool:
 def stopped(update: int) -> KeyboardInterrupt:
     """The exception a loop raises once it has checkpointed at `update`."""
     return KeyboardInterrupt(f"signal {_state.signum}: stopped at the end of round {update} (checkpoint written there)")
+
+
+def _interrupt(signum, frame):
+    on_signal(signum)  # in a training loop: stop at the end of the round
+
+
+def restore_interrupts() -> None:
+    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted'; a training loop first finishes its
+    round and checkpoints there). A shell starts background commands (`cmd &`) with SIGINT ignored, and
+    Python then never raises KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a campaign's stop did
+    nothing (a GPU loan's runs had to be killed). SIGTERM, the default of `kill` and `timeout`, is treated
+    the same."""
+    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.settings import OMAR_PREY_ENV  # noqa: F401 - named here for its readers
 
 HIDDEN = 64
 BN_EPS = 1e-5  # torch's BatchNorm1d default, which OMAR's MLPNetwork keeps
@@ -108,7 +109,6 @@ def file_digest(path: str | Path) -> str:
 # The fixed DDPG prey that OMAR, CFCQL, MADiff and DoF collected and evaluated their PP and World data
 # with. It is fetched data, never committed: a user gives its folder (PLCQL_OMAR_PREY_DIR, or the CLI's
 # --omar-prey), else the first default folder that exists is read. Its sha256 is checked on every use.
-OMAR_PREY_ENV = "PLCQL_OMAR_PREY_DIR"
 OMAR_PREY_FILES: dict[str, tuple[str, str]] = {  # task -> (file name, sha256)
     "mpe-pp": ("simple_tag_pretrained_adv_model.pt",
                "b22b95f3397f41a21aa247810e385a8ecf85294f2e2ed8e523a954c633daf7a2"),

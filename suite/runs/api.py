@@ -28,6 +28,7 @@ import torch
 from plcql_bench.datasets import format as fmt, manifest
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.core.schema import run_seconds
+from plcql_bench.suite.core.settings import DATA_ENV, RESULTS_ENV  # noqa: F401 - the API reads the CLI's variables
 from plcql_bench.suite.core.store import read_json
 from plcql_bench.suite.runs.executors import _RunLog
 from plcql_bench.suite.runs.export import COLUMNS, select_runs, tidy_rows
@@ -37,8 +38,6 @@ from plcql_bench.suite.runs.profiles import load_profile
 from plcql_bench.suite.runs.runner import Cell, check_dataset_identity, data_profile_dir, execute, plan_run, resolve_config
 from plcql_bench.suite.envs.tasks import get_task
 from plcql_bench.suite.runs.tracking import check_available
-
-DATA_ENV, RESULTS_ENV = "PLCQL_DATA_DIR", "PLCQL_RESULTS_DIR"
 
 
 def data_dir(path: str | os.PathLike | None = None) -> Path:

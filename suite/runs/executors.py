@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -29,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from plcql_bench.suite.core import stop
+from plcql_bench.suite.core.stop import restore_interrupts
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.format import DatasetError
@@ -247,21 +246,6 @@ class _RunLog:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             with open(self.path, "a") as fh:
                 fh.write(f"{stamp} {msg}\n")
-
-
-def _interrupt(signum, frame):
-    stop.on_signal(signum)  # in a training loop: stop at the end of the round (suite/core/stop.py)
-
-
-def restore_interrupts() -> None:
-    """SIGINT and SIGTERM stop a run cleanly (status 'interrupted'; a training loop first finishes its
-    round and checkpoints there, suite/core/stop.py). A shell starts background commands (`cmd &`) with
-    SIGINT ignored, and Python then never raises KeyboardInterrupt: `timeout -s INT`, `kill -INT` and a
-    campaign's stop did nothing (a GPU loan's runs had to be killed). SIGTERM, the default of `kill` and
-    `timeout`, is treated the same."""
-    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
-        signal.signal(signal.SIGINT, _interrupt)
-        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _init_worker(threads: int | None) -> None:
