@@ -194,6 +194,15 @@ def _declare(name: str, lib: ctypes.CDLL) -> ctypes.CDLL:
     if name == "gru_forward_step":
         lib.gru_forward_step.argtypes = [p] * 4 + [i64] * 7 + [ctypes.c_int]
         lib.gru_forward_step.restype = ctypes.c_int
+    if name == "cql_block_layer1":
+        lib.cql_block_layer1.argtypes = [p] * 4 + [i64] * 6 + [ctypes.c_int]
+        lib.cql_block_layer1.restype = ctypes.c_int
+    if name == "cql_block_head":
+        lib.cql_block_head.argtypes = [p] * 7 + [ctypes.c_float] + [i64] * 7 + [ctypes.c_int] * 2
+        lib.cql_block_head.restype = ctypes.c_int
+    if name == "cql_block_tail":
+        lib.cql_block_tail.argtypes = [p] * 5 + [i64] * 6 + [ctypes.c_int]
+        lib.cql_block_tail.restype = ctypes.c_int
     return lib
 
 
@@ -271,3 +280,19 @@ def gru_forward_step_kernel():
     `gates`, the new hidden state into `h_out`; csrc/gru_forward_step.c states the formulas); None where
     the native kernel is not used (`_gru_step_kernel`)."""
     return _gru_step_kernel("gru_forward_step")
+
+
+CQL_BLOCK_KERNELS = ("cql_block_layer1", "cql_block_head", "cql_block_tail")
+
+
+def cql_block_kernels() -> tuple | None:
+    """(layer1, head, tail): the C functions of csrc/cql_block_*.c, the native form of the elementwise work of
+    one block of kernels._BlockedLSE (the continuous CF-CQL penalty; each source states its formulas), called
+    with raw pointers by `_BlockedLSE`; None when the native kernels are off or cannot be built here (the
+    caller then takes the torch form)."""
+    if not enabled():
+        return None
+    libs = [library(name) for name in CQL_BLOCK_KERNELS]
+    if any(lib is None for lib in libs):
+        return None
+    return tuple(getattr(lib, name) for lib, name in zip(libs, CQL_BLOCK_KERNELS))
