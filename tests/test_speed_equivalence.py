@@ -425,15 +425,15 @@ def test_algorithm_rounds_plain_match_fused(name, spec, monkeypatch):
                          ids=["cfcql-cn", "cfcql-hc", "plcql-cn", "spacql-hc"])
 def test_algorithm_rounds_native_match_torch_form(name, spec, block_forms, monkeypatch):
     """Whole fused update rounds with the C form of the blocked penalty (csrc/cql_block_*.c) against the same
-    rounds in its torch form (PLCQL_NATIVE=0), with the plain-vs-fused test's tolerances, both at the runs'
-    block size. (Whole rounds are compared at one block partition: after two Adam steps at lr 0.01 a
+    rounds in its torch form (PLCQL_NATIVE=0), with the plain-vs-fused test's tolerances, both with the
+    batch in one block. (Whole rounds are compared at one block partition: after two Adam steps at lr 0.01 a
     gradient entry near zero moves its parameter by more than these tolerances under a change of float
     summation order. On PLCQL CN, member 6's l2.weight[0, 10] moves by 1.4e-4 between the torch form at
     4 KiB blocks and at the runs' blocks, as between the torch form and the C form at 4 KiB blocks. The
     penalty's values and gradients in the C form, at several blocks with a ragged last one, are checked
     directly against the reference: test_native_lse_penalty_matches_reference, and with each algorithm's
     random draws: test_algorithm_critic_loss_matches_reference.)"""
-    monkeypatch.setattr(C, "BLOCK_BYTES", None)
+    monkeypatch.setattr(C, "BLOCK_BYTES", 1 << 30)
     results = []
     for on in (True, False):
         with native.native_kernels(on):
@@ -462,14 +462,18 @@ def test_add_relu_is_add_then_relu_bitwise():
 
 
 def test_cpu_block_size_follows_the_threads(monkeypatch):
-    """1.5 MiB of block per torch thread, up to 2 threads; a fixed BLOCK_BYTES wins; a GPU takes one block."""
+    """1.5 MiB of block per torch thread, up to 2 threads (the native form: 512 KiB, or twice the [E, H, H]
+    weights where that is more); a fixed BLOCK_BYTES wins; a GPU takes one block."""
     monkeypatch.setattr(C, "BLOCK_BYTES", None)  # the module's fixture fixes it
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert C.block_bytes(torch.device("cpu")) == 3 << 19
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 64 * 64 * 4) == 1 << 19
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 256 * 256 * 4) == 1 << 20
         torch.set_num_threads(2)
         assert C.block_bytes(torch.device("cpu")) == 3 << 20
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 64 * 64 * 4) == 1 << 20
         monkeypatch.setattr(C, "BLOCK_BYTES", 4096)
         assert C.block_bytes(torch.device("cpu")) == 4096
     finally:
@@ -598,6 +602,23 @@ def test_native_lse_penalty_matches_reference(case, input_norm, block_forms, mon
         pol_ng, zsum_ng = lse_penalty(critic, state, joint, n, offset, w, temp, members=members)
     assert block_forms["native"] == 2
     assert torch.allclose(pol_ng, pol, rtol=1e-6, atol=1e-6) and torch.allclose(zsum_ng, zsum)
+
+
+@needs_cc
+@pytest.mark.parametrize("block_bytes", [1, 1 << 30], ids=["one-state", "single-block"])
+def test_native_block_size_does_not_change_the_result(block_bytes, block_forms, monkeypatch):
+    """The C form with one state per block and with the whole batch in one block: the reference's numbers."""
+    monkeypatch.setattr(C, "BLOCK_BYTES", block_bytes)
+    g = torch.Generator().manual_seed(3)
+    critic = make_critic(2, 6, 6, 16, True, torch.float32)
+    state, data = torch.randn(9, 6, generator=g), torch.rand(9, 3, 2, generator=g)
+    joint = counterfactual_joint(data, torch.rand(9, 3, 5, 2, generator=g))
+    w = torch.full((3,), 1 / 3)
+    pol, _ = lse_penalty(critic, state, joint, 3, None, w)
+    pol_r, _ = ref_lse(critic, state, joint, 3, None, w, 1.0)
+    assert block_forms["native"] == 1 and torch.allclose(pol, pol_r, rtol=1e-5, atol=1e-6)
+    assert_close_grads(grads(pol.sum(), list(critic.parameters())), grads(pol_r.sum(), list(critic.parameters())),
+                       torch.float32)
 
 
 @needs_cc

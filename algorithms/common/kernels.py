@@ -145,17 +145,29 @@ def fused_trunk(h_s, a, w1a, w2, b2, w3, b3) -> torch.Tensor:
 # (0.941-0.960). More than 2 threads keep 3 MiB (not measured).
 BLOCK_BYTES_PER_THREAD = 3 << 19
 BLOCK_BYTES: int | None = None  # a fixed size instead (tests; dispatched_ops' single block)
+# The same with the native form of the block loop (csrc/cql_block_*.c), at least twice one [E, H, H] weight
+# tensor. Measured on one _BlockedLSE call at 1 thread (CPU clock, 2026-12-05; native, native at 1.5 MiB,
+# torch form at 1.5 MiB): CN E = 2 12.8, 15.9, 20.0 ms (384 KiB: 12.4; 128 KiB: 14.1); CN E = 10 65.9,
+# 69.5, 88.2 ms; Half-Cheetah (H 256, 60 rows a state) at its 1 MiB 69.0, 72.4, 78.4 ms (512 KiB: 73.6).
+NATIVE_BLOCK_BYTES_PER_THREAD = 1 << 19
 # On a GPU the blocks only multiply kernel launches (CN: ~80 blocks x ~12 kernels per critic update);
 # one block of the whole batch takes ~0.7 GB at the paper's CN sizes (E 10, 90 candidates, hidden 64).
 GPU_BLOCK_BYTES = 2 << 30
 
 
-def block_bytes(device: torch.device) -> int:
+def block_bytes(device: torch.device, native_form: bool = False, weight_bytes: int = 0) -> int:
+    """Bytes of one [E, rows, H] activation block of `_BlockedLSE` (and `blocked_trunk`). `native_form`: the
+    block's elementwise work runs in C (`_native_block_loop`), which passes over each block ~3 times instead
+    of ~14, so smaller blocks that stay in L2 pay: NATIVE_BLOCK_BYTES_PER_THREAD, or more where the [E, H, H]
+    weights are large (`weight_bytes`, one such tensor: the GEMMs stream three of them per block)."""
     if device.type != "cpu":
         return GPU_BLOCK_BYTES
     if BLOCK_BYTES is not None:
         return BLOCK_BYTES
-    return BLOCK_BYTES_PER_THREAD * min(torch.get_num_threads(), 2)
+    threads = min(torch.get_num_threads(), 2)
+    if native_form:
+        return max(NATIVE_BLOCK_BYTES_PER_THREAD * threads, 2 * weight_bytes)
+    return BLOCK_BYTES_PER_THREAD * threads
 
 
 def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -206,7 +218,9 @@ class _BlockedLSE(torch.autograd.Function):
         nA = a.shape[1]
         R = a.shape[0] // B
         M = R // G
-        bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))  # states per block
+        nat = _native_blocks(h_s, w1a, w3, b3, a, off, w, M)
+        size = block_bytes(h_s.device, nat is not None, E * H * H * h_s.element_size())
+        bs = max(1, min(B, size // max(1, E * R * H * h_s.element_size())))  # states per block
         rows_max = bs * R
         # h1 carries a constant-1 column (H + 1 columns): the second layer's bias rides in its GEMM
         # (h1' @ [W2; b2]) instead of a pass that pre-fills h2 with b2, and in backward h1'^T d2 gives
@@ -226,7 +240,6 @@ class _BlockedLSE(torch.autograd.Function):
             dw3t = h_s.new_zeros(E, 1, H)
             w23t = (w2 * w3t).transpose(1, 2)  # (W2 * w3^T)^T
         grads = (dh_s, dw1a, gw2, dw3t, w23t) if keep else None
-        nat = _native_blocks(h_s, w1a, w3, b3, a, off, w, M)
         if nat is not None:  # the same blocks, their elementwise work in C (csrc/cql_block_*.c)
             _native_block_loop(nat, h_s, w1a, w2_, w3, b3, a, off, wB, T, z_all, buf1, buf2, buf3, bs, grads)
         else:
