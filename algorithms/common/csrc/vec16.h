@@ -25,10 +25,21 @@ static inline v16 v16_set1(float x) { return v16_zero() + x; }
 /* y where x > 0, else 0 (a ReLU's derivative applied to y; v16_pos(x, x) is the ReLU) */
 static inline v16 v16_pos(v16 x, v16 y) { return (v16)((v16i)y & (x > v16_zero())); }
 
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+/* the sum of the 16 lanes by halving: two vector adds, then three scalar ones (the halves are taken by memcpy,
+ * which compilers turn into register extracts: portable C, unlike __builtin_shufflevector before GCC 12) */
 static inline float v16_sum(v16 v) {
-    float s = 0.0f;
-    for (int i = 0; i < V16; i++) s += v[i];
-    return s;
+    v8 lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    const v8 a = lo + hi;
+    v4 c, d;
+    memcpy(&c, &a, sizeof c);
+    memcpy(&d, (const char *)&a + sizeof c, sizeof d);
+    const v4 b = c + d;
+    return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 #endif
