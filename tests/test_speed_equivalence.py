@@ -622,6 +622,38 @@ def test_native_block_size_does_not_change_the_result(block_bytes, block_forms, 
 
 
 @needs_cc
+def test_native_penalty_on_two_threads(block_forms):
+    """At 2 torch threads the C passes split members (head, tail) and (member, state) pairs (layer1) over
+    OpenMP threads: the 1-thread numbers, and the float64 reference's within float32 tolerances (10 members,
+    several blocks). (Against float64, not the torch form: at this seed one second-layer pre-activation of member 1
+    is 7e-9, within float32 rounding of 0, and the float32 torch forms, the plain path included, take the
+    other side of its ReLU than float64 does, which moves l2.weight's gradient by 9e-4 of 3.3.)"""
+    g = torch.Generator().manual_seed(21)
+    critic = make_critic(10, 5, 6, 32, True, torch.float32)
+    state = torch.randn(17, 5, generator=g)
+    joint = counterfactual_joint(torch.rand(17, 3, 2, generator=g) * 2 - 1, torch.rand(17, 3, 6, 2, generator=g) * 2 - 1)
+    offset, w = torch.randn(17, 3, 6, generator=g), torch.full((3,), 1 / 3)
+    threads = torch.get_num_threads()
+    res = []
+    try:
+        for n_threads in (2, 1):
+            torch.set_num_threads(n_threads)
+            res.append(_penalty_and_grads(critic, state, joint, 3, offset, w, 1.0, None, True))
+    finally:
+        torch.set_num_threads(threads)
+    assert block_forms == {"native": 2, "torch": 0}
+    assert torch.allclose(res[0][0], res[1][0], rtol=1e-6, atol=1e-7) and torch.allclose(res[0][1], res[1][1])
+    for x, y in zip(res[0][2], res[1][2]):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6 * float(y.abs().max()))
+    c64 = make_critic(10, 5, 6, 32, True, torch.float64)
+    c64.load_state_dict({k: v.double() for k, v in critic.state_dict().items()})
+    pol_r, _ = ref_lse(c64, state.double(), joint.double(), 3, offset.double(), w.double(), 1.0)
+    exp = torch.autograd.grad((pol_r * res[0][3].double()).sum(), list(c64.parameters()))
+    assert torch.allclose(res[0][0].double(), pol_r, rtol=1e-5, atol=1e-6)
+    assert_close_grads([x.double() for x in res[0][2]], exp, torch.float32, [k for k, _ in critic.named_parameters()])
+
+
+@needs_cc
 def test_native_penalty_per_member_offsets(block_forms):
     """OMAR's CQL logsumexp (`blocked_lse`, independent.py) gives each member its own offsets [E, B, G, M]:
     the C form reads each member's rows of them."""

@@ -30,7 +30,7 @@ int cql_block_head(float *h2, const float *w3, const float *b3, const float *off
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t e = 0; e < E; e++) {
         const float *w = w3 + e * H;
-        float *dw = dw3 + e * H;
+        float *dw = grad ? dw3 + e * H : NULL; /* dw3 is NULL without grad */
         float zz[4096];
         for (int64_t bg = 0; bg < nb * G; bg++) {
             float *h = h2 + (e * nb * G + bg) * M * H;
