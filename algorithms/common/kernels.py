@@ -6,7 +6,9 @@ behind the same switch.
 
     _FusedTrunk   the critic from the first layer's action part on, with a hand-written in-place backward
     _BlockedLSE   the CF-CQL penalty's critic part, forwarded and backpropagated block by block of states
-                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
+                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`); on the
+                  CPU in float32 each block's elementwise work runs in C where native.py can build
+                  csrc/cql_block_*.c (`_native_block_loop`), else in torch ops (`_torch_block_loop`)
     _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
     keep_freed_memory, large_allocations_from_heap
                   the glibc allocator settings the runner makes once per process (suite/runs/runner.py)
@@ -320,8 +322,8 @@ def _native_block_loop(nat, h_s, w1a, w2_, w3, b3, a, off, wB, T, z_all, buf1, b
     """`_torch_block_loop` with each block's elementwise work in three C passes (csrc/cql_block_*.c state the
     formulas): layer1 (h1 = relu(a @ w1a + h_s) with the constant-1 column), the second layer's GEMM in
     torch, head (ReLU, output layer, offset, softmax, dW3, the ReLU derivative times d pol / d q, in place
-    of h2), the dW2 and dh1 GEMMs in torch, tail (dh1's ReLU derivative, dW1a, dh_s). The GEMMs and the
-    block sizes are the torch loop's."""
+    of h2), the dW2 and dh1 GEMMs in torch, tail (dh1's ReLU derivative, dW1a, dh_s). The GEMMs are the torch
+    loop's; the blocks are smaller (`block_bytes` with native_form)."""
     layer1, head, tail = nat
     E, B, H = h_s.shape
     nA = a.shape[1]
