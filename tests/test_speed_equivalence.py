@@ -51,16 +51,17 @@ needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, 
 
 @pytest.fixture
 def block_forms(monkeypatch):
-    """Counts which loop each `_BlockedLSE` call took: {"native": n, "torch": n}."""
+    """Counts which loop each `_BlockedLSE` call took: {"native": n, "torch": n} (its one decision,
+    `_native_blocks`: the C kernels, or None for the torch loop)."""
     seen = {"native": 0, "torch": 0}
-    for form, name in (("native", "_native_block_loop"), ("torch", "_torch_block_loop")):
-        real = getattr(C, name)
+    real = C._native_blocks
 
-        def spy(*args, _real=real, _form=form):
-            seen[_form] += 1
-            return _real(*args)
+    def spy(*args):
+        nat = real(*args)
+        seen["torch" if nat is None else "native"] += 1
+        return nat
 
-        monkeypatch.setattr(C, name, spy)
+    monkeypatch.setattr(C, "_native_blocks", spy)
     return seen
 
 
@@ -552,12 +553,12 @@ def _penalty_and_grads(critic, state, joint, n, offset, w, temp, members, native
 
 @needs_cc
 @pytest.mark.parametrize("input_norm", [True, False], ids=["bn", "nobn"])
-@pytest.mark.parametrize("case", ["mpe", "hc", "temp", "weights_bn", "members", "ten", "run-mpe", "run-hc"])
+@pytest.mark.parametrize("case", ["mpe", "hc", "temp", "weights_bn", "members", "seven", "ten", "run-mpe", "run-hc"])
 def test_native_lse_penalty_matches_reference(case, input_norm, block_forms, monkeypatch):
     """The C form of the blocked penalty (float32 on the CPU) against the plain-autograd reference, with the
     reference test's tolerances: MPE (uniform candidates) and HalfCheetah shapes (policy candidates with their
-    densities), lse_temp != 1, per-state weights, `members=` slices, 10 members (PLCQL/SPaCQL), several
-    blocks and a ragged last one; `run-*`: the runs' sizes (hidden 64 with 3 agents x 10 candidates; hidden
+    densities), lse_temp != 1, per-state weights, `members=` slices, 7 members (passes of 4 and 3 members) and
+    10 (PLCQL/SPaCQL: two passes of 5), several blocks and a ragged last one; `run-*`: the runs' sizes (hidden 64 with 3 agents x 10 candidates; hidden
     256 with 2 agents x 30), fewer states."""
     g = torch.Generator().manual_seed(17)
     E, B, S, n, A, M, H = 2, 13, 5, 3, 2, 4, 16
@@ -578,6 +579,8 @@ def test_native_lse_penalty_matches_reference(case, input_norm, block_forms, mon
         E, members = 5, slice(1, 4)
     if case == "ten":
         E = 10
+    if case == "seven":
+        E = 7
     critic = make_critic(E, S, n * A, H, input_norm, torch.float32)
     state = torch.randn(B, S, generator=g) * 2 + 1
     joint = counterfactual_joint(torch.rand(B, n, A, generator=g) * 2 - 1, torch.rand(B, n, M, A, generator=g) * 2 - 1)
@@ -653,12 +656,16 @@ def test_native_penalty_on_two_threads(block_forms):
     assert_close_grads([x.double() for x in res[0][2]], exp, torch.float32, [k for k, _ in critic.named_parameters()])
 
 
+def test_native_member_passes_split_the_ensemble_evenly():
+    assert [C.native_member_group(E) for E in (1, 2, 5, 6, 7, 10, 11)] == [1, 2, 5, 3, 4, 5, 4]
+
+
 @needs_cc
 def test_native_penalty_per_member_offsets(block_forms):
     """OMAR's CQL logsumexp (`blocked_lse`, independent.py) gives each member its own offsets [E, B, G, M]:
-    the C form reads each member's rows of them."""
+    the C form reads each member's rows of them (7 members: passes of 4 and 3)."""
     g = torch.Generator().manual_seed(5)
-    E, B, nA, H, G, M = 3, 9, 4, 16, 2, 5
+    E, B, nA, H, G, M = 7, 9, 4, 16, 2, 5
     args = [torch.randn(E, B, H, generator=g), torch.randn(E, nA, H, generator=g) * 0.5,
             torch.randn(E, H, H, generator=g) * 0.3, torch.randn(E, 1, H, generator=g) * 0.1,
             torch.randn(E, H, 1, generator=g), torch.randn(E, 1, 1, generator=g)]
@@ -669,7 +676,7 @@ def test_native_penalty_per_member_offsets(block_forms):
         leaves = [t.clone().requires_grad_() for t in args]
         with native.native_kernels(on):
             pol, zsum = C.blocked_lse(*leaves, a, off, w, 0.7)
-        res.append((pol.detach(), zsum, torch.autograd.grad((pol * torch.tensor([1.0, 2.0, 3.0])).sum(), leaves)))
+        res.append((pol.detach(), zsum, torch.autograd.grad((pol * torch.arange(1.0, E + 1)).sum(), leaves)))
     assert block_forms == {"native": 1, "torch": 1}
     assert torch.allclose(res[0][0], res[1][0], rtol=1e-5, atol=1e-6)
     assert torch.allclose(res[0][1], res[1][1], rtol=1e-5, atol=1e-5)
