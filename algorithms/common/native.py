@@ -13,7 +13,7 @@ The fused paths call these when this module can build them (discrete: the first 
   term) between its three GEMMs, which stay in torch: the first layer (K = nA GEMM, state part, ReLU); the
   output layer, offsets, softmax, dW3 and the ReLU derivative; dh1's ReLU derivative, dW1a and dh_s. ~14 torch
   ops (passes over the block) become 3, with 16-column register tiles (csrc/vec16.h); CN, 1 thread: a CFCQL
-  round 0.78x, PLCQL 0.79x, SPaCQL 0.80x of the torch form's (docs/algorithms/cfcql.md "Speed").
+  round 0.78x, PLCQL 0.78x, SPaCQL 0.78x of the torch form's (docs/algorithms/cfcql.md "Speed").
 
 Building: `cc` (or $CC) compiles algorithms/common/csrc/NAME.c with -O3 -march=native into a cache
 folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native;
