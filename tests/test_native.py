@@ -151,8 +151,9 @@ def test_the_c_sources_are_shipped_with_the_package():
     conf = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "plcql_bench.algorithms.common.csrc" in conf["packages"]
     assert conf["package-data"]["plcql_bench.algorithms.common.csrc"] == ["*.c", "*.h"]
-    assert sorted(p.name for p in native.SOURCES.glob("*.c")) == ["cf_negative.c", "gru_backward_step.c",
-                                                                 "gru_forward_step.c"]
+    assert sorted(p.name for p in native.SOURCES.glob("*.c")) == [
+        "cf_negative.c", "cql_block_head.c", "cql_block_layer1.c", "cql_block_tail.c", "gru_backward_step.c",
+        "gru_forward_step.c"]
 
 
 @needs_cc
@@ -321,7 +322,8 @@ def test_build_all_names_every_kernel_and_the_fallback(own_cache, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = native.build_all()
-    assert set(out) == set(native.KERNELS) == {"cf_negative", "gru_backward_step", "gru_forward_step"}
+    assert set(out) == set(native.KERNELS) == {"cf_negative", "gru_backward_step", "gru_forward_step",
+                                               "cql_block_layer1", "cql_block_head", "cql_block_tail"}
     assert all("torch form" in why for why in out.values()) and native.loaded() == []
     monkeypatch.setenv(native.ENV, "0")
     assert all(why.startswith("off (PLCQL_NATIVE=0)") for why in native.build_all().values())

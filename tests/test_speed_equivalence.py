@@ -18,11 +18,14 @@ loss of CFCQL (2 members), PLCQL and SPaCQL (10 members) with the algorithms' ow
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import pytest
 import torch
 
 import plcql_bench.algorithms.common.kernels as C
+from plcql_bench.algorithms.common import native
 from plcql_bench.algorithms.base import load_all, make_config
 from plcql_bench.algorithms.common.continuous import cf_cql_penalty, lse_penalty
 from plcql_bench.algorithms.common.continuous import EnsembleCritic, counterfactual_joint
@@ -41,6 +44,25 @@ HC = TaskSpec("mamujoco-halfcheetah-2x3", "mamujoco", n_agents=2, obs_dim=6, sta
 def small_blocks(monkeypatch):
     """A few states per block, so every test runs several blocks and a ragged last one."""
     monkeypatch.setattr(C, "BLOCK_BYTES", 4096)
+
+
+needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
+
+
+@pytest.fixture
+def block_forms(monkeypatch):
+    """Counts which loop each `_BlockedLSE` call took: {"native": n, "torch": n} (its one decision,
+    `_native_blocks`: the C kernels, or None for the torch loop)."""
+    seen = {"native": 0, "torch": 0}
+    real = C._native_blocks
+
+    def spy(*args):
+        nat = real(*args)
+        seen["torch" if nat is None else "native"] += 1
+        return nat
+
+    monkeypatch.setattr(C, "_native_blocks", spy)
+    return seen
 
 
 # -- plain reference ----------------------------------------------------------------------------------
@@ -248,7 +270,10 @@ def _ref_critic_loss(algo, batch, target, own, extra, jitter):
     ("plcql", CN, {}),  # 10 members
     ("spacql", CN, {}),
 ], ids=["cfcql-cn", "cfcql-hc", "cfcql-hc-nosoft-temp", "plcql-cn", "spacql-cn"])
-def test_algorithm_critic_loss_matches_reference(name, spec, over):
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch-form"])
+def test_algorithm_critic_loss_matches_reference(name, spec, over, native_on, monkeypatch):
+    """(The native form runs where a C compiler is: hidden 16 is a size it takes.)"""
+    monkeypatch.setattr(native, "_ON", native_on)
     algo = _build(name, spec, **over)
     buf = SyntheticBuffer(spec, 500, seed=1)
     for _ in range(2):  # move away from the initial weights
@@ -377,9 +402,11 @@ def test_plain_lse_penalty_matches_blocked(case):
 
 @pytest.mark.parametrize("name,spec", [("cfcql", CN), ("cfcql", HC), ("plcql", CN), ("spacql", HC)],
                          ids=["cfcql-cn", "cfcql-hc", "plcql-cn", "spacql-hc"])
-def test_algorithm_rounds_plain_match_fused(name, spec):
+def test_algorithm_rounds_plain_match_fused(name, spec, monkeypatch):
     """Whole update rounds with the kernels switched off (the runner's PLCQL_KERNELS=plain) stay within
-    float rounding of the fused rounds: same random draws, same logged values, same parameters."""
+    float rounding of the fused rounds: same random draws, same logged values, same parameters. (The fused
+    rounds in their torch form; the native form against these: test_algorithm_rounds_native_match_torch_form.)"""
+    monkeypatch.setattr(native, "_ON", False)
     results = []
     for on in (True, False):
         C.use_fused(on)
@@ -391,7 +418,36 @@ def test_algorithm_rounds_plain_match_fused(name, spec):
         buf = SyntheticBuffer(spec, 500, seed=1)
         metrics = [algo.update(buf) for _ in range(2)]
         results.append((metrics, {k: v.detach().clone() for k, v in algo.critic.state_dict().items()}))
-    (m_f, p_f), (m_p, p_p) = results
+    _assert_rounds_close(*results)
+
+
+@needs_cc
+@pytest.mark.parametrize("name,spec", [("cfcql", CN), ("cfcql", HC), ("plcql", CN), ("spacql", HC)],
+                         ids=["cfcql-cn", "cfcql-hc", "plcql-cn", "spacql-hc"])
+def test_algorithm_rounds_native_match_torch_form(name, spec, block_forms, monkeypatch):
+    """Whole fused update rounds with the C form of the blocked penalty (csrc/cql_block_*.c) against the same
+    rounds in its torch form (PLCQL_NATIVE=0), with the plain-vs-fused test's tolerances, both with the
+    batch in one block. (Whole rounds are compared at one block partition: after two Adam steps at lr 0.01 a
+    gradient entry near zero moves its parameter by more than these tolerances under a change of float
+    summation order. On PLCQL CN, member 6's l2.weight[0, 10] moves by 1.4e-4 between the torch form at
+    4 KiB blocks and at the runs' blocks, as between the torch form and the C form at 4 KiB blocks. The
+    penalty's values and gradients in the C form, at several blocks with a ragged last one, are checked
+    directly against the reference: test_native_lse_penalty_matches_reference, and with each algorithm's
+    random draws: test_algorithm_critic_loss_matches_reference.)"""
+    monkeypatch.setattr(C, "BLOCK_BYTES", 1 << 30)
+    results = []
+    for on in (True, False):
+        with native.native_kernels(on):
+            algo = _build(name, spec, **({"n_critics": 2} if spec is HC else {}))
+            buf = SyntheticBuffer(spec, 500, seed=1)
+            metrics = [algo.update(buf) for _ in range(2)]
+        results.append((metrics, {k: v.detach().clone() for k, v in algo.critic.state_dict().items()}))
+        assert block_forms["native" if on else "torch"] > 0
+    _assert_rounds_close(*results)
+
+
+def _assert_rounds_close(first, second):
+    (m_f, p_f), (m_p, p_p) = first, second
     for a, b in zip(m_f, m_p):
         assert a.keys() == b.keys()
         for k in a:
@@ -407,14 +463,18 @@ def test_add_relu_is_add_then_relu_bitwise():
 
 
 def test_cpu_block_size_follows_the_threads(monkeypatch):
-    """1.5 MiB of block per torch thread, up to 2 threads; a fixed BLOCK_BYTES wins; a GPU takes one block."""
+    """1.5 MiB of block per torch thread, up to 2 threads (the native form: 512 KiB, or twice the [E, H, H]
+    weights where that is more); a fixed BLOCK_BYTES wins; a GPU takes one block."""
     monkeypatch.setattr(C, "BLOCK_BYTES", None)  # the module's fixture fixes it
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert C.block_bytes(torch.device("cpu")) == 3 << 19
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 64 * 64 * 4) == 1 << 19
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 256 * 256 * 4) == 1 << 20
         torch.set_num_threads(2)
         assert C.block_bytes(torch.device("cpu")) == 3 << 20
+        assert C.block_bytes(torch.device("cpu"), True, 2 * 64 * 64 * 4) == 1 << 20
         monkeypatch.setattr(C, "BLOCK_BYTES", 4096)
         assert C.block_bytes(torch.device("cpu")) == 4096
     finally:
@@ -479,3 +539,178 @@ def test_runner_sets_the_kernels_once_per_process(monkeypatch):
             configure_process("cpu")
     finally:
         C.use_fused(True)
+
+
+# -- the native form of the blocked penalty (csrc/cql_block_*.c) ---------------------------------------
+
+def _penalty_and_grads(critic, state, joint, n, offset, w, temp, members, native_on):
+    with native.native_kernels(native_on):
+        pol, zsum = lse_penalty(critic, state, joint, n, offset, w, temp, members=members)
+    up = torch.arange(1, pol.shape[0] + 1, dtype=pol.dtype)  # a different upstream gradient per member
+    got = torch.autograd.grad((pol * up).sum(), list(critic.parameters()), allow_unused=True)
+    return pol.detach(), zsum, [torch.zeros_like(p) if x is None else x for p, x in zip(critic.parameters(), got)], up
+
+
+@needs_cc
+@pytest.mark.parametrize("input_norm", [True, False], ids=["bn", "nobn"])
+@pytest.mark.parametrize("case", ["mpe", "hc", "temp", "weights_bn", "members", "seven", "ten", "run-mpe", "run-hc"])
+def test_native_lse_penalty_matches_reference(case, input_norm, block_forms, monkeypatch):
+    """The C form of the blocked penalty (float32 on the CPU) against the plain-autograd reference, with the
+    reference test's tolerances: MPE (uniform candidates) and HalfCheetah shapes (policy candidates with their
+    densities), lse_temp != 1, per-state weights, `members=` slices, 7 members (passes of 4 and 3 members) and
+    10 (PLCQL/SPaCQL: two passes of 5), several blocks and a ragged last one; `run-*`: the runs' sizes (hidden 64 with 3 agents x 10 candidates; hidden
+    256 with 2 agents x 30), fewer states."""
+    g = torch.Generator().manual_seed(17)
+    E, B, S, n, A, M, H = 2, 13, 5, 3, 2, 4, 16
+    offset_kind, temp, weights, members = "uniform", 1.0, None, None
+    if case in ("hc", "run-hc"):
+        n, A, M, H, offset_kind = 2, 3, 12, 32, "random"
+    if case == "run-mpe":
+        B, M, H = 21, 10, 64
+        monkeypatch.setattr(C, "BLOCK_BYTES", 2 * 30 * 64 * 4 * 4)  # 4 states a block: 6 blocks, the last 1
+    if case == "run-hc":
+        B, S, M, H = 11, 17, 30, 256
+        monkeypatch.setattr(C, "BLOCK_BYTES", 2 * 60 * 256 * 4 * 3)
+    if case == "temp":
+        temp, offset_kind = 0.3, None
+    if case == "weights_bn":
+        weights = torch.rand(B, n, generator=g)
+    if case == "members":
+        E, members = 5, slice(1, 4)
+    if case == "ten":
+        E = 10
+    if case == "seven":
+        E = 7
+    critic = make_critic(E, S, n * A, H, input_norm, torch.float32)
+    state = torch.randn(B, S, generator=g) * 2 + 1
+    joint = counterfactual_joint(torch.rand(B, n, A, generator=g) * 2 - 1, torch.rand(B, n, M, A, generator=g) * 2 - 1)
+    offset = {"uniform": torch.full((B, n, M), A * math.log(0.5)), None: None,
+              "random": torch.randn(B, n, M, generator=g) * 3}[offset_kind]
+    w = weights if weights is not None else torch.full((n,), 1.0 / n)
+    pol, zsum, got, up = _penalty_and_grads(critic, state, joint, n, offset, w, temp, members, True)
+    assert block_forms == {"native": 1, "torch": 0}
+    rng = range(*members.indices(E)) if members is not None else None
+    pol_r, zsum_r = ref_lse(critic, state, joint, n, offset, w, temp, rng)
+    assert pol.shape == pol_r.shape and torch.allclose(pol, pol_r, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(zsum, zsum_r, rtol=1e-5, atol=1e-5 * B * n * M)
+    exp = torch.autograd.grad((pol_r * up).sum(), list(critic.parameters()), allow_unused=True)
+    exp = [torch.zeros_like(p) if x is None else x for p, x in zip(critic.parameters(), exp)]
+    assert_close_grads(got, exp, torch.float32, [k for k, _ in critic.named_parameters()])
+    # and against the torch form of the same blocks
+    pol_t, zsum_t, got_t, _ = _penalty_and_grads(critic, state, joint, n, offset, w, temp, members, False)
+    assert block_forms == {"native": 1, "torch": 1}
+    assert torch.allclose(pol, pol_t, rtol=1e-6, atol=1e-6) and torch.allclose(zsum, zsum_t, rtol=1e-5, atol=1e-4)
+    assert_close_grads(got, got_t, torch.float32, [k for k, _ in critic.named_parameters()])
+    with torch.no_grad(), native.native_kernels(True):  # the forward-only call: the same values
+        pol_ng, zsum_ng = lse_penalty(critic, state, joint, n, offset, w, temp, members=members)
+    assert block_forms["native"] == 2
+    assert torch.allclose(pol_ng, pol, rtol=1e-6, atol=1e-6) and torch.allclose(zsum_ng, zsum)
+
+
+@needs_cc
+@pytest.mark.parametrize("block_bytes", [1, 1 << 30], ids=["one-state", "single-block"])
+def test_native_block_size_does_not_change_the_result(block_bytes, block_forms, monkeypatch):
+    """The C form with one state per block and with the whole batch in one block: the reference's numbers."""
+    monkeypatch.setattr(C, "BLOCK_BYTES", block_bytes)
+    g = torch.Generator().manual_seed(3)
+    critic = make_critic(2, 6, 6, 16, True, torch.float32)
+    state, data = torch.randn(9, 6, generator=g), torch.rand(9, 3, 2, generator=g)
+    joint = counterfactual_joint(data, torch.rand(9, 3, 5, 2, generator=g))
+    w = torch.full((3,), 1 / 3)
+    pol, _ = lse_penalty(critic, state, joint, 3, None, w)
+    pol_r, _ = ref_lse(critic, state, joint, 3, None, w, 1.0)
+    assert block_forms["native"] == 1 and torch.allclose(pol, pol_r, rtol=1e-5, atol=1e-6)
+    assert_close_grads(grads(pol.sum(), list(critic.parameters())), grads(pol_r.sum(), list(critic.parameters())),
+                       torch.float32)
+
+
+@needs_cc
+def test_native_penalty_on_two_threads(block_forms):
+    """At 2 torch threads the C passes split members (head, tail) and (member, state) pairs (layer1) over
+    OpenMP threads: the 1-thread numbers, and the float64 reference's within float32 tolerances (10 members,
+    several blocks). (Against float64, not the torch form: at this seed one second-layer pre-activation of member 1
+    is 7e-9, within float32 rounding of 0, and the float32 torch forms, the plain path included, take the
+    other side of its ReLU than float64 does, which moves l2.weight's gradient by 9e-4 of 3.3.)"""
+    g = torch.Generator().manual_seed(21)
+    critic = make_critic(10, 5, 6, 32, True, torch.float32)
+    state = torch.randn(17, 5, generator=g)
+    joint = counterfactual_joint(torch.rand(17, 3, 2, generator=g) * 2 - 1, torch.rand(17, 3, 6, 2, generator=g) * 2 - 1)
+    offset, w = torch.randn(17, 3, 6, generator=g), torch.full((3,), 1 / 3)
+    threads = torch.get_num_threads()
+    res = []
+    try:
+        for n_threads in (2, 1):
+            torch.set_num_threads(n_threads)
+            res.append(_penalty_and_grads(critic, state, joint, 3, offset, w, 1.0, None, True))
+    finally:
+        torch.set_num_threads(threads)
+    assert block_forms == {"native": 2, "torch": 0}
+    assert torch.allclose(res[0][0], res[1][0], rtol=1e-6, atol=1e-7) and torch.allclose(res[0][1], res[1][1])
+    for x, y in zip(res[0][2], res[1][2]):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6 * float(y.abs().max()))
+    c64 = make_critic(10, 5, 6, 32, True, torch.float64)
+    c64.load_state_dict({k: v.double() for k, v in critic.state_dict().items()})
+    pol_r, _ = ref_lse(c64, state.double(), joint.double(), 3, offset.double(), w.double(), 1.0)
+    exp = torch.autograd.grad((pol_r * res[0][3].double()).sum(), list(c64.parameters()))
+    assert torch.allclose(res[0][0].double(), pol_r, rtol=1e-5, atol=1e-6)
+    assert_close_grads([x.double() for x in res[0][2]], exp, torch.float32, [k for k, _ in critic.named_parameters()])
+
+
+def test_native_member_passes_split_the_ensemble_evenly():
+    assert [C.native_member_group(E) for E in (1, 2, 5, 6, 7, 10, 11)] == [1, 2, 5, 3, 4, 5, 4]
+
+
+@needs_cc
+def test_native_penalty_per_member_offsets(block_forms):
+    """OMAR's CQL logsumexp (`blocked_lse`, independent.py) gives each member its own offsets [E, B, G, M]:
+    the C form reads each member's rows of them (7 members: passes of 4 and 3)."""
+    g = torch.Generator().manual_seed(5)
+    E, B, nA, H, G, M = 7, 9, 4, 16, 2, 5
+    args = [torch.randn(E, B, H, generator=g), torch.randn(E, nA, H, generator=g) * 0.5,
+            torch.randn(E, H, H, generator=g) * 0.3, torch.randn(E, 1, H, generator=g) * 0.1,
+            torch.randn(E, H, 1, generator=g), torch.randn(E, 1, 1, generator=g)]
+    a = torch.rand(B * G * M, nA, generator=g) * 2 - 1
+    off, w = torch.randn(E, B, G, M, generator=g), torch.rand(B, G, generator=g)
+    res = []
+    for on in (True, False):
+        leaves = [t.clone().requires_grad_() for t in args]
+        with native.native_kernels(on):
+            pol, zsum = C.blocked_lse(*leaves, a, off, w, 0.7)
+        res.append((pol.detach(), zsum, torch.autograd.grad((pol * torch.arange(1.0, E + 1)).sum(), leaves)))
+    assert block_forms == {"native": 1, "torch": 1}
+    assert torch.allclose(res[0][0], res[1][0], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(res[0][1], res[1][1], rtol=1e-5, atol=1e-5)
+    assert_close_grads(res[0][2], res[1][2], torch.float32)
+
+
+@needs_cc
+def test_native_penalty_off_or_unusable_takes_the_torch_form(block_forms, monkeypatch, tmp_path):
+    """PLCQL_NATIVE=0, float64, a hidden size that is not a multiple of 16, or no working compiler: the torch
+    loop runs (no error), with the reference's numbers."""
+    g = torch.Generator().manual_seed(8)
+
+    def penalty(H, dtype):
+        critic = make_critic(2, 4, 6, H, True, dtype)
+        state = torch.randn(6, 4, generator=g, dtype=dtype)
+        joint = counterfactual_joint(torch.rand(6, 3, 2, generator=g, dtype=dtype),
+                                     torch.rand(6, 3, 4, 2, generator=g, dtype=dtype))
+        w = torch.full((3,), 1 / 3, dtype=dtype)
+        pol, _ = lse_penalty(critic, state, joint, 3, None, w)
+        assert torch.allclose(pol, ref_lse(critic, state, joint, 3, None, w, 1.0)[0], rtol=1e-5)
+
+    monkeypatch.setenv(native.ENV, "0")
+    penalty(16, torch.float32)
+    assert block_forms == {"native": 0, "torch": 1}
+    monkeypatch.delenv(native.ENV)
+    penalty(16, torch.float64)
+    penalty(24, torch.float32)
+    assert block_forms == {"native": 0, "torch": 3}
+    penalty(16, torch.float32)
+    assert block_forms == {"native": 1, "torch": 3}
+    monkeypatch.setattr(native, "_LIBS", {})
+    monkeypatch.setenv("PLCQL_NATIVE_CACHE", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", "no-such-compiler-xyz")
+    with pytest.warns(RuntimeWarning, match="torch form"):
+        penalty(16, torch.float32)
+    assert block_forms == {"native": 1, "torch": 4}
+

@@ -252,9 +252,11 @@ def counterfactual_joint(dataset: torch.Tensor, own: torch.Tensor) -> torch.Tens
     Returns [B, n * M, n * A]: row (i, m) has agent i at own[:, i, m] and every j != i at dataset[:, j].
     """
     B, n, M, A = own.shape
-    own_block = torch.eye(n, dtype=torch.bool, device=own.device).view(1, n, 1, n, 1)  # block (i, i)
-    joint = torch.where(own_block, own.to(dataset.dtype).unsqueeze(3), dataset.reshape(B, 1, 1, n, A))
-    return joint.reshape(B, n * M, n * A)
+    # every row a copy of the dataset's joint action, then agent i's block of rows (i, ·) overwritten through
+    # the diagonal view: two copies (a torch.where over the broadcast [B, n, M, n, A] is ~5x slower on CPU)
+    joint = dataset.reshape(B, 1, 1, n * A).expand(B, n, M, n * A).contiguous()
+    joint.view(B, n, M, n, A).diagonal(0, 1, 3).copy_(own.to(dataset.dtype).permute(0, 2, 3, 1))
+    return joint.view(B, n * M, n * A)
 
 
 def replace_agents(dataset: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

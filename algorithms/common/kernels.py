@@ -6,7 +6,9 @@ behind the same switch.
 
     _FusedTrunk   the critic from the first layer's action part on, with a hand-written in-place backward
     _BlockedLSE   the CF-CQL penalty's critic part, forwarded and backpropagated block by block of states
-                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`)
+                  (also OMAR's CQL logsumexp: `blocked_lse`; its search's Q values: `blocked_trunk`); on the
+                  CPU in float32 each block's elementwise work runs in C where native.py can build
+                  csrc/cql_block_*.c (`_native_block_loop`), else in torch ops (`_torch_block_loop`)
     _Workspace    a pool of the large activation buffers `_FusedTrunk` reuses across updates
     keep_freed_memory, large_allocations_from_heap
                   the glibc allocator settings the runner makes once per process (suite/runs/runner.py)
@@ -27,6 +29,8 @@ import ctypes
 from typing import Iterator
 
 import torch
+
+from plcql_bench.algorithms.common import native
 
 _FUSED = True
 
@@ -143,17 +147,29 @@ def fused_trunk(h_s, a, w1a, w2, b2, w3, b3) -> torch.Tensor:
 # (0.941-0.960). More than 2 threads keep 3 MiB (not measured).
 BLOCK_BYTES_PER_THREAD = 3 << 19
 BLOCK_BYTES: int | None = None  # a fixed size instead (tests; dispatched_ops' single block)
+# The same with the native form of the block loop (csrc/cql_block_*.c), at least twice one [E, H, H] weight
+# tensor. Measured on one _BlockedLSE call at 1 thread (CPU clock, 2026-12-05; native, native at 1.5 MiB,
+# torch form at 1.5 MiB): CN E = 2 12.8, 15.9, 20.0 ms (384 KiB: 12.4; 128 KiB: 14.1); CN E = 10 65.9,
+# 69.5, 88.2 ms; Half-Cheetah (H 256, 60 rows a state) at its 1 MiB 69.0, 72.4, 78.4 ms (512 KiB: 73.6).
+NATIVE_BLOCK_BYTES_PER_THREAD = 1 << 19
 # On a GPU the blocks only multiply kernel launches (CN: ~80 blocks x ~12 kernels per critic update);
 # one block of the whole batch takes ~0.7 GB at the paper's CN sizes (E 10, 90 candidates, hidden 64).
 GPU_BLOCK_BYTES = 2 << 30
 
 
-def block_bytes(device: torch.device) -> int:
+def block_bytes(device: torch.device, native_form: bool = False, weight_bytes: int = 0) -> int:
+    """Bytes of one [E, rows, H] activation block of `_BlockedLSE` (and `blocked_trunk`). `native_form`: the
+    block's elementwise work runs in C (`_native_block_loop`), which passes over each block ~3 times instead
+    of ~14, so smaller blocks that stay in L2 pay: NATIVE_BLOCK_BYTES_PER_THREAD, or more where the [E, H, H]
+    weights are large (`weight_bytes`, one such tensor: the GEMMs stream three of them per block)."""
     if device.type != "cpu":
         return GPU_BLOCK_BYTES
     if BLOCK_BYTES is not None:
         return BLOCK_BYTES
-    return BLOCK_BYTES_PER_THREAD * min(torch.get_num_threads(), 2)
+    threads = min(torch.get_num_threads(), 2)
+    if native_form:
+        return max(NATIVE_BLOCK_BYTES_PER_THREAD * threads, 2 * weight_bytes)
+    return BLOCK_BYTES_PER_THREAD * threads
 
 
 def _add_relu_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -190,6 +206,11 @@ class _BlockedLSE(torch.autograd.Function):
     activations. The per-block backward is `_FusedTrunk`'s (in-place ReLU masks, w3 folded into the
     [H, H] matrices); d/dz of T*lse(z/T) is softmax_m(z/T). Checked against a plain-autograd reference
     in tests/test_speed_equivalence.py.
+
+    On the CPU in float32, with the native kernels on and built (native.cql_block_kernels), each block's
+    elementwise work (first layer, ReLUs and their derivatives, output layer, offsets, softmax, dW3, dW1a,
+    dh_s) runs as three C passes between the three GEMMs (`_native_block_loop`); otherwise, and always on
+    CUDA, as torch ops (`_torch_block_loop`). Same blocks, same GEMMs, same numbers up to float summation order.
     """
 
     @staticmethod
@@ -199,56 +220,39 @@ class _BlockedLSE(torch.autograd.Function):
         nA = a.shape[1]
         R = a.shape[0] // B
         M = R // G
-        bs = max(1, min(B, block_bytes(h_s.device) // max(1, E * R * H * h_s.element_size())))  # states per block
+        nat = _native_blocks(h_s, w1a, w3, b3, a, off, w, M)
+        Eg = native_member_group(E) if nat is not None else E  # members per pass over the states
+        size = block_bytes(h_s.device, nat is not None, Eg * H * H * h_s.element_size())
+        bs = max(1, min(B, size // max(1, Eg * R * H * h_s.element_size())))  # states per block
         rows_max = bs * R
         # h1 carries a constant-1 column (H + 1 columns): the second layer's bias rides in its GEMM
         # (h1' @ [W2; b2]) instead of a pass that pre-fills h2 with b2, and in backward h1'^T d2 gives
         # [dW2; db2] in one GEMM. The column comes from the first layer: a @ [W1a, 0] + [h_s, 1].
         H1 = H + 1
-        w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)  # [E, nA, H + 1]
-        h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)  # [E, B, H + 1]
         w2_ = torch.cat([w2, b2], 1)  # [E, H + 1, H]
-        buf1 = h_s.new_empty(E * rows_max * H1)
-        buf2 = h_s.new_empty(E * rows_max * H)
+        buf1 = h_s.new_empty(Eg * rows_max * H1)
+        buf2 = h_s.new_empty(Eg * rows_max * H)
         buf3 = torch.empty_like(buf2) if keep else None
         z_all = h_s.new_empty(E, B, G, M)  # z = Q - off, all states (small)
         wB = (w * (1.0 / B)).unsqueeze(-1)  # [B, G, 1]: d pol / d (T lse)
         w3t = w3.transpose(1, 2)  # [E, 1, H]
         if keep:
-            dh_s = torch.empty_like(h_s)
-            dw1a = torch.zeros_like(w1a)
+            dh_s = h_s.new_empty(E, B, H)  # contiguous, as the native loop writes them
+            dw1a = h_s.new_zeros(E, nA, H)
             gw2 = h_s.new_zeros(E, H1, H)  # h1'^T (m2 * g) = [dW2; db2] / w3^T
             dw3t = h_s.new_zeros(E, 1, H)
             w23t = (w2 * w3t).transpose(1, 2)  # (W2 * w3^T)^T
-        relu_bwd = torch.ops.aten.threshold_backward.grad_input  # (x > 0) * g, written into grad_input
-        for b0 in range(0, B, bs):
-            b1_ = min(B, b0 + bs)
-            nb = b1_ - b0
-            rows = nb * R
-            a_c = a[b0 * R:b1_ * R].expand(E, rows, nA)
-            h1 = buf1[:E * rows * H1].view(E, rows, H1)
-            h2 = buf2[:E * rows * H].view(E, rows, H)
-            torch.bmm(a_c, w1a_, out=h1)
-            _add_relu_(h1.view(E, nb, R, H1), h_s_[:, b0:b1_].unsqueeze(2))
-            torch.bmm(h1, w2_, out=h2).relu_()
-            z = z_all[:, b0:b1_]
-            # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
-            torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
-            if off is not None:
-                z.sub_(off[..., b0:b1_, :, :])  # off [B, G, M], or [E, B, G, M] per member
-            if not keep:
-                continue
-            # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
-            gq = softmax_last(z if T == 1.0 else z / T).mul_(wB[b0:b1_])
-            g3 = gq.view(E, rows, 1)
-            dw3t.baddbmm_(gq.view(E, 1, rows), h2)
-            d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
-            gw2.baddbmm_(h1.transpose(1, 2), d2)
-            dh1 = buf3[:E * rows * H].view(E, rows, H)
-            torch.bmm(d2, w23t, out=dh1)
-            relu_bwd(dh1, h1[:, :, :H], 0, grad_input=dh1)
-            dw1a.baddbmm_(a_c.transpose(1, 2), dh1)
-            torch.sum(dh1.view(E, nb, R, H), 2, out=dh_s[:, b0:b1_])
+        grads = (dh_s, dw1a, gw2, dw3t, w23t) if keep else None
+        if nat is not None:  # the same blocks, their elementwise work in C (csrc/cql_block_*.c), Eg members a pass
+            for e0 in range(0, E, Eg):
+                m = slice(e0, min(E, e0 + Eg))
+                _native_block_loop(nat, h_s[m], w1a[m], w2_[m], w3[m], b3[m], a,
+                                   off if off is None or off.dim() == 3 else off[m], wB, T, z_all[m], buf1, buf2,
+                                   buf3, bs, None if grads is None else tuple(t[m] for t in grads))
+        else:
+            w1a_ = torch.cat([w1a, w1a.new_zeros(E, nA, 1)], 2)  # [E, nA, H + 1]
+            h_s_ = torch.cat([h_s, h_s.new_ones(E, B, 1)], 2)  # [E, B, H + 1]
+            _torch_block_loop(h_s_, w1a_, w2_, w3t, b3, a, off, wB, T, z_all, buf1, buf2, buf3, bs, grads)
         lse = torch.logsumexp(z_all if T == 1.0 else z_all / T, dim=-1)  # [E, B, G]
         pol = (lse * w).sum((1, 2)) * (T / B)
         zsum = z_all.sum((1, 2, 3))
@@ -268,6 +272,115 @@ class _BlockedLSE(torch.autograd.Function):
                 dw2 * gv if need[2] else None, db2 * gv if need[3] else None,
                 dw3 * gv if need[4] else None, db3 * gv if need[5] else None,
                 None, None, None, None, None)
+
+def _torch_block_loop(h_s_, w1a_, w2_, w3t, b3, a, off, wB, T, z_all, buf1, buf2, buf3, bs, grads) -> None:
+    """`_BlockedLSE.forward`'s loop over blocks of states in torch ops: z into z_all and, with `grads` =
+    (dh_s, dw1a, gw2, dw3t, w23t), the gradients for an upstream gradient of 1 (dh_s written, the rest
+    accumulated)."""
+    E, B, H1 = h_s_.shape
+    H, nA = H1 - 1, a.shape[1]
+    R = a.shape[0] // B
+    relu_bwd = torch.ops.aten.threshold_backward.grad_input  # (x > 0) * g, written into grad_input
+    for b0 in range(0, B, bs):
+        b1_ = min(B, b0 + bs)
+        nb = b1_ - b0
+        rows = nb * R
+        a_c = a[b0 * R:b1_ * R].expand(E, rows, nA)
+        h1 = buf1[:E * rows * H1].view(E, rows, H1)
+        h2 = buf2[:E * rows * H].view(E, rows, H)
+        torch.bmm(a_c, w1a_, out=h1)
+        _add_relu_(h1.view(E, nb, R, H1), h_s_[:, b0:b1_].unsqueeze(2))
+        torch.bmm(h1, w2_, out=h2).relu_()
+        z = z_all[:, b0:b1_]
+        # [E, 1, H] @ [E, H, rows]: the output layer as a GEMV streaming h2 row-major
+        torch.baddbmm(b3, w3t, h2.transpose(1, 2), out=z.view(E, 1, rows))
+        if off is not None:
+            z.sub_(off[..., b0:b1_, :, :])  # off [B, G, M], or [E, B, G, M] per member
+        if grads is None:
+            continue
+        dh_s, dw1a, gw2, dw3t, w23t = grads
+        # d pol / d z = w * softmax_m(z / T) / B (the logsumexp itself is taken once, after the loop)
+        gq = softmax_last(z if T == 1.0 else z / T).mul_(wB[b0:b1_])
+        g3 = gq.view(E, rows, 1)
+        dw3t.baddbmm_(gq.view(E, 1, rows), h2)
+        d2 = relu_bwd(g3, h2, 0, grad_input=h2)  # (h2 > 0) * g, in place of h2; dh2 = d2 * w3^T
+        gw2.baddbmm_(h1.transpose(1, 2), d2)
+        dh1 = buf3[:E * rows * H].view(E, rows, H)
+        torch.bmm(d2, w23t, out=dh1)
+        relu_bwd(dh1, h1[:, :, :H], 0, grad_input=dh1)
+        dw1a.baddbmm_(a_c.transpose(1, 2), dh1)
+        torch.sum(dh1.view(E, nb, R, H), 2, out=dh_s[:, b0:b1_])
+
+
+# Members per pass of the native loop over the states: a 10-member ensemble in two passes of 5 gets blocks of
+# twice as many states at the same bytes, so GEMMs twice as tall (~157 -> ~180 GFLOP/s at these sizes). One
+# call on CN at 1 thread, CPU clock, 2026-12-05: per member 5.5 ms at E = 2, 5.6 at E = 5, 6.05 at E = 10.
+NATIVE_MEMBERS_PER_PASS = 5
+
+
+def native_member_group(E: int) -> int:
+    """Members per pass of the native block loop: E split evenly into passes of at most NATIVE_MEMBERS_PER_PASS."""
+    passes = -(-E // NATIVE_MEMBERS_PER_PASS)
+    return -(-E // passes)
+
+
+def _native_blocks(h_s, w1a, w3, b3, a, off, w, M):
+    """csrc/cql_block_*.c's (layer1, head, tail) where they can take this call (float32 on the CPU, the native
+    kernels on and built: native.cql_block_kernels), else None: the torch loop. CUDA keeps the torch ops."""
+    if h_s.device.type != "cpu" or any(t is not None and t.dtype != torch.float32
+                                       for t in (h_s, w1a, w3, b3, a, off, w)):
+        return None
+    if a.shape[1] > 64 or M > 4096 or h_s.shape[2] % 16 != 0:  # the kernels' scratch, their 16-column tiles
+        return None
+    return native.cql_block_kernels()
+
+
+def _native_block_loop(nat, h_s, w1a, w2_, w3, b3, a, off, wB, T, z_all, buf1, buf2, buf3, bs, grads) -> None:
+    """`_torch_block_loop` with each block's elementwise work in three C passes (csrc/cql_block_*.c state the
+    formulas): layer1 (h1 = relu(a @ w1a + h_s) with the constant-1 column), the second layer's GEMM in
+    torch, head (ReLU, output layer, offset, softmax, dW3, the ReLU derivative times d pol / d q, in place
+    of h2), the dW2 and dh1 GEMMs in torch, tail (dh1's ReLU derivative, dW1a, dh_s). The GEMMs are the torch
+    loop's; the blocks are smaller (`block_bytes` with native_form)."""
+    layer1, head, tail = nat
+    E, B, H = h_s.shape
+    nA = a.shape[1]
+    R = a.shape[0] // B
+    G, M = z_all.shape[2], z_all.shape[3]
+    H1, f = H + 1, 4  # float32 bytes
+    h_s, w1a, a, wB = h_s.contiguous(), w1a.contiguous(), a.contiguous(), wB.contiguous()
+    w3v, b3v = w3.reshape(E, H).contiguous(), b3.reshape(E).contiguous()
+    off = None if off is None else off.contiguous()
+    s_off_e = 0 if off is None or off.dim() == 3 else B * G * M
+    threads = torch.get_num_threads()
+    p_a, p_hs, p_z, p_wB = a.data_ptr(), h_s.data_ptr(), z_all.data_ptr(), wB.data_ptr()
+    p_off = None if off is None else off.data_ptr()
+    p_h1, p_h2 = buf1.data_ptr(), buf2.data_ptr()
+    if grads is not None:
+        dh_s, dw1a, gw2, dw3t, w23t = grads
+        p_dw3, p_dw1a, p_dhs, p_dh1 = dw3t.data_ptr(), dw1a.data_ptr(), dh_s.data_ptr(), buf3.data_ptr()
+    for b0 in range(0, B, bs):
+        nb = min(B, b0 + bs) - b0
+        rows = nb * R
+        h1 = buf1[:E * rows * H1].view(E, rows, H1)
+        h2 = buf2[:E * rows * H].view(E, rows, H)
+        _check(layer1(p_a + b0 * R * nA * f, w1a.data_ptr(), p_hs + b0 * H * f, p_h1, E, nb, R, nA, H, B * H,
+                      threads), "cql_block_layer1")
+        torch.bmm(h1, w2_, out=h2)
+        _check(head(p_h2, w3v.data_ptr(), b3v.data_ptr(), None if p_off is None else p_off + b0 * G * M * f,
+                    p_wB + b0 * G * f, p_z + b0 * G * M * f, p_dw3 if grads is not None else None, T, E, nb, G,
+                    M, H, s_off_e, B * G * M, int(grads is not None), threads), "cql_block_head")
+        if grads is None:
+            continue
+        gw2.baddbmm_(h1.transpose(1, 2), h2)  # h2 now holds d2 = (h2 > 0) * d pol / d q
+        torch.bmm(h2, w23t, out=buf3[:E * rows * H].view(E, rows, H))
+        _check(tail(p_dh1, p_h1, p_a + b0 * R * nA * f, p_dw1a, p_dhs + b0 * H * f, E, nb, R, nA, H, B * H,
+                    threads), "cql_block_tail")
+
+
+def _check(status: int, name: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"native {name} failed (status {status}: bad sizes)")
+
 
 def blocked_lse_penalty(critic, state: torch.Tensor, actions: torch.Tensor, n_groups: int,
                         offset: torch.Tensor | None, weights: torch.Tensor, temp: float = 1.0,

@@ -1,6 +1,6 @@
 """Native (C) CPU kernels, compiled on first use with the machine's C compiler and called through ctypes.
 
-Two so far, which the fused discrete path calls when this module can build them:
+The fused paths call these when this module can build them (discrete: the first three; continuous: the last):
 - `cf_negative`, the native form of kernels_discrete._CFNegative's forward (CF-CQL's negative term, λ and
   the per-row gradient). The torch form makes ~12 passes (one per op) over every cache block of the
   [rows, n, A, embed] intermediate; the C form computes each embed-long vector once and keeps it in
@@ -8,6 +8,12 @@ Two so far, which the fused discrete path calls when this module can build them:
 - `gru_forward_step` and `gru_backward_step`, the elementwise parts of one step of the GRU's recurrence
   (kernels_discrete._gru_steps) and of its backward pass (_GRU.backward): ~8 and ~10 torch ops, each a
   pass over [E, k, H]-sized operands, in one pass each, on torch's OpenMP threads.
+- `cql_block_layer1`, `cql_block_head` and `cql_block_tail` (`cql_block_kernels`), the elementwise work of one
+  block of the continuous CF-CQL penalty (kernels._BlockedLSE: CFCQL, MACQL, SPaCQL, PLCQL, and OMAR's CQL
+  term) between its three GEMMs, which stay in torch: the first layer (K = nA GEMM, state part, ReLU); the
+  output layer, offsets, softmax, dW3 and the ReLU derivative; dh1's ReLU derivative, dW1a and dh_s. ~14 torch
+  ops (passes over the block) become 3, with 16-column register tiles (csrc/vec16.h); CN, 1 thread: a CFCQL
+  round 0.78x, PLCQL 0.78x, SPaCQL 0.78x of the torch form's (docs/algorithms/cfcql.md "Speed").
 
 Building: `cc` (or $CC) compiles algorithms/common/csrc/NAME.c with -O3 -march=native into a cache
 folder ($PLCQL_NATIVE_CACHE, else $XDG_CACHE_HOME/plcql-bench/native, else ~/.cache/plcql-bench/native;
@@ -194,6 +200,15 @@ def _declare(name: str, lib: ctypes.CDLL) -> ctypes.CDLL:
     if name == "gru_forward_step":
         lib.gru_forward_step.argtypes = [p] * 4 + [i64] * 7 + [ctypes.c_int]
         lib.gru_forward_step.restype = ctypes.c_int
+    if name == "cql_block_layer1":
+        lib.cql_block_layer1.argtypes = [p] * 4 + [i64] * 6 + [ctypes.c_int]
+        lib.cql_block_layer1.restype = ctypes.c_int
+    if name == "cql_block_head":
+        lib.cql_block_head.argtypes = [p] * 7 + [ctypes.c_float] + [i64] * 7 + [ctypes.c_int] * 2
+        lib.cql_block_head.restype = ctypes.c_int
+    if name == "cql_block_tail":
+        lib.cql_block_tail.argtypes = [p] * 5 + [i64] * 6 + [ctypes.c_int]
+        lib.cql_block_tail.restype = ctypes.c_int
     return lib
 
 
@@ -271,3 +286,19 @@ def gru_forward_step_kernel():
     `gates`, the new hidden state into `h_out`; csrc/gru_forward_step.c states the formulas); None where
     the native kernel is not used (`_gru_step_kernel`)."""
     return _gru_step_kernel("gru_forward_step")
+
+
+CQL_BLOCK_KERNELS = ("cql_block_layer1", "cql_block_head", "cql_block_tail")
+
+
+def cql_block_kernels() -> tuple | None:
+    """(layer1, head, tail): the C functions of csrc/cql_block_*.c, the native form of the elementwise work of
+    one block of kernels._BlockedLSE (the continuous CF-CQL penalty; each source states its formulas), called
+    with raw pointers by `_BlockedLSE`; None when the native kernels are off or cannot be built here (the
+    caller then takes the torch form)."""
+    if not enabled():
+        return None
+    libs = [library(name) for name in CQL_BLOCK_KERNELS]
+    if any(lib is None for lib in libs):
+        return None
+    return tuple(getattr(lib, name) for lib, name in zip(libs, CQL_BLOCK_KERNELS))

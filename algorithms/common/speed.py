@@ -50,7 +50,7 @@ class SyntheticBuffer:
 
     def __call__(self, batch_size: int) -> Batch:
         idx = torch.randint(0, self.size, (batch_size,), generator=self.g, device=self.device)
-        return Batch(**{k: v[idx] for k, v in self.data.items()})
+        return Batch(**{k: v.index_select(0, idx) for k, v in self.data.items()})  # as the runner's Sampler
 
 
 def synthetic_episodes(spec: TaskSpec, n_episodes: int = 128, seed: int = 0, device: str = "cpu"):
