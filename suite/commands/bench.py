@@ -44,8 +44,8 @@ from plcql_bench.suite.envs.tasks import get_task, task_tiers
 
 @click.command("build-kernels")
 def build_kernels() -> None:
-    """Build the native (C) kernels now, outside any training run (`all` also builds them before it starts a
-    selection with discrete tasks); prints each kernel's library, or why the torch form will run instead."""
+    """Build the native (C) kernels now, outside any training run (`all` also builds them before its first run);
+    prints each kernel's library, or why the torch form will run instead."""
     for name, where in native.build_all().items():
         click.echo(f"{name}: {where}")
 

@@ -30,8 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                     "and (for the CFCQL family) the median time of building one update's target alone, and how far each "
                     "round is from its floor (matmul FLOPs / the machine's matmul rate)."),
     "build-kernels": ("bench", "build_kernels", "Build the native (C) kernels now, outside any training run (`all` also "
-                      "builds them before it starts a selection with discrete tasks); prints each kernel's library, or why "
-                      "the torch form will run instead."),
+                      "builds them before its first run); prints each kernel's library, or why the torch form will run "
+                      "instead."),
     "campaign": ("campaign", "campaign", "Run a prioritised list of matrix selections (a campaign file) and publish "
                  "finished runs."),
     "datasets": ("datasets", "datasets", "Build, list and inspect datasets."),

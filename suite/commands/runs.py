@@ -68,7 +68,6 @@ from plcql_bench.suite.runs.runner import (
     use_kernels,
 )
 from plcql_bench.suite.runs.stacking import stack_groups
-from plcql_bench.suite.envs.tasks import get_task
 from plcql_bench.suite.runs.tracking import check_available
 
 
@@ -356,9 +355,10 @@ DEFERRED_SHOWN = 10  # cells left for later by --finish-within named one per lin
 
 
 def _build_native_kernels(cells) -> None:
-    """The discrete networks' native (C) kernels, built here once before any run starts (not inside a training
-    process); where they cannot be built, one line says the torch form runs instead."""
-    if not native.enabled() or not any(get_task(c.task).spec.discrete for c in cells):
+    """The native (C) kernels (the discrete networks' and the continuous CF-CQL penalty's), built here once before
+    any run starts, not inside a training process; where they cannot be built, one line says the torch form runs
+    instead. Cached by source and compiler (algorithms/common/native.py): only a first `all` compiles."""
+    if not native.enabled() or not cells:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # said once below instead of once per kernel
