@@ -114,6 +114,13 @@ class MaMuJoCoEnv:
         qvel_ids = np.where(qvel < 0, qvel + nv, qvel) + nq
         self.obs_index = np.stack([qpos_ids, qvel_ids], axis=-1).reshape(N_AGENTS, OBS_DIM)
         self.act_index = acts.reshape(-1)  # joint action[act_index] = concatenated agent actions
+        # The simulators and HalfCheetah's constants, looked up once: through the wrappers' properties they cost
+        # as much Python time per step as mj_step itself
+        self._sims = [(self._unwrapped(b).model, self._unwrapped(b).data) for b in range(self.num_envs)]
+        u = self._unwrapped(0)
+        self._frame_skip, self._dt = u.frame_skip, u.dt
+        self._forward_weight, self._ctrl_weight = u._forward_reward_weight, u._ctrl_cost_weight
+        self._nq = nq
         self._t = 0
 
     def _unwrapped(self, b: int):
@@ -142,21 +149,20 @@ class MaMuJoCoEnv:
 
             joint = np.empty((self.num_envs, N_AGENTS * ACT_DIM))
             joint[:, self.act_index] = act.reshape(self.num_envs, -1)
-            for b in range(self.num_envs):
-                u = self._unwrapped(b)
-                x_before = u.data.qpos[0]
-                u.data.ctrl[:] = joint[b]
-                mujoco.mj_step(u.model, u.data, nstep=u.frame_skip)
-                x_velocity = (u.data.qpos[0] - x_before) / u.dt
-                reward[b] = (u._forward_reward_weight * x_velocity
-                             - u._ctrl_cost_weight * np.sum(np.square(joint[b])))
+            for b, (model, data) in enumerate(self._sims):
+                x_before = data.qpos[0]
+                data.ctrl[:] = joint[b]
+                mujoco.mj_step(model, data, nstep=self._frame_skip)
+                x_velocity = (data.qpos[0] - x_before) / self._dt
+                reward[b] = self._forward_weight * x_velocity - self._ctrl_weight * np.sum(np.square(joint[b]))
         self._t += 1
         return self._make_step(reward)
 
     def _make_step(self, reward: np.ndarray) -> Step:
-        b = self.num_envs
-        datas = [self._unwrapped(i).data for i in range(b)]
-        qq = np.stack([np.concatenate([d.qpos, d.qvel]) for d in datas])  # [B, nq + nv]
+        b, nq = self.num_envs, self._nq
+        qq = np.empty((b, nq + self._sims[0][1].qvel.shape[0]))  # [B, nq + nv]
+        for i, (_, data) in enumerate(self._sims):
+            qq[i, :nq], qq[i, nq:] = data.qpos, data.qvel
         return Step(
             obs=qq[:, self.obs_index].astype(np.float32),
             state=qq[:, 1:].astype(np.float32),  # HalfCheetah obs: qpos without x, then qvel
