@@ -19,7 +19,7 @@ from pathlib import Path
 from plcql_bench.leaderboard.build import board
 from plcql_bench.leaderboard.readme import rewrite_block
 from plcql_bench.leaderboard.scoring import VIEWS
-from plcql_bench.leaderboard.summary import Comparison
+from plcql_bench.leaderboard.summary import VERDICTS, Comparison
 
 __all__ = ["BEGIN", "END", "ARCHIVE", "generations_table", "main"]
 
@@ -32,9 +32,32 @@ ARCHIVE = "datasets-v1"
 DIFFERENT = ("below", "above")
 
 
-def _comparisons(results: Path) -> dict[tuple, Comparison]:
+def _generation(results: Path) -> tuple[dict[tuple, Comparison], dict]:
+    """The board's default view of one generation: its comparisons with the paper, by cell (SMAX's, not
+    comparable with the paper's StarCraft II numbers, left out), and its recomputed headline claims."""
     view = board(results, views=VIEWS[:1]).views[0]
-    return {(c.task, c.dataset, c.algo): c for c in view["comparisons"]}
+    comps = {(c.task, c.dataset, c.algo): c for c in view["comparisons"] if c.verdict != "not comparable"}
+    return comps, view["claims"]
+
+
+def _claims_cells(cl: dict) -> list[str]:
+    """The claims rows of the summary for one generation ("—" while no row is eligible)."""
+    if not cl["eligible"]:
+        return ["0"] + ["—"] * 3
+    return [str(cl["eligible"]), f"{cl['best']} ({cl['best_sig']})", str(cl["below_best_sig"]),
+            f"{cl['beats']} of {cl['beats_of']} ({cl['beats_sig']}); behind on {cl['behind']} ({cl['behind_sig']})"]
+
+
+def summary_table(gens: list[tuple[dict, dict]]) -> list[str]:
+    """Verdict counts and the paper's two headline claims, recomputed, one column per generation."""
+    counts = [[sum(c.verdict == v for c in comps.values()) for v in VERDICTS] for comps, _ in gens]
+    claims = [_claims_cells(cl) for _, cl in gens]
+    names = ["cells compared with the paper"] + [f"… verdict {v}" for v in VERDICTS] + [
+        "claims: rows where every compared algorithm has ≥ 3 seeds", "… PLCQL has the row's best mean (significantly)",
+        "… PLCQL is significantly below the row's best", "… PLCQL ahead of SPaCQL (significantly)"]
+    columns = [[str(len(comps))] + [str(n) for n in cs] + cl for (comps, _), cs, cl in zip(gens, counts, claims)]
+    lines = ["| | v1 (archived) | v2 (current) |", "|---|---:|---:|"]
+    return lines + [f"| {name} | " + " | ".join(col[i] for col in columns) + " |" for i, name in enumerate(names)]
 
 
 def _ours(c: Comparison | None) -> str:
@@ -59,10 +82,13 @@ def _moved(old: Comparison | None, new: Comparison | None) -> str:
 def generations_table(archived: Path, current: Path) -> str:
     """The Markdown table (and its one-line legend) over every cell either generation compares with the paper
     (SMAX's cells, not comparable with the paper's StarCraft II numbers, are left out)."""
-    old, new = _comparisons(archived), _comparisons(current)
-    old, new = ({k: c for k, c in gen.items() if c.verdict != "not comparable"} for gen in (old, new))  # SMAX: no v1
+    gens = [_generation(archived), _generation(current)]
+    (old, _), (new, _) = gens
     order = list(old) + [k for k in new if k not in old]
-    lines = [f"Per cell: our mean over seeds (seed count), the board's verdict against the paper (default view: final "
+    lines = ["Per generation: the cells' verdicts and the paper's headline claims recomputed by the board (PLCQL's best "
+             "means and its lead over SPaCQL, over the MPE and SMAX rows where every algorithm of the paper's table has "
+             "≥ 3 seeds; in parentheses how many of them are significant, Welch p < 0.05).", ""]
+    lines += summary_table(gens) + ["", f"Per cell: our mean over seeds (seed count), the board's verdict against the paper (default view: final "
              f"policy, the paper's reference returns), and the official code's score on the same tier where it was run. "
              f"*Moved*: one generation's verdict says our cell differs from the paper's (below / above) and the other's "
              f"does not. {sum(k in new for k in order)} of the {len(order)} cells have v2 runs so far.", "",

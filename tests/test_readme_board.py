@@ -137,6 +137,32 @@ def test_generations_table_marks_the_verdicts_that_moved_with_the_data(tmp_path)
     assert iql[6] == f"{mine.mean:.1f} (3)" and iql[7] == mine.verdict
 
 
+def _summary_row(table: str, name: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+    return [c.strip() for c in row.strip("|").split("|")][1:]
+
+
+def test_generations_summary_counts_verdicts_and_recomputes_the_claims_per_generation(tmp_path):
+    """The summary above the cell table: each generation's verdict counts, and the paper's headline claims
+    recomputed on that generation's rows only (a row enters once every compared algorithm has 3 seeds)."""
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    for seed in range(3):
+        write_run(v1, "cfcql", "mpe-cn", "expert", seed, 20.0 + seed)    # below the paper's 112.0 ± 4.0
+        write_run(v2, "cfcql", "mpe-cn", "expert", seed, 30.0 + seed)    # below again
+        write_run(v2, "plcql", "mpe-pp", "medium", seed, 90.0 + seed)    # PLCQL ahead of SPaCQL, significantly
+        write_run(v2, "spacql", "mpe-pp", "medium", seed, 60.0 + seed)
+    write_run(v1, "plcql", "mpe-pp", "medium", 0, 90.0)                  # one seed: no row eligible in v1
+    table = generations.generations_table(v1, v2)
+    assert _summary_row(table, "cells compared with the paper") == ["2", "3"]
+    # (the default view rescales to the paper's reference returns: v2's SPaCQL falls below the paper, PLCQL not)
+    assert _summary_row(table, "… verdict below") == ["1", "2"]
+    assert _summary_row(table, "… verdict not distinguishable") == ["0", "1"]
+    assert _summary_row(table, "… verdict too few seeds") == ["1", "0"]
+    assert _summary_row(table, "claims: rows where every compared algorithm has ≥ 3 seeds") == ["0", "1"]
+    assert _summary_row(table, "… PLCQL has the row's best mean (significantly)") == ["—", "1 (1)"]
+    assert _summary_row(table, "… PLCQL ahead of SPaCQL (significantly)") == ["—", "1 of 1 (1); behind on 0 (0)"]
+
+
 def test_reproduction_generations_table_is_the_committed_results():
     text = (REPO / "docs" / "reproduction.md").read_text(encoding="utf-8")
     block = generations.generations_table(REPO / "leaderboard" / "archive" / generations.ARCHIVE / "results",
