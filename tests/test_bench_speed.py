@@ -172,6 +172,13 @@ def test_calibrate_writes_costs_that_plan_reads(tmp_path):
     assert plan.exit_code == 0, plan.output
     assert "estimate on box" in plan.output and "per algo" in plan.output
     assert re.search(r"^  bc\s+6\s", plan.output, re.M)  # 6 bc cells of the smoke matrix, all costed
+    calib["description"] = "the box under my desk"
+    out.write_text(json.dumps(calib))
+    again = CliRunner().invoke(cli, ["bench-speed", "--calibrate", "box", "--out", str(out), "--algo", "iql",
+                                     "--task", "mpe-cn", "--rounds", "3", "--seconds", "0.1", "--clock", "cpu"])
+    assert again.exit_code == 0, again.output
+    merged = json.loads(out.read_text())  # a re-measurement merges: new cells added, the old kept with the description
+    assert set(merged["costs"]) == {"bc", "iql"} and merged["description"] == "the box under my desk"
 
 
 def test_bench_speed_stack_times_separate_against_stacked_rounds():

@@ -439,6 +439,7 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
     algos = list(algos) or [str(a) for a in prof.matrix["algos"]]
     tasks = list(tasks) or [str(t) for t in prof.matrix["tasks"]]
     path = out or str(calibrations_dir() / f"{machine}.json")
+    existed = Path(path).exists()
     load = os.getloadavg()
     click.echo(f"# calibrating {machine}: torch threads {threads}, device {device}, clock {clock}, "
                f"load average {load[0]:.2f} -> {path}")
@@ -461,9 +462,11 @@ def calibrate(machine, algos, tasks, tier, profile, max_rounds, threads, device,
             click.echo(f"{name:<12} {task_id:<26} {r['rounds']:>6} {r['median_ms']:>9.1f} "
                        f"{ev[0]:>8.3f} + {ev[1]:.4f}*E")
             save_calibration({"machine": machine, "costs": {name: {task_id: costs[name][task_id]}}}, path)
+    # a re-measurement of some cells merges into an existing file: keep its description unless a new one is given
+    about = {} if existed and not description else {
+        "description": description or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
     save_calibration({
-        "machine": machine, "description": description or f"{platform.processor() or platform.machine()}, "
-                                                           f"{os.cpu_count()} cores",
+        "machine": machine, **about,
         "device": device, "torch_threads": threads, "clock": clock,
         # plan's default --jobs: one run per `threads` cores on a CPU; one run per GPU
         "default_jobs": max(1, (os.cpu_count() or 1) // threads) if device == "cpu" else 1,
