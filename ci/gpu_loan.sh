@@ -16,13 +16,17 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
-# The recommended loan (issue 18; rewritten 2026-12-01, when the CN random study of the earlier loans was done):
-# the rest of phase 1 is PLCQL and SPaCQL on the four World rows (5,001 rounds a run, ~80 min each at 1 thread
-# on the development VM). On the GPU as stacks of 3 seeds (all 8 stacks at once), DoF on the MPE rows (phase 1's
-# next algorithm) on the cores. Carry no partial World run: a cell's seeds at different rounds train one stack
-# after the other, the lowest round first (suite/runs/stacking.py), so a carried seed would wait behind its cell's
-# fresh ones; the loan trains all three from the start, and --take-back keeps whichever copy got further.
+# The recommended loan (results campaign v2, item 6; rewritten 2026-12-05): the SMAX ensembles first, i.e. PLCQL
+# and SPaCQL on 2s3z medium (the paper's SMAC ablation cell), 3 seeds each, one process per run on the GPU; the
+# cores take the MPE v2 block's most expensive CPU cells (PLCQL and SPaCQL, ~16-48 min a run at 1 thread here)
+# and their checkpoints come back with the runs, so the home campaign resumes what the loan did not finish.
 # Carrying [".wheels"]:
+#   LIMIT=500 PER_GPU=6 CPU_JOBS=10 PREBUILD="smax-2s3z:medium" \
+#   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,mpe-pp,seed=0,1,2' \
+#   bash ci/gpu_loan.sh
+# Then Half-Cheetah at the paper budget (GPU_ONLY='algo=...,task=mamujoco-halfcheetah-2x3,...'), once its v2
+# tiers are in tolerance. Before the v2 block (2026-12-01), phase 1's World rows were the recommended loan:
 #   LIMIT=500 PER_GPU=4 CPU_JOBS=7 STACK=3 \
 #   PREBUILD="mpe-world:expert mpe-world:medium mpe-world:medium-replay mpe-world:random" \
 #   GPU_ONLY='algo=plcql,task=mpe-world,seed=0,1,2;algo=spacql,task=mpe-world,seed=0,1,2' \
