@@ -3,6 +3,9 @@ episode length, determinism, shapes."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -214,3 +217,61 @@ def test_noisy_policies_stay_in_range():
     step = _env("mpe-pp", 4).reset(np.arange(4))
     act = scripted.chase_policy("mpe-pp", noise_std=2.0, rng=np.random.default_rng(0))(step)
     assert act.shape == (4, 3, 2) and act.dtype == np.float32 and np.abs(act).max() <= 1.0
+
+
+# ------------------------------------------------------------------ against OMAR's own code
+
+def _omar_multiagent(monkeypatch, checkout: str):
+    """OMAR's multiagent package from a checkout, with a stand-in for the old `gym` it imports (only class and
+    function names: the env's continuous path uses none of gym's behaviour)."""
+    import sys
+    import types
+
+    gym = types.ModuleType("gym")
+    spaces = types.ModuleType("gym.spaces")
+    for name in ("Box", "Discrete", "MultiDiscrete", "Tuple"):
+        setattr(spaces, name, type(name, (), {"__init__": lambda self, *a, **k: None}))
+    envs, registration = types.ModuleType("gym.envs"), types.ModuleType("gym.envs.registration")
+    registration.register, registration.EnvSpec = (lambda *a, **k: None), type("EnvSpec", (), {})
+    gym.Env, gym.spaces, gym.envs, envs.registration = type("Env", (), {}), spaces, envs, registration
+    for name, mod in {"gym": gym, "gym.spaces": spaces, "gym.envs": envs, "gym.envs.registration": registration}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    for name in [m for m in sys.modules if m == "multiagent" or m.startswith("multiagent.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(Path(checkout) / "multiagent-particle-envs"))
+    import multiagent.environment
+    import multiagent.scenarios
+    return multiagent.environment.MultiAgentEnv, multiagent.scenarios
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # OMAR's scenarios/__init__.py imports `imp`
+@pytest.mark.skipif(not os.environ.get("PLCQL_OFFICIAL_OMAR"),
+                    reason="set PLCQL_OFFICIAL_OMAR to a checkout of ling-pan/OMAR")
+@pytest.mark.parametrize("task_id, scenario", [("mpe-cn", "simple_spread.py"), ("mpe-pp", "simple_tag.py"),
+                                               ("mpe-world", "simple_world.py")])
+def test_steps_as_omars_own_env_code(monkeypatch, capsys, task_id, scenario):
+    """From OMAR's own reset, with the same actions for every agent (the prey's too), this suite's env gives OMAR's
+    environment.py + scenario code's observations (learners' and prey's) and per-agent rewards to float32 precision."""
+    env_class, scenarios = _omar_multiagent(monkeypatch, os.environ["PLCQL_OFFICIAL_OMAR"])
+    sc = scenarios.load(scenario).Scenario()
+    world = sc.make_world()
+    omar = env_class(world, sc.reset_world, sc.reward, sc.observation)
+    prey_action = [np.zeros((1, 2))]
+    ours = _env(task_id, prey=lambda obs: prey_action[0]) if task_id != "mpe-cn" else _env(task_id)
+    n, rng = len(world.policy_agents), np.random.default_rng(0)
+    for episode in range(20):
+        np.random.seed(episode)
+        obs = omar._reset()
+        step = ours.set_state(np.stack([a.state.p_pos for a in world.agents])[None],
+                              np.stack([lm.state.p_pos for lm in world.landmarks])[None])
+        np.testing.assert_allclose(np.stack(obs[:3]), step.obs[0], atol=1e-6)
+        for _ in range(mpe.EPISODE_LIMIT):
+            actions = rng.uniform(-1.0, 1.0, (n, 2))
+            obs, rewards, _, _ = omar._step([a.copy() for a in actions])
+            prey_action[0] = actions[3:4]
+            step = ours.step(actions[None, :3])
+            np.testing.assert_allclose(np.stack(obs[:3]), step.obs[0], atol=1e-6)
+            np.testing.assert_allclose(np.array(rewards[:3]), step.info["agent_rewards"][0], atol=1e-5)
+            if n > 3:
+                np.testing.assert_allclose(obs[3], ours._prey_obs[0], atol=1e-6)
+    capsys.readouterr()  # OMAR's scenarios print their sizes
