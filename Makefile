@@ -76,7 +76,7 @@ board: setup
 
 leaderboard: board
 
-# The README's board summary (leaderboard/readme.py) and docs/reproduction.md's v1 -> v2 table
+# The README's board summary (leaderboard/readme.py) and docs/reproduction.md's v1 -> v2 summary
 # (leaderboard/generations.py; tests/test_readme_board.py fails when either is
 # out of date) and its screenshot: the front page a clean clone's `make board` writes (no runs of
 # your own yet), checked and shot at 1,366 px by the browser test's checker (leaderboard/browser.py).
