@@ -1,6 +1,7 @@
-"""How the verdicts moved with the data: every cell compared with the paper on an archived dataset generation
+"""How the verdicts moved with the data: per generation, the verdict counts and the paper's headline claims
+recomputed; then every cell compared with the paper on an archived dataset generation
 (leaderboard/archive/<name>/results, e.g. the v1 tiers) beside the same cell on the current one
-(leaderboard/results), from result files only. docs/reproduction.md carries the table between two markers:
+(leaderboard/results), from result files only. docs/reproduction.md carries the block between two markers:
 
     python -m plcql_bench.leaderboard.generations            # rewrite the block in docs/reproduction.md
     python -m plcql_bench.leaderboard.generations --check    # exit 1 when the block is out of date
@@ -48,14 +49,17 @@ def _claims_cells(cl: dict) -> list[str]:
             f"{cl['beats']} of {cl['beats_of']} ({cl['beats_sig']}); behind on {cl['behind']} ({cl['behind_sig']})"]
 
 
+def _column(comps: dict[tuple, Comparison], claims: dict) -> list[str]:
+    """One generation's column of the summary: its cells, their verdict counts, then its claims rows."""
+    return [str(len(comps))] + [str(sum(c.verdict == v for c in comps.values())) for v in VERDICTS] + _claims_cells(claims)
+
+
 def summary_table(gens: list[tuple[dict, dict]]) -> list[str]:
-    """Verdict counts and the paper's two headline claims, recomputed, one column per generation."""
-    counts = [[sum(c.verdict == v for c in comps.values()) for v in VERDICTS] for comps, _ in gens]
-    claims = [_claims_cells(cl) for _, cl in gens]
+    """Verdict counts and the paper's two headline claims, recomputed, one column per generation (v1, v2)."""
     names = ["cells compared with the paper"] + [f"… verdict {v}" for v in VERDICTS] + [
         "claims: rows where every compared algorithm has ≥ 3 seeds", "… PLCQL has the row's best mean (significantly)",
         "… PLCQL is significantly below the row's best", "… PLCQL ahead of SPaCQL (significantly)"]
-    columns = [[str(len(comps))] + [str(n) for n in cs] + cl for (comps, _), cs, cl in zip(gens, counts, claims)]
+    columns = [_column(comps, claims) for comps, claims in gens]
     lines = ["| | v1 (archived) | v2 (current) |", "|---|---:|---:|"]
     return lines + [f"| {name} | " + " | ".join(col[i] for col in columns) + " |" for i, name in enumerate(names)]
 
@@ -80,8 +84,9 @@ def _moved(old: Comparison | None, new: Comparison | None) -> str:
 
 
 def generations_table(archived: Path, current: Path) -> str:
-    """The Markdown table (and its one-line legend) over every cell either generation compares with the paper
-    (SMAX's cells, not comparable with the paper's StarCraft II numbers, are left out)."""
+    """The Markdown block: the per-generation summary (summary_table), then the table over every cell either
+    generation compares with the paper (SMAX's cells, not comparable with the paper's StarCraft II numbers, are left
+    out), each with its one-line legend."""
     gens = [_generation(archived), _generation(current)]
     (old, _), (new, _) = gens
     order = list(old) + [k for k in new if k not in old]

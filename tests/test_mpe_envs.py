@@ -257,8 +257,9 @@ def test_steps_as_omars_own_env_code(monkeypatch, capsys, task_id, scenario):
     world = sc.make_world()
     omar = env_class(world, sc.reset_world, sc.reward, sc.observation)
     prey_action = [np.zeros((1, 2))]
-    ours = _env(task_id, prey=lambda obs: prey_action[0]) if task_id != "mpe-cn" else _env(task_id)
+    ours = _env(task_id, prey=lambda obs: prey_action[0])  # the prey (PP, World) takes OMAR's prey action
     n, rng = len(world.policy_agents), np.random.default_rng(0)
+    prey_dim = mpe.SCENARIOS[task_id].prey_obs_dim  # the state ends with the prey's observation
     for episode in range(20):
         np.random.seed(episode)
         obs = omar._reset()
@@ -273,5 +274,5 @@ def test_steps_as_omars_own_env_code(monkeypatch, capsys, task_id, scenario):
             np.testing.assert_allclose(np.stack(obs[:3]), step.obs[0], atol=1e-6)
             np.testing.assert_allclose(np.array(rewards[:3]), step.info["agent_rewards"][0], atol=1e-5)
             if n > 3:
-                np.testing.assert_allclose(obs[3], ours._prey_obs[0], atol=1e-6)
+                np.testing.assert_allclose(obs[3], step.state[0, -prey_dim:], atol=1e-6)
     capsys.readouterr()  # OMAR's scenarios print their sizes
