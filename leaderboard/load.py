@@ -90,6 +90,15 @@ class Archive:
     path: str  # as shown: <parent folder name>/archive/<name>
     title: str  # the README's first heading
     n_runs: int  # final.json files in it
+    n_checks: int = 0  # official-code check files in it (suite/core/official.py: .../seed<S>.json)
+
+    @property
+    def contents(self) -> str:
+        """What it holds, e.g. "2 runs" or "9 official-code checks" (both when it holds both)."""
+        parts = [f"{self.n_runs} run{'' if self.n_runs == 1 else 's'}"] if self.n_runs or not self.n_checks else []
+        if self.n_checks:
+            parts.append(f"{self.n_checks} official-code check{'' if self.n_checks == 1 else 's'}")
+        return ", ".join(parts)
 
 
 def archives(results_dir: Path) -> list[Archive]:
@@ -99,8 +108,9 @@ def archives(results_dir: Path) -> list[Archive]:
     for readme in sorted(root.glob("*/README.md")) if root.is_dir() else []:
         heading = next((ln.lstrip("#").strip() for ln in readme.read_text(encoding="utf-8").splitlines()
                         if ln.startswith("#")), readme.parent.name)
+        checks = sum(1 for f in readme.parent.rglob("seed*.json") if f.stem[4:].isdigit())
         out.append(Archive(f"{root.parent.name}/archive/{readme.parent.name}", heading,
-                           sum(1 for _ in readme.parent.rglob("final.json"))))
+                           sum(1 for _ in readme.parent.rglob("final.json")), checks))
     return out
 
 

@@ -52,7 +52,7 @@ def board_summary(results_dir: Path, readme_dir: Path = REPO) -> str:
     arch = archives(results_dir)
     if arch:
         held += " Archived, in no number on the board: " + "; ".join(
-            f"{_plural(a.n_runs, 'run')} in `{a.path}/`" for a in arch) + "."
+            f"{a.contents} in `{a.path}/`" for a in arch) + "."
     if b.loaded.skipped:
         held += f" {_plural(len(b.loaded.skipped), 'result file')} skipped (listed on the board)."
     lines = [held, "", _claims_line(view["claims"], b.paper, b.label), ""]

@@ -367,10 +367,16 @@ def test_archives_beside_the_results_are_named_and_never_counted(tmp_path):
     write_run(old, "cfcql", "mpe-cn", "expert", 2, 98.0)
     (old / "README.md").write_text("# Runs under the old clip\n\nWhy they left.\n")
     (tmp_path / "archive" / "no-readme").mkdir()  # not an archive: nothing says why
+    checks = tmp_path / "archive" / "old-checks"
+    (checks / "paper" / "omar" / "mpe-cn" / "expert").mkdir(parents=True)
+    for seed in (0, 1):  # official-code check files (suite/core/official.py), no runs
+        (checks / "paper" / "omar" / "mpe-cn" / "expert" / f"seed{seed}.json").write_text("{}")
+    (checks / "README.md").write_text("# Checks run the old way\n")
     built = build_quick(res, tmp_path / "s")
     text = " ".join(built.index.read_text().split())
     assert built.n_runs == 1
     assert f'<code>{tmp_path.name}/archive/old-clip/</code> (2 runs: Runs under the old clip)' in text
+    assert f'<code>{tmp_path.name}/archive/old-checks/</code> (2 official-code checks: Checks run the old way)' in text
     assert "no-readme" not in text
     assert "99.0" not in text  # no number comes from the archive
     quiet = build_quick(old, tmp_path / "s2")  # an archive itself has no archive beside it

@@ -169,3 +169,28 @@ def test_predator_prey_builds_the_official_agent_for_its_scenario_with_its_main_
     assert [p["update"] for p in check["curve"]] == [0, 8, 16, 20]
     assert f"normalised score {check['score']:.1f}" in lines[-2] and check["curve"][-1]["score"] == check["score"]
     assert check["settings"]["lr"] == kw["lr"] and check["cql_alpha"] == 1.0
+    assert check["settings"]["rewards"] == "team"  # the synthetic data has no per-agent rewards
+
+
+def test_each_agents_official_buffer_holds_that_agents_own_reward():
+    """The original datasets store one reward file per agent (OMAR's critic i learns from agent i's, CFCQL's
+    central critic from agent 0's); on CN they differ at collisions. A v2 dataset's `agent_rewards` fill the
+    official buffers so; a dataset with the team reward only gives it to every agent."""
+    import numpy as np
+
+    from plcql_bench.datasets.format import AGENT_REWARDS
+    from plcql_bench.suite.runs.reference_score import buffer_rewards, fill_buffer
+
+    buffer_module: dict = {}
+    exec(FAKE_BUFFER, buffer_module)
+    spec = get_task("mpe-cn").spec
+    n, od, ad = spec.n_agents, spec.obs_dim, spec.act_dim
+    arrays, _ = synthetic_dataset(spec, n_episodes=4, episode_len=5, seed=1)
+    rb = fill_buffer(buffer_module["ReplayBuffer"], arrays, n, od, ad)
+    assert buffer_rewards(arrays)[0] == "team"
+    assert all(np.array_equal(rb.rew_buffs[i], arrays["rewards"]) for i in range(n))
+    own = arrays["rewards"][:, None] + np.array([-5.0, 0.0, 5.0], np.float32)  # the team reward is their mean
+    rb = fill_buffer(buffer_module["ReplayBuffer"], {**arrays, AGENT_REWARDS: own}, n, od, ad)
+    assert buffer_rewards({**arrays, AGENT_REWARDS: own})[0] == "per-agent"
+    for i in range(n):
+        np.testing.assert_array_equal(rb.rew_buffs[i], own[:, i])

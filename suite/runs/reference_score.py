@@ -22,16 +22,19 @@ on minibatches of 1,024 transitions drawn from the tier's dataset by its own `Re
 
 for the profile's number of rounds (the suite's runs use the same count). Its deterministic actors are
 evaluated on the suite's evaluation seeds and normalised by the dataset's reference returns, as a run's
-final.json is. The team reward is every agent's reward (simple_spread's; on simple_tag and simple_world every
-predator's).
+final.json is. Each agent's buffer holds that agent's own reward, as the original datasets' per-agent files do
+(`rews_<i>.npy`; OMAR learns agent i's critic from agent i's, CFCQL's central critic from agent 0's): a v2
+dataset's `agent_rewards`. On simple_spread they differ at collision steps (each agent pays for its own); on
+simple_tag and simple_world every predator's is the team reward. A v1 dataset stores the team reward only, and
+every agent gets it. The check file records which (`settings.rewards`).
 At the profile's full budget (rounds and final episodes) the result is recorded as a check file the
 leaderboard shows beside our cell (`--record-to`, default leaderboard/official; suite/core/official.py).
 
 Predator-prey (mpe-pp, and World, its 3 predators against 1 prey): the official code trains only the
 predators, offline, and never queries its pretrained prey while training (its main.py loads the prey for its
 own evaluation rollouts). So it trains here on this suite's PP and World data as on CN, and is scored in this
-suite's task, against this suite's prey
-(docs/datasets.md): the same environment and prey as every run of this suite on that tier. Its prey
+suite's task against the prey the data was collected with (OMAR's pretrained prey for v2 data; docs/datasets.md):
+the same environment and prey as every run of this suite on that tier. Its prey
 networks are built by `init_from_env` (one prey, as simple_tag and simple_world) and never used.
 CFCQL's main.py also sets steps_per_update 20 for simple_world (100 otherwise): that sets how many updates
 its run makes for its env-step count, not what an update does (its `t` only times its logging), and the
@@ -55,7 +58,7 @@ from plcql_bench.suite.runs.reference_speed import (BATCH, CFCQL_CA_RATIO, CFCQL
                                                     CheckoutError, load_official_cfcql, load_official_omar)
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import card_scoring, dataset_identity
-from plcql_bench.datasets.format import load_dataset
+from plcql_bench.datasets.format import AGENT_REWARDS, load_dataset
 from plcql_bench.suite.runs.profiles import load_profile
 from plcql_bench.suite.runs.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
 from plcql_bench.suite.envs.tasks import get_task
@@ -98,16 +101,26 @@ def train_round(kind: str, agent, rb, n: int, r: int) -> None:
     agent.update_all_targets()
 
 
+def buffer_rewards(arrays: dict) -> tuple[str, np.ndarray]:
+    """Which rewards the official buffer gets, and the [N, n] array of them: every agent's own (a v2 dataset's
+    `agent_rewards`, as the original per-agent files), else the team reward repeated (v1 data has no other)."""
+    if AGENT_REWARDS in arrays:
+        return "per-agent", arrays[AGENT_REWARDS]
+    return "team", np.repeat(arrays["rewards"][:, None], arrays["obs"].shape[1], axis=1)
+
+
 def fill_buffer(ReplayBuffer, arrays: dict, n: int, obs_dim: int, act_dim: int):
-    """The official per-agent ReplayBuffer holding a dataset's transitions in their stored (episode) order,
-    the team reward for every agent (CFCQL's buffer takes a row's next actions from the row after it)."""
+    """The official per-agent ReplayBuffer holding a dataset's transitions in their stored (episode) order, each
+    agent's own reward in its buffer (`buffer_rewards`; CFCQL's buffer takes a row's next actions from the row
+    after it)."""
     size = len(arrays["rewards"])
+    rewards = buffer_rewards(arrays)[1]
     rb = ReplayBuffer(size, n, [obs_dim] * n, [act_dim] * n)
     for i in range(n):
         rb.obs_buffs[i][:] = arrays["obs"][:, i]
         rb.next_obs_buffs[i][:] = arrays["next_obs"][:, i]
         rb.ac_buffs[i][:] = arrays["actions"][:, i]
-        rb.rew_buffs[i][:] = arrays["rewards"]
+        rb.rew_buffs[i][:] = rewards[:, i]
         rb.done_buffs[i][:] = arrays["terminals"]
     rb.filled_i = size
     return rb
@@ -221,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
            "final_episodes": final_episodes, "score": s, "return_mean": ret,
            "curve": curve, "cql_alpha": float(agent.cql_alpha),
            "settings": {**official_settings(kind, task_id),
-                        "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
+                        "rewards": buffer_rewards(dataset.arrays)[0], "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runtime_s": time.time() - t0}
     out = official.check_path(args.record_to, prof.name, kind, task_id, args.tier, args.seed)
     official.write_check(out, rec)
