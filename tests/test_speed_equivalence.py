@@ -541,6 +541,60 @@ def test_runner_sets_the_kernels_once_per_process(monkeypatch):
         C.use_fused(True)
 
 
+@pytest.fixture
+def restore_denormals():
+    """Leave the process's denormal mode (configure_process sets it) as the test found it."""
+    before = C.denormals_flushed()
+    yield
+    C.flush_denormals(before)
+
+
+TINY = 1e-39  # a float32 denormal (the smallest normal float32 is ~1.18e-38)
+
+
+def test_runner_flushes_denormals_unless_told_not_to(monkeypatch, restore_denormals):
+    """configure_process flushes CPU denormals to zero by default (kernels.flush_denormals), not with
+    PLCQL_FLUSH_DENORMALS=0; any other value is one line naming the variable. The run records which."""
+    from plcql_bench.suite.core.errors import BenchError
+    from plcql_bench.suite.runs.runner import FLUSH_DENORMALS_ENV, configure_process, kernel_choice
+
+    if not C.flush_denormals(True):
+        pytest.skip("this CPU cannot flush denormals")
+    monkeypatch.delenv(FLUSH_DENORMALS_ENV, raising=False)
+    configure_process("cpu")
+    assert (torch.tensor([TINY]) * 1.0).item() == 0.0 and kernel_choice()["flush_denormals"] is True
+    monkeypatch.setenv(FLUSH_DENORMALS_ENV, "0")
+    configure_process("cpu")
+    assert (torch.tensor([TINY]) * 1.0).item() > 0.0 and kernel_choice()["flush_denormals"] is False
+    monkeypatch.setenv(FLUSH_DENORMALS_ENV, "yes")
+    with pytest.raises(BenchError, match="PLCQL_FLUSH_DENORMALS: must be '1' .* or '0', got 'yes'"):
+        configure_process("cpu")
+
+
+@pytest.mark.parametrize("name", ["cfcql", "plcql"])
+def test_algorithm_rounds_match_with_denormals_flushed(name, restore_denormals):
+    """Whole update rounds with denormals flushed to zero stay within the plain-vs-fused tolerances of the same
+    rounds without, from critics with every 7th entry of their hidden weight matrices a denormal (the slow path
+    a decayed critic takes), so flushing is a speed setting, not a change of what is computed. (Not a whole
+    unit's weights: a pre-activation that is itself denormal sits on ReLU's kink, where flushed it is 0 and its
+    gradient 0, unflushed it is positive and its gradient 1.)"""
+    if not C.flush_denormals(True):
+        pytest.skip("this CPU cannot flush denormals")
+    results = []
+    for on in (False, True):
+        C.flush_denormals(on)
+        algo = _build(name, CN)
+        hidden = {key: p for key, p in algo.critic.named_parameters() if key in ("l1.weight", "l2.weight")}
+        assert len(hidden) == 2
+        with torch.no_grad():
+            for p in hidden.values():
+                p.view(-1)[::7] = TINY
+        buf = SyntheticBuffer(CN, 500, seed=1)
+        metrics = [algo.update(buf) for _ in range(2)]
+        results.append((metrics, {k: v.detach().clone() for k, v in algo.critic.state_dict().items()}))
+    _assert_rounds_close(*results)
+
+
 # -- the native form of the blocked penalty (csrc/cql_block_*.c) ---------------------------------------
 
 def _penalty_and_grads(critic, state, joint, n, offset, w, temp, members, native_on):

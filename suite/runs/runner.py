@@ -258,22 +258,29 @@ class RunBusy(BenchError):
 
 
 KERNELS_ENV = "PLCQL_KERNELS"  # "fused" (default) or "plain": the networks' kernels
+FLUSH_DENORMALS_ENV = "PLCQL_FLUSH_DENORMALS"  # "1" (default) or "0": CPU float denormals flushed to zero
 
 
 def configure_process(device: str = "cpu", discrete: bool = False) -> None:
     """Process-wide settings, made here once per process before an algorithm is built, never by an
     algorithm: the networks' kernels (PLCQL_KERNELS=fused|plain, algorithms/common/kernels.py and
     kernels_discrete.py; not part of the run key, like the device and the thread count, which also move
-    the last bits) and, on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory) and,
-    for a discrete task, serving large allocations from the heap (kernels.large_allocations_from_heap:
-    a discrete ensemble round's GRU tensors are re-faulted page by page otherwise)."""
+    the last bits) and, on CPU, glibc's allocator keeping freed memory (kernels.keep_freed_memory),
+    for a discrete task serving large allocations from the heap (kernels.large_allocations_from_heap:
+    a discrete ensemble round's GRU tensors are re-faulted page by page otherwise), and denormal floats
+    flushed to zero (kernels.flush_denormals; PLCQL_FLUSH_DENORMALS=0 turns it off; not part of the run key
+    either: it moves results by float rounding only)."""
     choice = os.environ.get(KERNELS_ENV, "fused")
     if choice not in ("fused", "plain"):
         raise BenchError(f"{KERNELS_ENV}: must be 'fused' or 'plain', got {choice!r}")
+    flush = os.environ.get(FLUSH_DENORMALS_ENV, "1")
+    if flush not in ("0", "1"):
+        raise BenchError(f"{FLUSH_DENORMALS_ENV}: must be '1' (flush denormals to zero) or '0', got {flush!r}")
     kernels.use_fused(choice == "fused")
     if torch.device(device).type == "cpu":
         kernels.keep_freed_memory()
         kernels.large_allocations_from_heap(discrete)
+        kernels.flush_denormals(flush == "1")
 
 
 KERNEL_CHOICES = ("native", "fused", "plain")
@@ -294,14 +301,14 @@ def kernel_choice(stacked: bool = False) -> dict:
     """The kernels a run used, as its log line and final.json (`hardware.kernels`) record them: `choice` plain,
     fused, or native (fused, with the C kernels allowed), from PLCQL_KERNELS and PLCQL_NATIVE (a seed stack's
     critic takes the plain kernels); `native_loaded`: the C kernels this process loaded (none where no compiler
-    is present: the torch form then runs, with one warning). Not part of the run key, like the device and the
-    thread count: the forms agree within tests/test_speed_equivalence.py's and tests/test_native.py's
-    tolerances."""
+    is present: the torch form then runs, with one warning); `flush_denormals`: whether CPU denormals were
+    flushed to zero (configure_process). Not part of the run key, like the device and the thread count: the
+    forms agree within tests/test_speed_equivalence.py's and tests/test_native.py's tolerances."""
     if stacked or not kernels.fused_default():
         choice = "plain"
     else:
         choice = "native" if native.enabled() else "fused"
-    return {"choice": choice, "native_loaded": native.loaded()}
+    return {"choice": choice, "native_loaded": native.loaded(), "flush_denormals": kernels.denormals_flushed()}
 
 
 def execute(plan: RunPlan, device: str = "cpu", log=print, fresh: bool = False) -> dict:
