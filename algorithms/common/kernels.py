@@ -497,10 +497,10 @@ def flush_denormals(on: bool = True) -> bool:
 
     Why: a critic whose Adam moments or activations decay into that range runs through the CPU's slow path
     for them. From a CFCQL checkpoint of PP medium-replay (round 1,800 of a campaign run) the same 20 rounds took
-    ~273 ms each, and ~104 ms with denormals flushed (docs/runner.md gives the measurement). What is flushed is below float32's
-    normal range, so it moves results by float rounding only, like the kernels' forms
-    (tests/test_speed_equivalence.py: test_algorithm_rounds_match_with_denormals_flushed); GPUs run denormals
-    at full speed, so CUDA runs do not set it."""
+    ~273 ms each, and ~104 ms with denormals flushed (docs/runner.md gives the measurement). Only values below
+    float32's normal range change (a ReLU pre-activation that is itself denormal becomes 0, its gradient 0), and
+    whole rounds agree within the kernel forms' tolerances (tests/test_speed_equivalence.py:
+    test_algorithm_rounds_match_with_denormals_flushed). GPUs run denormals at full speed; CUDA runs do not set it."""
     global _DENORMALS_FLUSHED
     supported = bool(torch.set_flush_denormal(on))
     _DENORMALS_FLUSHED = on and supported

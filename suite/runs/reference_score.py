@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
            "dataset_sha256": dataset_sha256, **({"dataset_rebuild": rebuild} if rebuild else {}),
            "final_episodes": final_episodes, "score": s, "return_mean": ret,
            "curve": curve, "cql_alpha": float(agent.cql_alpha),
-           "settings": {**official_settings(kind, task_id),
-                        "rewards": buffer_rewards(dataset.arrays)[0], "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
+           "settings": {**official_settings(kind, task_id), "rewards": buffer_rewards(dataset.arrays)[0],
+                        "eval_every": args.eval_every, "eval_episodes": args.eval_episodes, "threads": args.threads},
            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runtime_s": time.time() - t0}
     out = official.check_path(args.record_to, prof.name, kind, task_id, args.tier, args.seed)
     official.write_check(out, rec)

@@ -269,7 +269,7 @@ def configure_process(device: str = "cpu", discrete: bool = False) -> None:
     for a discrete task serving large allocations from the heap (kernels.large_allocations_from_heap:
     a discrete ensemble round's GRU tensors are re-faulted page by page otherwise), and denormal floats
     flushed to zero (kernels.flush_denormals; PLCQL_FLUSH_DENORMALS=0 turns it off; not part of the run key
-    either: it moves results by float rounding only)."""
+    either: only values below float32's normal range change)."""
     choice = os.environ.get(KERNELS_ENV, "fused")
     if choice not in ("fused", "plain"):
         raise BenchError(f"{KERNELS_ENV}: must be 'fused' or 'plain', got {choice!r}")
