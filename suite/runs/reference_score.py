@@ -58,9 +58,10 @@ from plcql_bench.suite.runs.reference_speed import (BATCH, CFCQL_CA_RATIO, CFCQL
                                                     CheckoutError, load_official_cfcql, load_official_omar)
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.cards import card_scoring, dataset_identity
-from plcql_bench.datasets.format import AGENT_REWARDS, load_dataset
+from plcql_bench.datasets.format import load_dataset
 from plcql_bench.suite.runs.profiles import load_profile
-from plcql_bench.suite.runs.runner import configure_process, data_profile_dir, dataset_task, evaluate_policy
+from plcql_bench.suite.runs.runner import (configure_process, data_profile_dir, dataset_task, evaluate_policy,
+                                          select_rewards)
 from plcql_bench.suite.envs.tasks import get_task
 
 
@@ -104,9 +105,10 @@ def train_round(kind: str, agent, rb, n: int, r: int) -> None:
 def buffer_rewards(arrays: dict) -> tuple[str, np.ndarray]:
     """Which rewards the official buffer gets, and the [N, n] array of them: every agent's own (a v2 dataset's
     `agent_rewards`, as the original per-agent files), else the team reward repeated (v1 data has no other)."""
-    if AGENT_REWARDS in arrays:
-        return "per-agent", arrays[AGENT_REWARDS]
-    return "team", np.repeat(arrays["rewards"][:, None], arrays["obs"].shape[1], axis=1)
+    rewards = select_rewards(arrays, "per_agent")  # the runner's column choice: [N, n], or the team's [N] on v1
+    if rewards.ndim == 2:
+        return "per-agent", rewards
+    return "team", np.broadcast_to(rewards[:, None], (len(rewards), arrays["obs"].shape[1]))
 
 
 def fill_buffer(ReplayBuffer, arrays: dict, n: int, obs_dim: int, act_dim: int):
