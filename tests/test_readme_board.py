@@ -116,22 +116,31 @@ def _generations_row(table: str, cell: str, algo: str) -> list[str]:
 
 def test_generations_table_marks_the_verdicts_that_moved_with_the_data(tmp_path):
     """docs/reproduction.md's v1 -> v2 table: each cell's verdict on both generations, computed as the board
-    computes it, and 'moved' only where one generation says our cell differs from the paper's and the other does
-    not (never while one side has fewer than 3 seeds)."""
+    computes it, and how it moved: toward the paper (v1 differs from it, v2 does not), away (the reverse), flipped
+    (below <-> above), no; never while one side has fewer than 3 seeds. The line above the table counts them."""
     v1, v2 = tmp_path / "v1", tmp_path / "v2"
     for seed in range(3):
         write_run(v1, "cfcql", "mpe-cn", "expert", seed, 20.0 + seed)    # far below the paper's 112.0 ± 4.0
         write_run(v2, "cfcql", "mpe-cn", "expert", seed, 20.0 + seed)    # the same: not moved
         write_run(v1, "iql", "mpe-cn", "expert", seed, 20.0 + seed)      # below ...
-    for seed in range(3):
-        write_run(v2, "iql", "mpe-cn", "expert", seed, 2000.0 * seed)    # ... then too spread to tell
+        write_run(v2, "iql", "mpe-cn", "expert", seed, 2000.0 * seed)    # ... then too spread to tell: toward
+        write_run(v1, "omar", "mpe-cn", "expert", seed, 2000.0 * seed)   # too spread to tell ...
+        write_run(v2, "omar", "mpe-cn", "expert", seed, 20.0 + seed)     # ... then below: away
+        write_run(v1, "matd3bc", "mpe-pp", "random", seed, -20.0 + seed)      # below the paper ...
+        write_run(v2, "matd3bc", "mpe-pp", "random", seed, 900.0 + seed)      # ... then far above it: flipped
     write_run(v2, "plcql", "mpe-cn", "random", 0, 80.0)                  # one seed: no verdict to compare
     table = generations.generations_table(v1, v2)
-    cf, iql, pl = (_generations_row(table, "mpe-cn expert", "CFCQL"), _generations_row(table, "mpe-cn expert", "IQL"),
-                   _generations_row(table, "mpe-cn random", "PLCQL"))
+    cf, iql, omar, bc, pl = (_generations_row(table, "mpe-cn expert", "CFCQL"), _generations_row(table, "mpe-cn expert", "IQL"),
+                             _generations_row(table, "mpe-cn expert", "OMAR"), _generations_row(table, "mpe-pp random", "MA-TD3+BC"),
+                             _generations_row(table, "mpe-cn random", "PLCQL"))
     assert cf[4] == cf[7] == "below" and cf[9] == "no"
-    assert iql[4] == "below" and iql[7] != "below" and iql[9] == "**yes**"
+    assert iql[4] == "below" and iql[7] not in ("below", "above") and iql[9] == "toward"
+    assert omar[4] not in ("below", "above") and omar[7] == "below" and omar[9] == "away"
+    assert (bc[4], bc[7], bc[9]) == ("below", "above", "flipped")
     assert pl[3] == "—" and pl[7] == "too few seeds" and pl[9] == "—"
+    assert ("over the 4 cells both generations judge (≥ 3 seeds each): 1 toward the paper (v1 differs from it, v2 "
+            "does not), 1 away from it (the reverse), 1 flipped (below on one generation, above on the other), "
+            "1 unchanged.") in table
     comps = build.board(v2, views=[DEFAULT_VIEW]).views[0]["comparisons"]  # the board's own figures
     mine = next(c for c in comps if (c.task, c.dataset, c.algo) == ("mpe-cn", "expert", "iql"))
     assert iql[6] == f"{mine.mean:.1f} (3)" and iql[7] == mine.verdict
