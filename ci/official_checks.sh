@@ -21,8 +21,8 @@ OUT=leaderboard/official
 # paper's 12.2 (v2); then CFCQL on PP medium-replay, where our v2 CFCQL scores at the data's level (~1) against the
 # paper's 71.1 while our MA-TD3+BC scores ~44. Then the other v2 cells where a baseline with official code is far
 # from the paper (2026-12-06): OMAR above it on World random, below it on World and PP medium-replay; CFCQL below it
-# on CN medium; MACQL above it on PP random (OMAR PP medium-replay with seeds 3-4 as well: after 3 seeds the official
-# code led ours by 8.5, Welch t -2.1). The v1 checks are in leaderboard/archive/datasets-v1/official/.
+# on CN medium; MACQL above it on PP and World random (OMAR PP medium-replay with seeds 3-4 as well: after 3 seeds
+# the official code led ours by 8.5, Welch t -2.1). The v1 checks are in leaderboard/archive/datasets-v1/official/.
 CHECKS="cfcql mpe-pp random 0 1 2
 cfcql mpe-world random 0 1 2
 cfcql mpe-cn expert 0 1 2
@@ -34,7 +34,8 @@ omar mpe-world random 0 1 2
 omar mpe-world medium-replay 0 1 2
 omar mpe-pp medium-replay 0 1 2 3 4
 cfcql mpe-cn medium 0 1 2
-macql mpe-pp random 0 1 2"
+macql mpe-pp random 0 1 2
+macql mpe-world random 0 1 2"
 
 while read -r code task tier seeds; do
   case $code in
