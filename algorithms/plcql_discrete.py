@@ -34,9 +34,9 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
 from plcql_bench.algorithms.common.continuous import host_floats
-from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import (
-    ENSEMBLE_LEGACY_KEYS, CFCQLBackbone, EnsembleConfig, MeanQPolicy, next_action_data, uses_behaviour)
+    ENSEMBLE_LEGACY_KEYS, BackboneAlgorithm, CFCQLBackbone, EnsembleConfig, next_action_data, uses_behaviour)
 from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, Par, ParConfig, par_probe_stats, probe_terms
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -47,7 +47,7 @@ class Config(EnsembleConfig, ParConfig):
 
 
 @register
-class PLCQLDiscrete(DiscreteAlgorithm):
+class PLCQLDiscrete(BackboneAlgorithm):
     name = "plcql"
     Config = Config
     table = "cfcql_discrete"  # CFCQL-discrete's per-map cql_alpha / softmax_temp
@@ -66,16 +66,6 @@ class PLCQLDiscrete(DiscreteAlgorithm):
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
         return {**self.backbone.optimisers(), **self.par.optimisers()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.backbone.behaviour_state = dict(state["behaviour_state"])
-
-    def policy_agent(self) -> MeanQPolicy:
-        return self.backbone.policy
 
     # -- targets --------------------------------------------------------------------------------
     @torch.no_grad()

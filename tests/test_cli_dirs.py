@@ -7,30 +7,15 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
 from lb_fixtures import write_run
 from plcql_bench.suite.core.store import atomic_write_bytes, current_umask
+from cli_main import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """The real entry point, in process: (exit status, stdout, stderr)."""
-    from plcql_bench.suite.commands.main import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
@@ -45,19 +30,19 @@ def test_results_dir_before_or_after_the_subcommand(results, tmp_path, monkeypat
     for args in (["--results-dir", str(results), "export", "--out", str(out)],
                  ["export", "--results-dir", str(results), "--out", str(out)],
                  ["--results-dir", str(tmp_path / "nowhere"), "export", "--results-dir", str(results), "--out", str(out)]):
-        code, stdout, err = _main(monkeypatch, capsys, *args)
+        code, stdout, err = run_cli(monkeypatch, capsys, *args)
         assert code == 0, err
         assert f"from {results} -> {out}" in stdout  # says which folder it read
-    code, _, err = _main(monkeypatch, capsys, "export", "--results-dir", str(tmp_path / "nowhere"), "--out", str(out))
+    code, _, err = run_cli(monkeypatch, capsys, "export", "--results-dir", str(tmp_path / "nowhere"), "--out", str(out))
     assert code == 2 and f"results directory not found: {tmp_path / 'nowhere'}" in err
-    code, stdout, err = _main(monkeypatch, capsys, "status", "--results-dir", str(results))
+    code, stdout, err = run_cli(monkeypatch, capsys, "status", "--results-dir", str(results))
     assert code == 0 and "1 runs: done 1" in stdout, err
 
 
 def test_leaderboard_takes_results_dir_and_its_old_results_alias(results, tmp_path, monkeypatch, capsys):
     for i, args in enumerate((["--results-dir", str(results), "leaderboard"], ["leaderboard", "--results-dir", str(results)],
                               ["leaderboard", "--results", str(results)])):
-        code, stdout, err = _main(monkeypatch, capsys, *args, "--out", str(tmp_path / f"site{i}"))
+        code, stdout, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / f"site{i}"))
         assert code == 0, err
         assert f"(1 runs from {results})" in stdout
 
@@ -78,7 +63,8 @@ def test_every_command_takes_the_folders_after_its_name():
 
 
 def test_datasets_list_says_which_folder_it_read(tmp_path, monkeypatch, capsys):
-    code, stdout, err = _main(monkeypatch, capsys, "datasets", "list", "--profile", "smoke", "--data-dir", str(tmp_path))
+    code, stdout, err = run_cli(monkeypatch, capsys, "datasets", "list", "--profile", "smoke",
+                                "--data-dir", str(tmp_path))
     assert code == 0, err
     assert stdout.splitlines()[-1] == f"0 of 32 datasets built in {tmp_path / 'smoke'} (profile smoke)"
 
@@ -99,8 +85,8 @@ def test_an_export_is_readable_by_group_and_others(results, tmp_path, monkeypatc
     try:
         for fmt in ("csv", "marl-eval"):
             out = tmp_path / f"export.{fmt}"
-            code, _, err = _main(monkeypatch, capsys, "export", "--results-dir", str(results), "--format", fmt,
-                                 "--out", str(out))
+            code, _, err = run_cli(monkeypatch, capsys, "export", "--results-dir", str(results), "--format", fmt,
+                                   "--out", str(out))
             assert code == 0, err
             assert stat.S_IMODE(out.stat().st_mode) == 0o644, fmt
     finally:

@@ -4,13 +4,13 @@ with its own run key and config, checked like `run --set`, and shown in the abla
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from plcql_bench.algorithms.base import get_algorithm, implementations, load_all, parse_sweep_name, sweep_name
 from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.runs.matrix import parse_sweeps
+from cli_main import run_cli
 
 PROFILE = """
 name: sweeptest
@@ -20,20 +20,6 @@ train: {updates: {default: 2}, eval_every: 2, eval_episodes: 1, final_eval_episo
 matrix: {algos: [bc, plcql], tasks: [mpe-cn], tiers: [random], seeds: [0]}
 algo_overrides: {batch_size: 32, hidden: 32, temperature: 1.5}
 """
-
-
-def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.commands.main import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_a_sweep_name_stands_for_its_variant_in_any_process():
@@ -69,15 +55,15 @@ def test_all_trains_one_labelled_variant_per_value(tmp_path, monkeypatch, capsys
     sweep = ["--profile", str(tmp_path / "p.yaml"), "--only", "algo=plcql", "--set", "plcql.temperature=0.5,2"]
 
     # a bad value is refused before anything is written
-    code, _, err = _main(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
-                         "--set", "plcql.temperature=0.5,x")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
+                           "--set", "plcql.temperature=0.5,x")
     assert code == 2 and err.count("\n") == 1 and "temperature: must be a number, got 'x'" in err
     assert not (tmp_path / "res").exists() and not (tmp_path / "data").exists()
-    code, _, err = _main(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
-                         "--only", "algo=bc", "--set", "plcql.temperature=2")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
+                           "--only", "algo=bc", "--set", "plcql.temperature=2")
     assert code == 2 and "no plcql cell in the selection" in err
 
-    code, out, err = _main(monkeypatch, capsys, *base, "all", *sweep, "--jobs", "2")  # spawned workers
+    code, out, err = run_cli(monkeypatch, capsys, *base, "all", *sweep, "--jobs", "2")  # spawned workers
     assert code == 0, out + err
     assert "3 cells: trained 3" in out
     finals = {p.parent.parent.parent.parent.name: json.loads(p.read_text())
@@ -90,9 +76,9 @@ def test_all_trains_one_labelled_variant_per_value(tmp_path, monkeypatch, capsys
         assert {k: v for k, v in f["config"].items() if k != "temperature"} == \
             {k: v for k, v in finals["plcql"]["config"].items() if k != "temperature"}
 
-    code, out, _ = _main(monkeypatch, capsys, *base, "all", *sweep)
+    code, out, _ = run_cli(monkeypatch, capsys, *base, "all", *sweep)
     assert code == 0 and "3 cells: trained 0, skipped 3 (done)" in out
-    code, out, _ = _main(monkeypatch, capsys, *base, "plan", *sweep)
+    code, out, _ = run_cli(monkeypatch, capsys, *base, "plan", *sweep)
     assert code == 0 and "3 cells: done 3" in out and "plcql-temperature-0.5" in out
 
     # the leaderboard's ablation table has a row per variant, described as a sweep

@@ -5,12 +5,12 @@ reader and from W&B's offline run directory. metrics.jsonl stays the record."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from plcql_bench.suite.core.errors import BenchError
+from cli_main import run_cli
 
 PROFILE = """
 name: trackertest
@@ -20,20 +20,6 @@ train: {updates: {default: 6}, eval_every: 1, eval_episodes: 1, final_eval_episo
 matrix: {algos: [bc, cfcql], tasks: [mpe-cn], tiers: [random], seeds: [0]}
 algo_overrides: {batch_size: 32, hidden: 32}
 """
-
-
-def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.commands.main import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
@@ -130,16 +116,16 @@ def test_tensorboard_mirrors_metrics_and_a_resume_purges_what_the_crash_left(set
 
     run = ["run", "--algo", "bc", "--task", "mpe-cn", "--dataset", "random", "--profile", str(tmp_path / "p.yaml"),
            "--log", "tensorboard"]
-    assert _main(monkeypatch, capsys, *base, "datasets", "build", "mpe-cn", "random", "--profile",
-                 str(tmp_path / "p.yaml"))[0] == 0
+    assert run_cli(monkeypatch, capsys, *base, "datasets", "build", "mpe-cn", "random", "--profile",
+                   str(tmp_path / "p.yaml"))[0] == 0
     monkeypatch.setattr(BC, "update", crash_in_round_4)
-    code, _, err = _main(monkeypatch, capsys, *base, *run)
+    code, _, err = run_cli(monkeypatch, capsys, *base, *run)
     assert code == 1 and "crash" in err, err
     run_dir = _run_dir(tmp_path, "bc")
     crashed, _ = _tensorboard(run_dir)
     assert sorted(crashed["score"]) == [0, 1, 2, 3]  # logged beyond the checkpoint at 2
     monkeypatch.setattr(BC, "update", real)
-    code, out, err = _main(monkeypatch, capsys, *base, *run)
+    code, out, err = run_cli(monkeypatch, capsys, *base, *run)
     assert code == 0, err
     scalars, text = _tensorboard(run_dir)
     _close(scalars, _expected(run_dir))  # every value once, the resumed run's (the record's)
@@ -151,8 +137,8 @@ def test_tensorboard_mirrors_metrics_and_a_resume_purges_what_the_crash_left(set
 def test_wandb_offline_run_holds_the_metrics_key_and_config(setup, monkeypatch, capsys):
     pytest.importorskip("wandb")
     tmp_path, base = setup
-    code, out, err = _main(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
-                           "--log", "wandb", "--log", "tensorboard", "--jobs", "2")
+    code, out, err = run_cli(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"),
+                             "--log", "wandb", "--log", "tensorboard", "--jobs", "2")
     assert code == 0, out + err
     for algo in ("bc", "cfcql"):
         run_dir = _run_dir(tmp_path, algo)
@@ -187,10 +173,10 @@ def test_a_failing_tracker_leaves_the_run_and_its_record_whole(setup, monkeypatc
         raise OSError("disk full")
 
     monkeypatch.setattr(tracking._TensorBoard, "scalars", broken)
-    assert _main(monkeypatch, capsys, *base, "datasets", "build", "mpe-cn", "random", "--profile",
-                 str(tmp_path / "p.yaml"))[0] == 0
-    code, _, err = _main(monkeypatch, capsys, *base, "run", "--algo", "bc", "--task", "mpe-cn", "--dataset", "random",
-                         "--profile", str(tmp_path / "p.yaml"), "--log", "tensorboard")
+    assert run_cli(monkeypatch, capsys, *base, "datasets", "build", "mpe-cn", "random", "--profile",
+                   str(tmp_path / "p.yaml"))[0] == 0
+    code, _, err = run_cli(monkeypatch, capsys, *base, "run", "--algo", "bc", "--task", "mpe-cn", "--dataset", "random",
+                           "--profile", str(tmp_path / "p.yaml"), "--log", "tensorboard")
     assert code == 0, err
     run_dir = _run_dir(tmp_path, "bc")
     assert [row["update"] for row in _metrics(run_dir)] == list(range(7)) and (run_dir / "final.json").exists()
@@ -207,6 +193,6 @@ def test_a_tracker_that_is_not_installed_is_a_user_error(setup, monkeypatch, cap
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(BenchError, match=r"--log wandb needs the wandb package: pip install 'plcql-bench\[wandb\]'"):
         check_available(["wandb"])
-    code, _, err = _main(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"), "--log", "wandb")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"), "--log", "wandb")
     assert code == 2 and err.count("\n") == 1 and "plcql-bench[wandb]" in err
     assert not (tmp_path / "res").exists() and not (tmp_path / "data").exists()

@@ -6,7 +6,6 @@ back, and our tier -> vault -> our tier gives identical arrays."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ pytest.importorskip("flashbax", reason="the [vault] extra (in dev: make test ins
 from plcql_bench.datasets import format as fmt  # noqa: E402
 from plcql_bench.datasets import manifest  # noqa: E402
 from plcql_bench.suite.envs.tasks import get_task  # noqa: E402
+from cli_main import run_cli  # noqa: E402
 
 EPISODE = 25  # MPE's episode length
 PROFILE = """
@@ -29,20 +29,6 @@ train: {updates: {default: 2}, eval_every: 2, eval_episodes: 1, final_eval_episo
 matrix: {algos: [bc], tasks: [mpe-cn], tiers: [random], seeds: [0]}
 algo_overrides: {batch_size: 16, hidden: 16}
 """
-
-
-def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from plcql_bench.suite.commands.main import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _ogmarl_experience(rng, rows: int, n: int, obs: int, state: int, act: int | None, n_actions: int = 0) -> dict:
@@ -96,7 +82,7 @@ def test_an_ogmarl_vault_imports_trains_in_all_and_labels_its_results(tmp_path, 
     (tmp_path / "p.yaml").write_text(PROFILE)
     base = ["--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "res")]
 
-    code, out, err = _main(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"), "--jobs", "1")
+    code, out, err = run_cli(monkeypatch, capsys, *base, "all", "--profile", str(tmp_path / "p.yaml"), "--jobs", "1")
     assert code == 0, out + err
     assert "1 cells: trained 1" in out
 
@@ -134,11 +120,11 @@ def test_an_ogmarl_vault_imports_trains_in_all_and_labels_its_results(tmp_path, 
     assert f'<span title="vault:{vault}#Random">imported: vault</span>' in (tmp_path / "site" / "index.html").read_text()
 
     # the CLI import picks the uid that names the tier (Expert for expert); errors are one line
-    code, out, err = _main(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "expert", str(vault),
-                           "--profile", "smoke")
+    code, out, err = run_cli(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "expert", str(vault),
+                             "--profile", "smoke")
     assert code == 0 and "imported 50 transitions (2 episodes)" in out, err
-    code, _, err = _main(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "medium", str(vault),
-                         "--profile", "smoke")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "medium", str(vault),
+                           "--profile", "smoke")
     assert code == 2 and err.count("\n") == 1 and "no uid names tier 'medium' (uids: Expert, Random); pass --uid" in err
 
 
@@ -166,8 +152,8 @@ def test_our_tier_round_trips_through_a_vault_flashbax_reads(tmp_path, monkeypat
     base = ["--data-dir", str(tmp_path / "data")]
     built = build_dataset("mpe-cn", "random", 4, tmp_path / "data" / "smoke", profile="smoke")
     ours = fmt.load_dataset(tmp_path / "data" / "smoke" / built["file"])
-    code, out, err = _main(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--format", "vault",
-                           "--out", str(tmp_path / "vaults"))
+    code, out, err = run_cli(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--format", "vault",
+                             "--out", str(tmp_path / "vaults"))
     assert code == 0, err
     vault = tmp_path / "vaults" / "mpe-cn.vlt"
     assert f"from {tmp_path / 'data' / 'smoke' / built['file']} -> vault {vault / 'random'}" in out
@@ -183,8 +169,8 @@ def test_our_tier_round_trips_through_a_vault_flashbax_reads(tmp_path, monkeypat
     assert np.array_equal(got["truncations"].all(axis=1), ours.arrays["timeouts"].astype(bool))
 
     # and our import gives back the same arrays, every one of them
-    code, _, err = _main(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "random", str(vault),
-                         "--format", "vault", "--profile", "paper")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "datasets", "import", "mpe-cn", "random", str(vault),
+                           "--format", "vault", "--profile", "paper")
     assert code == 0, err
     back = fmt.load_dataset(tmp_path / "data" / "paper" / manifest.lookup(tmp_path / "data" / "paper", "mpe-cn",
                                                                           "random")["file"], spec=spec)
@@ -196,11 +182,11 @@ def test_our_tier_round_trips_through_a_vault_flashbax_reads(tmp_path, monkeypat
     assert back.attrs["source"] == f"vault:{vault}#random"
 
     # a second export to the same uid is refused (nothing replaced), --force replaces it
-    code, _, err = _main(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--out",
-                         str(tmp_path / "vaults"))
+    code, _, err = run_cli(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--out",
+                           str(tmp_path / "vaults"))
     assert code == 2 and "uid: exists already (--force replaces it)" in err
-    assert _main(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--out",
-                 str(tmp_path / "vaults"), "--force")[0] == 0
+    assert run_cli(monkeypatch, capsys, *base, "datasets", "export", "mpe-cn", "random", "--out",
+                   str(tmp_path / "vaults"), "--force")[0] == 0
     assert sorted(p.name for p in vault.iterdir()) == ["random"]  # no temp folder left behind
 
 
@@ -230,6 +216,6 @@ def test_a_profiles_import_path_is_taken_from_its_folder(tmp_path, monkeypatch, 
         "format": "vault", "path": str(tmp_path / "vaults/omar/mpe/simple_spread.vlt"), "uid": "Random", "seed": 0}
     assert profile.import_for("mpe-cn", "expert") is None
     # plan names the missing source as the reason the cell cannot run
-    code, out, _ = _main(monkeypatch, capsys, "--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"),
-                         "plan", "--profile", str(tmp_path / "p.yaml"))
+    code, out, _ = run_cli(monkeypatch, capsys, "--data-dir", str(tmp_path / "d"), "--results-dir", str(tmp_path / "r"),
+                           "plan", "--profile", str(tmp_path / "p.yaml"))
     assert code == 0 and f"the profile imports it from {tmp_path / 'vaults/omar/mpe/simple_spread.vlt'}, which is not there" in out
