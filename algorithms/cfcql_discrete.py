@@ -40,12 +40,15 @@ above); this file has CFCQL's round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent
 from plcql_bench.algorithms.common.discrete_ensemble import (
-    SINGLE_LEGACY_KEYS, BackboneAlgorithm, BackboneConfig, CFCQLBackbone, uses_behaviour)
+    SINGLE_LEGACY_KEYS, BackboneConfig, CFCQLBackbone, uses_behaviour)
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -55,7 +58,7 @@ class Config(BackboneConfig):
 
 
 @register
-class CFCQLDiscrete(BackboneAlgorithm):
+class CFCQLDiscrete(DiscreteAlgorithm):
     name = "cfcql"
     Config = Config
     table = "cfcql_discrete"  # algorithms/configs/cfcql_discrete.yaml (also SPaCQL's and PLCQL's)
@@ -64,6 +67,23 @@ class CFCQLDiscrete(BackboneAlgorithm):
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         self.backbone = CFCQLBackbone(self, 1, stacked=False, use_behaviour=uses_behaviour(config))
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def modules(self) -> dict[str, nn.Module]:
+        return self.backbone.modules()
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.backbone.optimisers()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> RNNAgent:
+        return self.backbone.policy
 
     # -- one round -------------------------------------------------------------------------------
     def compute_target(self, batch: EpisodeBatch, q_all: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,14 +15,15 @@ actions (`masked_uniform_sample`), so no unavailable action enters the logsumexp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
 from plcql_bench.algorithms.common import kernels_discrete as fast
-from plcql_bench.algorithms.common.discrete import masked_mean, masked_uniform_sample
-from plcql_bench.algorithms.common.discrete_ensemble import (
-    SINGLE_LEGACY_KEYS, BackboneAlgorithm, BackboneConfig, CFCQLBackbone)
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, RNNAgent, masked_mean, masked_uniform_sample
+from plcql_bench.algorithms.common.discrete_ensemble import SINGLE_LEGACY_KEYS, BackboneConfig, CFCQLBackbone
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -34,7 +35,7 @@ class Config(BackboneConfig):
 
 
 @register
-class MACQLDiscrete(BackboneAlgorithm):
+class MACQLDiscrete(DiscreteAlgorithm):
     name = "macql"
     Config = Config
     table = "macql_discrete"
@@ -43,6 +44,22 @@ class MACQLDiscrete(BackboneAlgorithm):
     def __init__(self, spec: TaskSpec, config: Config, seed: int, device: str = "cpu") -> None:
         super().__init__(spec, config, seed, device)
         self.backbone = CFCQLBackbone(self, 1, stacked=False, use_behaviour=False)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return self.backbone.modules()
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.backbone.optimisers()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> RNNAgent:
+        return self.backbone.policy
 
     def cql_penalty(self, batch: EpisodeBatch, q: torch.Tensor, q_tot: torch.Tensor,
                     mix_w: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:

@@ -476,14 +476,21 @@ class PLCQL(CentralCriticAlgorithm):
         return self.par.run_warnings(history)
 
 
-register_variant(PLCQL, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
-register_variant(PLCQL, "plcql-k2", "PLCQL ablation: k fixed to 2.", fixed_k=2)
-register_variant(PLCQL, "plcql-kn", "PLCQL ablation: k fixed to n (full joint replacement).", fixed_k="n")
-register_variant(PLCQL, "plcql-w1", "PLCQL ablation: no uncertainty weighting (w = 1).", uncertainty_weight=False)
-register_variant(PLCQL, "plcql-uniform", "PLCQL ablation: pi_par frozen at uniform over k = 1..n.",
-                 fixed_k="uniform")
-register_variant(PLCQL, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
-register_variant(PLCQL, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
+# The ablations and PAR variants of both action spaces (plcql_discrete.py registers the same list).
+PAR_VARIANTS = (
+    ("plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", {"fixed_k": 1}),
+    ("plcql-k2", "PLCQL ablation: k fixed to 2.", {"fixed_k": 2}),
+    ("plcql-kn", "PLCQL ablation: k fixed to n (full joint replacement).", {"fixed_k": "n"}),
+    ("plcql-w1", "PLCQL ablation: no uncertainty weighting (w = 1).", {"uncertainty_weight": False}),
+    ("plcql-uniform", "PLCQL ablation: pi_par frozen at uniform over k = 1..n.", {"fixed_k": "uniform"}),
+    ("plcql-t0.1", "PLCQL with temperature T = 0.1.", {"temperature": 0.1}),
+    ("plcql-t10", "PLCQL with temperature T = 10.", {"temperature": 10.0}),
+    ("plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the dataset action, "
+     "advantages scaled by the spread of r_par.", {"par_reward": "lcb", "advantage_norm": "reward"}),
+)
+for _name, _doc, _defaults in PAR_VARIANTS:
+    register_variant(PLCQL, _name, _doc, **_defaults)
+# Continuous only: the replaced agents' actions from actors (discrete PAR takes the greedy mean-Q action).
 register_variant(PLCQL, "plcql-target-actors", "PLCQL with the replaced agents' next actions from the target actors "
                  "plus CFCQL's clipped smoothing noise (TD3's target), not Algorithm 1's online actors.",
                  replace_with="target")
@@ -495,5 +502,3 @@ register_variant(PLCQL, "plcql-member-clip", "Control (not the paper's) that set
                  critic_clip="per-member")
 register_variant(PLCQL, "plcql-joint-clip", "PLCQL with the critic's gradient norm clipped once over all 10 members "
                  "(the twin-critic references' clip; PLCQL's default before 2026-11-27).", critic_clip="joint")
-register_variant(PLCQL, "plcql-lcb", "This suite's PAR variant (not the paper's): LCB on the improvement over the "
-                 "dataset action, advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")

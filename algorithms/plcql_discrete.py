@@ -34,10 +34,10 @@ from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register, register_variant
 from plcql_bench.algorithms.common.continuous import host_floats
-from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import (
-    ENSEMBLE_LEGACY_KEYS, BackboneAlgorithm, CFCQLBackbone, EnsembleConfig, next_action_data, uses_behaviour)
-from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, Par, ParConfig, par_probe_stats, probe_terms
+    ENSEMBLE_LEGACY_KEYS, CFCQLBackbone, EnsembleConfig, MeanQPolicy, next_action_data, uses_behaviour)
+from plcql_bench.algorithms.plcql import PAR_LEGACY_KEYS, PAR_VARIANTS, Par, ParConfig, par_probe_stats, probe_terms
 from plcql_bench.suite.core.spec import TaskSpec
 
 
@@ -47,7 +47,7 @@ class Config(EnsembleConfig, ParConfig):
 
 
 @register
-class PLCQLDiscrete(BackboneAlgorithm):
+class PLCQLDiscrete(DiscreteAlgorithm):
     name = "plcql"
     Config = Config
     table = "cfcql_discrete"  # CFCQL-discrete's per-map cql_alpha / softmax_temp
@@ -66,6 +66,16 @@ class PLCQLDiscrete(BackboneAlgorithm):
 
     def optimisers(self) -> dict[str, torch.optim.Optimizer]:
         return {**self.backbone.optimisers(), **self.par.optimisers()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> MeanQPolicy:
+        return self.backbone.policy
 
     # -- targets --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -165,14 +175,5 @@ class PLCQLDiscrete(BackboneAlgorithm):
         return self.par.run_warnings(history)
 
 
-register_variant(PLCQLDiscrete, "plcql-k1", "PLCQL ablation: k fixed to 1 (single-agent replacement).", fixed_k=1)
-register_variant(PLCQLDiscrete, "plcql-k2", "PLCQL ablation: k fixed to 2.", fixed_k=2)
-register_variant(PLCQLDiscrete, "plcql-kn", "PLCQL ablation: k fixed to n (full joint replacement).", fixed_k="n")
-register_variant(PLCQLDiscrete, "plcql-w1", "PLCQL ablation: no uncertainty weighting (w = 1).", uncertainty_weight=False)
-register_variant(PLCQLDiscrete, "plcql-uniform", "PLCQL ablation: pi_par frozen at uniform over k = 1..n.",
-                 fixed_k="uniform")
-register_variant(PLCQLDiscrete, "plcql-t0.1", "PLCQL with temperature T = 0.1.", temperature=0.1)
-register_variant(PLCQLDiscrete, "plcql-t10", "PLCQL with temperature T = 10.", temperature=10.0)
-register_variant(PLCQLDiscrete, "plcql-lcb",
-                 "This suite's PAR variant (not the paper's): LCB on the improvement over the dataset action, "
-                 "advantages scaled by the spread of r_par.", par_reward="lcb", advantage_norm="reward")
+for _name, _doc, _defaults in PAR_VARIANTS:
+    register_variant(PLCQLDiscrete, _name, _doc, **_defaults)

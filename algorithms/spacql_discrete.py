@@ -20,13 +20,15 @@ All n·(T+1) joint actions of an episode go through one stacked target-mixer cal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from plcql_bench.algorithms.base import EpisodeBatch, register
-from plcql_bench.algorithms.common.discrete import masked_mean, td_lambda_targets
+from plcql_bench.algorithms.common.discrete import DiscreteAlgorithm, masked_mean, td_lambda_targets
 from plcql_bench.algorithms.common.discrete_ensemble import (
-    ENSEMBLE_LEGACY_KEYS, BackboneAlgorithm, CFCQLBackbone, EnsembleConfig, next_action_data, uses_behaviour)
+    ENSEMBLE_LEGACY_KEYS, CFCQLBackbone, EnsembleConfig, MeanQPolicy, next_action_data, uses_behaviour)
 from plcql_bench.algorithms.spacql import check_weight_choices, inverse_std_weights, par_masks_all_k
 from plcql_bench.suite.core.spec import TaskSpec
 
@@ -41,7 +43,7 @@ class Config(EnsembleConfig):
 
 
 @register
-class SPaCQLDiscrete(BackboneAlgorithm):
+class SPaCQLDiscrete(DiscreteAlgorithm):
     name = "spacql"
     Config = Config
     table = "cfcql_discrete"  # CFCQL-discrete's per-map cql_alpha / softmax_temp
@@ -52,6 +54,22 @@ class SPaCQLDiscrete(BackboneAlgorithm):
         super().__init__(spec, config, seed, device)
         self.backbone = CFCQLBackbone(self, config.n_critics, stacked=True, use_behaviour=uses_behaviour(config),
                                       block_mb=config.cf_block_mb)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return self.backbone.modules()
+
+    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.backbone.optimisers()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.backbone.behaviour_state = dict(state["behaviour_state"])
+
+    def policy_agent(self) -> MeanQPolicy:
+        return self.backbone.policy
 
     # -- target ---------------------------------------------------------------------------------
     @torch.no_grad()

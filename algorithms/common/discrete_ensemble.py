@@ -53,7 +53,7 @@ from plcql_bench.algorithms.common import kernels
 from plcql_bench.algorithms.common import kernels_discrete as fast
 from plcql_bench.algorithms.common.continuous import make_adam
 from plcql_bench.algorithms.common.discrete import (
-    DiscreteAlgorithm, QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
+    QMixer, RNNAgent, bc_step, last_action_onehot, masked_argmax, masked_logsumexp, masked_mean, masked_softmax,
     td_lambda_targets, time_major_inputs)
 from plcql_bench.algorithms.common.nets import clip_grad_norm_stacked_, hard_update_
 
@@ -685,30 +685,6 @@ class CFCQLBackbone:
         hard_update_(self.target_critic, self.critic)
         hard_update_(self.target_mixer, self.mixer)
 
-
-
-class BackboneAlgorithm(DiscreteAlgorithm):
-    """A family member whose value functions are a `CFCQLBackbone` (`self.backbone`, built in the subclass's
-    __init__): its checkpointed modules and optimisers, β's training state and the greedy policy are the
-    backbone's. An algorithm with parts of its own (PLCQL's PAR) adds them to `modules`/`optimisers`."""
-
-    backbone: CFCQLBackbone
-
-    def modules(self) -> dict[str, nn.Module]:
-        return self.backbone.modules()
-
-    def optimisers(self) -> dict[str, torch.optim.Optimizer]:
-        return self.backbone.optimisers()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "behaviour_state": dict(self.backbone.behaviour_state)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.backbone.behaviour_state = dict(state["behaviour_state"])
-
-    def policy_agent(self) -> RNNAgent | MeanQPolicy:
-        return self.backbone.policy
 
 def next_action_data(batch: EpisodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per observation index t' in 0..T: the dataset action a_t' [B, T+1, n] (0 at T), whether it is known
