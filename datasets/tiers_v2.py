@@ -8,7 +8,9 @@
   own first collection seeds, with the tier's own noise generator, so a candidate's statistics are those
   of the first episodes the build would collect. The candidate closest to the original tier
   (datasets/originals.json), by |Δmean| / mean tolerance + |Δstd| / std tolerance, is chosen; every
-  candidate's statistics are kept in the index ("selection") as the evidence;
+  candidate's statistics are kept in the index ("selection") as the evidence. Where a tier holds few
+  episodes (Half-Cheetah: 1,000), the best candidates of that screen are rolled out again on all of the
+  tier's episodes and the choice is made among them (`CONFIRM`): their statistics are the tier's own;
 * random: uniform actions (no checkpoint);
 * medium-replay: the run's training replay up to the original's size (its transitions), rebuilt from
   the checkpoint sequence as in v1 (matd3.replay_parts); the run's updates-per-step is what makes that
@@ -46,6 +48,11 @@ NOISES: dict[tuple[str, str], tuple[float, ...]] = {
 DEFAULT_NOISE = (0.1,)
 # Episodes each candidate is rolled out for: the first episodes of the tier's own collection.
 EPISODES = {"mpe": 1024, "mamujoco": 64}
+# Then the CONFIRM[domain] best-scoring candidates are rolled out on every episode of the tier (the original's
+# count), and the choice is made among them. Half-Cheetah: a policy that falls over in 1 episode of 20 widens a
+# 1,000-episode tier's spread beyond the 64-episode screen's (2026-12-05: 253.1 on the screen, 354.8 built),
+# and 1,000 episodes take ~90 s a candidate. MPE: none (a tier is 40,000 episodes; the screen is 1,024).
+CONFIRM = {"mamujoco": 10}
 CANDIDATE_EVERY = 10_000  # env steps between the checkpoints tried for expert and medium
 INDEX = "index-v2.json"
 SUBDIR = "v2"  # checkpoints under datasets/assets/behaviour/<task>/v2/
@@ -91,12 +98,14 @@ def choose(rows: list[dict], original: dict, mean_tol: float, std_tol: float) ->
 
 
 def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Callable[[str], None] = print) -> dict:
-    """Roll out every candidate (checkpoint step × noise) of `tier` and choose by the originals."""
+    """Roll out every candidate (checkpoint step × noise) of `tier` and choose by the originals; where the
+    domain has a CONFIRM count, choose among that many best candidates rolled out on the whole tier."""
     task_id = task.spec.task_id
     orig = originals.load_originals()
     tiers = orig["tasks"][task_id]
     span = tiers["expert"]["mean"] - tiers["random"]["mean"]
     tol = orig["tolerance"]
+    mean_tol, std_tol = tol["mean_fraction_of_range"] * span, tol["std_fraction"] * tiers[tier]["std"]
     episodes = EPISODES[task.spec.domain]
     rows = []
     for step in steps:
@@ -105,8 +114,20 @@ def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Call
             rows.append({"env_steps": step, "noise": noise, **s})
         progress(f"{task_id}/{tier}: candidates at step {step}: "
                  + ", ".join(f"noise {r['noise']}: {r['mean']:.1f} ± {r['std']:.1f}" for r in rows if r["env_steps"] == step))
-    best = choose(rows, tiers[tier], tol["mean_fraction_of_range"] * span, tol["std_fraction"] * tiers[tier]["std"])
-    return {"chosen": best, "episodes": episodes, "candidates": rows}
+    best = choose(rows, tiers[tier], mean_tol, std_tol)
+    out = {"chosen": best, "episodes": episodes, "candidates": rows}
+    keep = CONFIRM.get(task.spec.domain, 0)
+    if keep:
+        full = int(tiers[tier]["episodes"])
+        confirmed = []
+        for r in sorted(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))[:keep]:
+            s = candidate_stats(task, run_dir / f"ckpt_{r['env_steps']:09d}.pt", r["noise"], tier, full)
+            confirmed.append({"env_steps": r["env_steps"], "noise": r["noise"], **s})
+            progress(f"{task_id}/{tier}: step {r['env_steps']} noise {r['noise']} on all {full} episodes: "
+                     f"{s['mean']:.1f} ± {s['std']:.1f} (screen: {r['mean']:.1f} ± {r['std']:.1f})")
+        out.update(chosen=choose(confirmed, tiers[tier], mean_tol, std_tol),
+                   confirmed={"episodes": full, "candidates": confirmed})
+    return out
 
 
 def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = None,
@@ -127,7 +148,8 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
         "budget": budget, "train_seed": int(state.get("seed", 0)), "prey": task.spec.env_versions().get("prey"),
         "tiers": {"random": {"policy": "uniform"}}, "selection": {
             "rule": "least |mean - original| / mean tolerance + |std - original| / std tolerance over agent 0's "
-                    "returns on the tier's first collection episodes (datasets/tiers_v2.py)"},
+                    "returns on the tier's first collection episodes; where 'confirmed' is given, among its best "
+                    "candidates rolled out on all of the tier's episodes (datasets/tiers_v2.py)"},
         "learning_curve": [{"env_steps": e["env_steps"], "return": round(e["return"], 3)} for e in log],
     }
     by_step = {e["env_steps"]: e for e in log}
@@ -140,7 +162,7 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
                                 "return": by_step[best["env_steps"]]["return"],
                                 "candidate_stats": {k: best[k] for k in ("mean", "std", "min", "max")},
                                 "in_tolerance": best["in_tolerance"]}
-        index["selection"][tier] = {"episodes": sel["episodes"], "candidates": sel["candidates"]}
+        index["selection"][tier] = {k: sel[k] for k in ("episodes", "candidates", "confirmed") if k in sel}
         progress(f"{task_id}/{tier}: chose step {best['env_steps']} noise {best['noise']}: "
                  f"{best['mean']:.1f} ± {best['std']:.1f} (in tolerance: {best['in_tolerance']})")
     index["medium_replay"] = _replay_v2(task, run_dir, d, budget, [0] + steps, index["train_seed"], replay_parts,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,3 +160,58 @@ def test_select_tiers_picks_half(tmp_path):
     sel = matd3.select_tiers("mpe-cn", tmp_path, random_return=10.0)
     assert sel["expert"]["env_steps"] == 50 and sel["medium"]["env_steps"] == 20
     assert sel["random"]["env_steps"] == 0
+
+
+def _fake_stats(table):
+    """candidate_stats stand-in: (step, episodes) -> mean and std from `table` (the screen's and the whole tier's)."""
+    calls = []
+
+    def stats(task, ckpt, noise, tier, episodes):
+        step = int(ckpt.stem.split("_")[1])
+        calls.append((step, episodes))
+        mean, std = table[(step, episodes)]
+        return {"mean": mean, "std": std, "min": mean - 3 * std, "max": mean + std}
+    return stats, calls
+
+
+def _task(task_id: str, domain: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(spec=SimpleNamespace(task_id=task_id, domain=domain))
+
+
+def test_half_cheetah_chooses_among_the_screens_best_rolled_out_on_the_whole_tier(monkeypatch):
+    """The 64-episode screen favours step 20 (std as the original's), but on all 1,000 episodes of the tier
+    step 20 falls over more often (std 360, out of tolerance) and step 30 holds: step 30 is chosen, and only
+    the CONFIRM best of the screen are rolled out again."""
+    from plcql_bench.datasets import tiers_v2
+
+    orig = tiers_v2.originals.load_originals()["tasks"]["mamujoco-halfcheetah-2x3"]["expert"]
+    m, s = orig["mean"], orig["std"]
+    table = {(10, 64): (m - 900, s), (20, 64): (m, s), (30, 64): (m - 40, s + 30), (40, 64): (m - 600, s),
+             (20, 1000): (m - 20, 360.0), (30, 1000): (m - 30, s + 10), (40, 1000): (m - 600, s)}
+    stats, calls = _fake_stats(table)
+    monkeypatch.setattr(tiers_v2, "candidate_stats", stats)
+    monkeypatch.setitem(tiers_v2.CONFIRM, "mamujoco", 2)
+    sel = tiers_v2.select_tier(_task("mamujoco-halfcheetah-2x3", "mamujoco"), Path("run"), "expert",
+                               [10, 20, 30, 40], progress=lambda *_: None)
+    assert sel["candidates"][1]["in_tolerance"] and sel["candidates"][1]["env_steps"] == 20  # the screen's pick
+    assert sel["chosen"]["env_steps"] == 30 and sel["chosen"]["in_tolerance"]
+    assert sel["chosen"]["std"] == s + 10  # the whole tier's statistics, not the screen's
+    assert sel["confirmed"]["episodes"] == orig["episodes"] == 1000
+    assert [r["env_steps"] for r in sel["confirmed"]["candidates"]] == [20, 30]
+    assert not sel["confirmed"]["candidates"][0]["in_tolerance"]
+    assert sorted(c for c in calls if c[1] == 1000) == [(20, 1000), (30, 1000)]
+
+
+def test_mpe_tiers_are_chosen_on_the_screen_alone(monkeypatch):
+    """MPE (no CONFIRM count): the screen's best is the choice, nothing is rolled out again."""
+    from plcql_bench.datasets import tiers_v2
+
+    orig = tiers_v2.originals.load_originals()["tasks"]["mpe-pp"]["medium"]
+    m, s = orig["mean"], orig["std"]
+    stats, calls = _fake_stats({(10, 1024): (m - 30, s), (20, 1024): (m + 1, s - 2)})
+    monkeypatch.setattr(tiers_v2, "candidate_stats", stats)
+    sel = tiers_v2.select_tier(_task("mpe-pp", "mpe"), Path("run"), "medium", [10, 20], progress=lambda *_: None)
+    assert sel["chosen"]["env_steps"] == 20 and "confirmed" not in sel
+    assert calls == [(10, 1024), (20, 1024)]
