@@ -15,6 +15,6 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
         main()
         code = 0
     except SystemExit as exc:
-        code = int(exc.code)
+        code = int(exc.code or 0)
     out = capsys.readouterr()
     return code, out.out, out.err

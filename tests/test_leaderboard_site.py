@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import html as html_mod
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_main import run_cli
 from lb_fixtures import NOW, write_run
 from plcql_bench.leaderboard.site import YOUR_RUNS, build_boards, committed_hint, count_runs
 
@@ -105,21 +105,6 @@ def test_front_page_weighs_less_than_its_figures(tmp_path):
 # ------------------------------------------------------------------ the command line
 
 
-def bench(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The real `plcql-bench` entry point, in process: (exit status, stdout, stderr)."""
-    from plcql_bench.suite.commands.main import main
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["plcql-bench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture()
 def clone(tmp_path, monkeypatch) -> Path:
     """A working directory laid out like a clean clone: leaderboard/results holds the committed runs,
@@ -131,13 +116,13 @@ def clone(tmp_path, monkeypatch) -> Path:
 
 
 def test_leaderboard_front_writes_both_boards(clone, monkeypatch, capsys):
-    code, out, err = bench(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
+    code, out, err = run_cli(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
     assert code == 0, err
     assert "no runs in results/ yet: site/your-runs not written" in out and "site/index.html (6 runs from leaderboard/results)" in out
     t = words(bar(clone / "site" / "index.html"))
     assert "Committed results (this page) 6 runs · profile paper · leaderboard/results/" in t
     smoke(clone / "results")
-    code, out, err = bench(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
+    code, out, err = run_cli(monkeypatch, capsys, "leaderboard", "--front", "leaderboard/results", "--out", "site")
     assert code == 0, err
     assert "site/index.html (6 runs from leaderboard/results)" in out and "site/your-runs/index.html (2 runs from results)" in out
     assert 'href="your-runs/index.html"' in bar(clone / "site" / "index.html")
@@ -149,29 +134,29 @@ def test_leaderboard_front_user_errors(clone, monkeypatch, capsys):
     for args, named in ((("leaderboard", "--front", "nope", "--out", "site"), "nope (--front)"),
                         (("--results-dir", "typo", "leaderboard", "--front", "leaderboard/results", "--out", "site"), "typo"),
                         (("leaderboard", "--front", "leaderboard/results", "--results", "typo", "--out", "site"), "typo")):
-        code, out, err = bench(monkeypatch, capsys, *args)
+        code, out, err = run_cli(monkeypatch, capsys, *args)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and lines[0].startswith("error: results directory not found") and named in lines[0]
         assert "Traceback" not in err and not (clone / "site").exists()
 
 
 def test_status_on_a_clean_clone_points_to_the_committed_results(clone, monkeypatch, capsys):
-    code, out, err = bench(monkeypatch, capsys, "status")
+    code, out, err = run_cli(monkeypatch, capsys, "status")
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "results: results/ (the default --results-dir)", "0 runs: none",
         "hint: results/ holds no runs; the committed results are in leaderboard/results/ (6 runs of profile paper): "
         "plcql-bench --results-dir leaderboard/results status"]
-    code, out, _ = bench(monkeypatch, capsys, "--results-dir", "leaderboard/results", "status")
+    code, out, _ = run_cli(monkeypatch, capsys, "--results-dir", "leaderboard/results", "status")
     assert code == 0 and "6 runs: done 6" in out and "results: leaderboard/results/ (--results-dir)" in out
     assert "hint" not in out
     (clone / "results").mkdir()  # an empty folder of your own: the same pointer
-    code, out, _ = bench(monkeypatch, capsys, "status")
+    code, out, _ = run_cli(monkeypatch, capsys, "status")
     assert code == 0 and out.splitlines()[-1].startswith("hint: results/ holds no runs; the committed results")
 
 
 def test_plan_says_which_results_it_read(clone, monkeypatch, capsys):
-    code, out, err = bench(monkeypatch, capsys, "plan", "--profile", "paper", "--no-cells", "--only", "algo=plcql,cfcql,task=mpe-cn,dataset=expert,seed=0,1,2")
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--profile", "paper", "--no-cells", "--only", "algo=plcql,cfcql,task=mpe-cn,dataset=expert,seed=0,1,2")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "results: results/ (the default --results-dir)"
@@ -179,13 +164,13 @@ def test_plan_says_which_results_it_read(clone, monkeypatch, capsys):
     assert lines[2] == ("hint: results/ holds no runs of profile paper; the committed results are in leaderboard/results/ "
                         "(6 runs of profile paper): plcql-bench --results-dir leaderboard/results plan --profile paper")
     # the smoke profile's plan points to the profile the committed results hold
-    code, out, _ = bench(monkeypatch, capsys, "plan", "--no-cells")
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--no-cells")
     assert code == 0 and out.splitlines()[2].endswith("plcql-bench --results-dir leaderboard/results plan --profile paper")
 
 
 def test_plan_reading_the_committed_results_needs_no_hint(clone, monkeypatch, capsys):
-    code, out, err = bench(monkeypatch, capsys, "--results-dir", "leaderboard/results", "plan", "--profile", "paper",
-                           "--no-cells", "--only", "algo=plcql,cfcql,task=mpe-cn,dataset=expert,seed=0,1,2")
+    code, out, err = run_cli(monkeypatch, capsys, "--results-dir", "leaderboard/results", "plan", "--profile", "paper",
+                             "--no-cells", "--only", "algo=plcql,cfcql,task=mpe-cn,dataset=expert,seed=0,1,2")
     assert code == 0, err
     # (the fixture's runs are not this code's run keys, so they count as todo: still no pointer to themselves)
     assert out.splitlines()[0] == "results: leaderboard/results/ (--results-dir)" and "hint" not in out
