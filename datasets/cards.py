@@ -247,5 +247,6 @@ def _index(by_task: dict[str, dict[str, dict[str, Any]]], profile: str) -> str:
                          f"{_num(normalised_mean(e))} | {wr} |")
         ok = tier_order_ok(tiers)
         if ok is not None:
-            order_lines.append(f"- {task}: expert > medium > random by mean return: **{'yes' if ok else 'NO'}**")
+            chain = " > ".join(t for t in ("expert", "medium", "random") if t in tiers)  # the tiers it compared
+            order_lines.append(f"- {task}: {chain} by mean return: **{'yes' if ok else 'NO'}**")
     return "\n".join(lines + [""] + order_lines) + "\n"

@@ -39,7 +39,8 @@ def test_export_writes_cards_entries_and_an_index_with_the_tier_order(tmp_path):
     assert "created" not in rec and rec["n_transitions"] == 100
     index = (tmp_path / "cards" / "README.md").read_text()
     expected = "yes" if rec["return_mean"] > json.loads((tmp_path / "cards" / "mpe-cn" / "random.json").read_text())["return_mean"] else "NO"
-    assert f"mpe-cn: expert > medium > random by mean return: **{expected}**" in index
+    # only the tiers built are compared, and the line names them (no medium here)
+    assert f"- mpe-cn: expert > random by mean return: **{expected}**" in index and "> medium" not in index
 
 
 def test_export_keeps_a_card_the_build_is_another_cpus_rebuild_of(tmp_path):
