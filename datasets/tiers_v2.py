@@ -5,8 +5,9 @@
 
 * expert and medium: every checkpoint of the run (× each noise level the task allows: CN's expert also
   0.2-0.8, since the original CN expert is broader than a noise-0.1 expert) is rolled out on the tier's
-  own first collection seeds, with the tier's own noise generator, so a candidate's statistics are those
-  of the first episodes the build would collect. The candidate closest to the original tier
+  own first collection seeds, with the tier's own noise generator (on MPE, where the screen is whole
+  collection batches, a candidate's statistics are those of the first episodes the build would collect;
+  Half-Cheetah's 64 episodes are a sample of the same policy and noise). The candidate closest to the original tier
   (datasets/originals.json), by |Δmean| / mean tolerance + |Δstd| / std tolerance, is chosen; every
   candidate's statistics are kept in the index ("selection") as the evidence. Where a tier holds few
   episodes (Half-Cheetah: 1,000), the best candidates of that screen are rolled out again on all of the
@@ -46,7 +47,7 @@ NOISES: dict[tuple[str, str], tuple[float, ...]] = {
     ("mpe-cn", "expert"): (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
 }
 DEFAULT_NOISE = (0.1,)
-# Episodes each candidate is rolled out for: the first episodes of the tier's own collection.
+# Episodes each candidate is rolled out for: the tier's own first collection seeds (the screen).
 EPISODES = {"mpe": 1024, "mamujoco": 64}
 # Then the CONFIRM[domain] best-scoring candidates are rolled out on every episode of the tier (the original's
 # count), and the choice is made among them. Half-Cheetah: a policy that falls over in 1 episode of 20 widens a
@@ -119,15 +120,23 @@ def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Call
     keep = CONFIRM.get(task.spec.domain, 0)
     if keep:
         full = int(tiers[tier]["episodes"])
-        confirmed = []
-        for r in sorted(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))[:keep]:
-            s = candidate_stats(task, run_dir / f"ckpt_{r['env_steps']:09d}.pt", r["noise"], tier, full)
-            confirmed.append({"env_steps": r["env_steps"], "noise": r["noise"], **s})
-            progress(f"{task_id}/{tier}: step {r['env_steps']} noise {r['noise']} on all {full} episodes: "
-                     f"{s['mean']:.1f} ± {s['std']:.1f} (screen: {r['mean']:.1f} ± {r['std']:.1f})")
+        screened = sorted(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))[:keep]
+        confirmed = _whole_tier(task, run_dir, tier, screened, full, progress)
         out.update(chosen=choose(confirmed, tiers[tier], mean_tol, std_tol),
                    confirmed={"episodes": full, "candidates": confirmed})
     return out
+
+
+def _whole_tier(task, run_dir: Path, tier: str, screened: list[dict], episodes: int,
+                progress: Callable[[str], None]) -> list[dict]:
+    """The screened candidates rolled out on all `episodes` of the tier: the statistics of the tier each would build."""
+    rows = []
+    for r in screened:
+        s = candidate_stats(task, run_dir / f"ckpt_{r['env_steps']:09d}.pt", r["noise"], tier, episodes)
+        rows.append({"env_steps": r["env_steps"], "noise": r["noise"], **s})
+        progress(f"{task.spec.task_id}/{tier}: step {r['env_steps']} noise {r['noise']} on all {episodes} episodes: "
+                 f"{s['mean']:.1f} ± {s['std']:.1f} (screen: {r['mean']:.1f} ± {r['std']:.1f})")
+    return rows
 
 
 def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = None,
