@@ -168,9 +168,12 @@ def card_scoring(dataset, rebuild: dict[str, Any] | None):
     return dataset
 
 
+TIER_ORDER = ("expert", "medium", "random")  # by mean return, best first
+
+
 def tier_order_ok(entries: dict[str, dict[str, Any]]) -> bool | None:
     """expert > medium > random by mean return (tiers present among the three); None if < 2."""
-    means = [entries[t]["return_mean"] for t in ("expert", "medium", "random") if t in entries]
+    means = [entries[t]["return_mean"] for t in TIER_ORDER if t in entries]
     if len(means) < 2:
         return None
     return all(a > b for a, b in zip(means, means[1:]))
@@ -247,6 +250,6 @@ def _index(by_task: dict[str, dict[str, dict[str, Any]]], profile: str) -> str:
                          f"{_num(normalised_mean(e))} | {wr} |")
         ok = tier_order_ok(tiers)
         if ok is not None:
-            chain = " > ".join(t for t in ("expert", "medium", "random") if t in tiers)  # the tiers it compared
+            chain = " > ".join(t for t in TIER_ORDER if t in tiers)  # the tiers it compared
             order_lines.append(f"- {task}: {chain} by mean return: **{'yes' if ok else 'NO'}**")
     return "\n".join(lines + [""] + order_lines) + "\n"

@@ -95,7 +95,12 @@ def choose(rows: list[dict], original: dict, mean_tol: float, std_tol: float) ->
     for r in rows:
         r["score"] = round(abs(r["mean"] - original["mean"]) / mean_tol + abs(r["std"] - original["std"]) / std_tol, 4)
         r["in_tolerance"] = (abs(r["mean"] - original["mean"]) <= mean_tol and abs(r["std"] - original["std"]) <= std_tol)
-    return min(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))
+    return min(rows, key=_rank)
+
+
+def _rank(row: dict) -> tuple:
+    """A scored candidate's place: least score first, the earliest step and lowest noise on a tie."""
+    return row["score"], row["env_steps"], row["noise"]
 
 
 def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Callable[[str], None] = print) -> dict:
@@ -120,7 +125,7 @@ def select_tier(task, run_dir: Path, tier: str, steps: list[int], progress: Call
     keep = CONFIRM.get(task.spec.domain, 0)
     if keep:
         full = int(tiers[tier]["episodes"])
-        screened = sorted(rows, key=lambda r: (r["score"], r["env_steps"], r["noise"]))[:keep]
+        screened = sorted(rows, key=_rank)[:keep]
         confirmed = _whole_tier(task, run_dir, tier, screened, full, progress)
         out.update(chosen=choose(confirmed, tiers[tier], mean_tol, std_tol),
                    confirmed={"episodes": full, "candidates": confirmed})

@@ -104,8 +104,8 @@ def train_round(kind: str, agent, rb, n: int, r: int) -> None:
 
 def buffer_rewards(arrays: dict) -> tuple[str, np.ndarray]:
     """Which rewards the official buffer gets, and the [N, n] array of them: every agent's own (a v2 dataset's
-    `agent_rewards`, as the original per-agent files), else the team reward
-    broadcast to every agent (a read-only view; v1 data has no other)."""
+    `agent_rewards`, as the original per-agent files), else the team reward broadcast to every agent (a
+    read-only view; v1 data has no other)."""
     rewards = select_rewards(arrays, "per_agent")  # the runner's column choice: [N, n], or the team's [N] on v1
     if rewards.ndim == 2:
         return "per-agent", rewards
