@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from plcql_bench.datasets import scripted
+from plcql_bench.datasets.cards import moved_references
 from plcql_bench.datasets.generations import generation
 from plcql_bench.suite.core.spec import Policy
 from plcql_bench.datasets.matd3 import ASSETS_DIR, behaviour_dir, load_actor, noisy_policy, resolve_replay
@@ -231,6 +232,8 @@ def stale(entry: dict | None, task_id: str, tier: str, gen: str | None = None) -
         return None
     now = available(task_id, tier, gen)
     old = entry.get("behaviour_policy_id")
-    if now is None or old is None or old == now:
+    if now is None or old is None:
         return None
+    if old == now:
+        return moved_references(entry)
     return f"built from {old!r}; this code builds {now!r}"

@@ -156,6 +156,21 @@ def dataset_identity(entry: dict[str, Any]) -> tuple[str, dict[str, Any] | None]
                             "card_refs": _refs(card), "file_refs": _refs(entry)}
 
 
+def moved_references(entry: dict[str, Any]) -> str | None:
+    """Why a build of its committed card's recipe is not that card's data, though its behaviour policy is the
+    same: its reference returns are not the card's (the reference policy changed since it was built, e.g. a new
+    expert checkpoint; the tier's own episodes may be identical), or None."""
+    card = committed_entry(str(entry.get("profile")), str(entry.get("task_id")), str(entry.get("quality")))
+    if card is None or card["sha256"] == entry["sha256"] or any(entry.get(f) != card.get(f) for f in RECIPE_FIELDS):
+        return None
+    moved = [k for k in REBUILD_REFS if isinstance(entry.get(k), (int, float)) and isinstance(card.get(k), (int, float))
+             and _rel(entry[k], card[k]) > REBUILD_RTOL]
+    if not moved:
+        return None
+    return "reference returns " + ", ".join(f"{k.removeprefix('ref_return_')} {entry[k]:.2f}" for k in moved) \
+        + " where its card has " + ", ".join(f"{card[k]:.2f}" for k in moved)
+
+
 def _refs(entry: dict[str, Any]) -> dict[str, float | None]:
     return {k: entry.get(k) for k in REBUILD_REFS}
 

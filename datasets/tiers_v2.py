@@ -16,6 +16,9 @@
 * medium-replay: the run's training replay up to the original's size (its transitions), rebuilt from
   the checkpoint sequence as in v1 (matd3.replay_parts); the run's updates-per-step is what makes that
   replay look like the original's (docs/datasets.md, "v2").
+
+`republish_tier(task, tier, RUN_DIR)` chooses one tier again, possibly among another run's checkpoints (the
+trainer's other seeds or budgets: Half-Cheetah's medium, docs/datasets.md), and records that run in its entry.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from plcql_bench.datasets.matd3 import (
     noisy_policy,
     replay_parts,
 )
+from plcql_bench.suite.core.errors import BenchError
 from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
@@ -156,7 +160,6 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
     state = _run_record(run_dir)
     budget, log = state["budget"], _log(run_dir)
     steps = [e["env_steps"] for e in log if e["env_steps"] > 0]
-    candidates = [s for s in steps if s % CANDIDATE_EVERY == 0]
     index: dict[str, Any] = {
         "task_id": task_id, "trainer": TRAINER_VERSION, "generation": "v2", "profile": "v2",
         "budget": budget, "train_seed": int(state.get("seed", 0)), "prey": task.spec.env_versions().get("prey"),
@@ -166,22 +169,63 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
                     "candidates rolled out on all of the tier's episodes (datasets/tiers_v2.py)"},
         "learning_curve": [{"env_steps": e["env_steps"], "return": round(e["return"], 3)} for e in log],
     }
-    by_step = {e["env_steps"]: e for e in log}
     for tier in tiers:
-        sel = select_tier(task, run_dir, tier, candidates, progress)
-        best = sel["chosen"]
-        name = f"{SUBDIR}/{tier}.pt"
-        shutil.copyfile(run_dir / f"ckpt_{best['env_steps']:09d}.pt", d / name)
-        index["tiers"][tier] = {"checkpoint": name, "env_steps": best["env_steps"], "noise": best["noise"],
-                                "return": by_step[best["env_steps"]]["return"],
-                                "candidate_stats": {k: best[k] for k in ("mean", "std", "min", "max")},
-                                "in_tolerance": best["in_tolerance"]}
-        index["selection"][tier] = {k: sel[k] for k in ("episodes", "candidates", "confirmed") if k in sel}
-        progress(f"{task_id}/{tier}: chose step {best['env_steps']} noise {best['noise']}: "
-                 f"{best['mean']:.1f} ± {best['std']:.1f} (in tolerance: {best['in_tolerance']})")
+        index["tiers"][tier], index["selection"][tier] = _publish_tier(task, run_dir, d, tier, progress)
     index["medium_replay"] = _replay_v2(task, run_dir, d, budget, [0] + steps, index["train_seed"], replay_parts,
                                         REPLAY_RECIPE)
     (d / INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return index
+
+
+def _publish_tier(task, run_dir: Path, d: Path, tier: str, progress: Callable[[str], None]) -> tuple[dict, dict]:
+    """Choose `tier` among `run_dir`'s checkpoints (every CANDIDATE_EVERY env steps) and copy it to
+    `<task>/v2/<tier>.pt`: the tier's index entry and its selection evidence."""
+    by_step = {e["env_steps"]: e for e in _log(run_dir)}
+    candidates = [s for s in by_step if s > 0 and s % CANDIDATE_EVERY == 0]
+    sel = select_tier(task, run_dir, tier, candidates, progress)
+    best = sel["chosen"]
+    name = f"{SUBDIR}/{tier}.pt"
+    shutil.copyfile(run_dir / f"ckpt_{best['env_steps']:09d}.pt", d / name)
+    entry = {"checkpoint": name, "env_steps": best["env_steps"], "noise": best["noise"],
+             "return": by_step[best["env_steps"]]["return"],
+             "candidate_stats": {k: best[k] for k in ("mean", "std", "min", "max")},
+             "in_tolerance": best["in_tolerance"]}
+    progress(f"{task.spec.task_id}/{tier}: chose step {best['env_steps']} noise {best['noise']}: "
+             f"{best['mean']:.1f} ± {best['std']:.1f} (in tolerance: {best['in_tolerance']})")
+    return entry, {k: sel[k] for k in ("episodes", "candidates", "confirmed") if k in sel}
+
+
+def republish_tier(task_id: str, tier: str, run_dir: str | Path, assets: str | Path | None = None,
+                   progress: Callable[[str], None] = print) -> dict:
+    """Choose one tier (expert or medium) of a published index-v2.json again, among the checkpoints of
+    `run_dir`: the publishing run, or another run of the same trainer on the same task, whose seed and budget
+    are then recorded in the tier's entry ("run": seed, and the budget fields that differ). The other tiers and medium-replay stay as published; the
+    tier's previous entry and selection are kept as evidence (selection[tier]["previous"]). Returns the index."""
+    if tier not in ("expert", "medium"):
+        raise BenchError(f"{tier!r}: only the expert and medium tiers are chosen among checkpoints")
+    run_dir = Path(run_dir)
+    d = Path(assets or ASSETS_DIR) / task_id
+    path = d / INDEX
+    if not path.is_file():
+        raise BenchError(f"{path}: no published v2 index; run `plcql-bench datasets publish-v2 {task_id} RUN_DIR` first")
+    index = json.loads(path.read_text())
+    rec = _run_record(run_dir)
+    if rec.get("task_id", task_id) != task_id or rec.get("prey", "suite") != prey_for(task_id, "v2"):
+        raise BenchError(f"{run_dir}: a run of {rec.get('task_id')} against prey {rec.get('prey', 'suite')!r}, "
+                         f"not of {task_id} against the v2 prey {prey_for(task_id, 'v2')!r}")
+    task = get_task(task_id, prey=prey_for(task_id, "v2"))
+    entry, selection = _publish_tier(task, run_dir, d, tier, progress)
+    seed = int(rec.get("seed", 0))
+    if seed != index["train_seed"] or rec["budget"] != index["budget"]:
+        entry["run"] = {"name": run_dir.name, "train_seed": seed,  # its budget: where it differs from the index's
+                        "budget_diff": {k: v for k, v in rec["budget"].items() if index["budget"].get(k) != v}}
+    old = index["selection"].get(tier, {})
+    selection["previous"] = {"entry": index["tiers"].get(tier),
+                             **{k: v for k, v in old.items() if k != "previous"}}
+    index["tiers"][tier], index["selection"][tier] = entry, selection
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
     return index
 
 

@@ -215,3 +215,68 @@ def test_mpe_tiers_are_chosen_on_the_screen_alone(monkeypatch):
     sel = tiers_v2.select_tier(_task("mpe-pp", "mpe"), Path("run"), "medium", [10, 20], progress=lambda *_: None)
     assert sel["chosen"]["env_steps"] == 20 and "confirmed" not in sel
     assert calls == [(10, 1024), (20, 1024)]
+
+
+def _fake_run(d: Path, task_id: str, seed: int, budget: dict, steps: list[int], prey: str = "suite") -> Path:
+    """A finished behaviour run on disk: run.json, log.jsonl and one (marked) checkpoint file per step."""
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"task_id": task_id, "seed": seed, "budget": budget, "prey": prey}))
+    (d / "log.jsonl").write_text("".join(json.dumps({"env_steps": s, "return": s / 10}) + "\n" for s in [0, *steps]))
+    for s in [0, *steps]:
+        (d / f"ckpt_{s:09d}.pt").write_bytes(f"{d.name}@{s}".encode())
+    return d
+
+
+def test_a_tier_is_chosen_again_from_another_run_and_that_run_is_recorded(tmp_path, monkeypatch):
+    """Half-Cheetah's medium from a second run of the trainer: the medium checkpoint is that run's in-tolerance
+    one, its entry names the run (seed, the budget fields that differ), the previous choice stays as evidence,
+    and the expert tier and medium-replay are untouched."""
+    from plcql_bench.datasets import tiers_v2
+    from plcql_bench.suite.core.errors import BenchError
+
+    task_id = "mamujoco-halfcheetah-2x3"
+    orig = tiers_v2.originals.load_originals()["tasks"][task_id]["medium"]
+    m, s = orig["mean"], orig["std"]
+    budget = {"env_steps": 3_000_000, "updates_per_step": 0.08, "warmup_steps": 2000}
+    other = _fake_run(tmp_path / "ups0.0775", task_id, 0, {**budget, "env_steps": 480_000, "updates_per_step": 0.0775},
+                      [20_000, 40_000, 45_000])
+    d = tmp_path / "assets" / task_id
+    (d / "v2").mkdir(parents=True)
+    expert = {"checkpoint": "v2/expert.pt", "env_steps": 2_880_000, "noise": 0.1, "in_tolerance": True}
+    old_medium = {"checkpoint": "v2/medium.pt", "env_steps": 180_000, "noise": 0.1, "in_tolerance": False}
+    index = {"task_id": task_id, "budget": budget, "train_seed": 1, "medium_replay": {"episodes": 460},
+             "tiers": {"random": {"policy": "uniform"}, "expert": expert, "medium": old_medium},
+             "selection": {"rule": "r", "medium": {"episodes": 64, "candidates": [{"env_steps": 180_000}]}}}
+    (d / "index-v2.json").write_text(json.dumps(index))
+    stats, calls = _fake_stats({(20_000, 64): (m - 700, s), (40_000, 64): (m - 20, s + 5),
+                                (20_000, 1000): (m - 700, s), (40_000, 1000): (m - 60, s + 15)})
+    monkeypatch.setattr(tiers_v2, "candidate_stats", stats)
+    monkeypatch.setattr(tiers_v2, "get_task", lambda *a, **k: _task(task_id, "mamujoco"))
+    monkeypatch.setitem(tiers_v2.CONFIRM, "mamujoco", 2)
+
+    new = tiers_v2.republish_tier(task_id, "medium", other, tmp_path / "assets", progress=lambda *_: None)
+    assert new == json.loads((d / "index-v2.json").read_text())
+    med = new["tiers"]["medium"]
+    assert med["env_steps"] == 40_000 and med["in_tolerance"] and med["candidate_stats"]["std"] == s + 15
+    assert (d / "v2" / "medium.pt").read_bytes() == b"ups0.0775@40000"
+    assert med["run"] == {"name": "ups0.0775", "train_seed": 0,
+                          "budget_diff": {"env_steps": 480_000, "updates_per_step": 0.0775}}
+    assert [c for c in calls if c[1] == 64] == [(20_000, 64), (40_000, 64)]  # every 10k-step checkpoint; not 45k
+    prev = new["selection"]["medium"]["previous"]
+    assert prev["entry"] == old_medium and prev["candidates"] == [{"env_steps": 180_000}]
+    assert new["tiers"]["expert"] == expert and new["medium_replay"] == {"episodes": 460}
+
+    # a run of another task is refused by name, and the index is left as it was
+    wrong = _fake_run(tmp_path / "cn-run", "mpe-cn", 0, budget, [20_000])
+    with pytest.raises(BenchError, match="cn-run: a run of mpe-cn"):
+        tiers_v2.republish_tier(task_id, "medium", wrong, tmp_path / "assets", progress=lambda *_: None)
+    assert json.loads((d / "index-v2.json").read_text()) == new
+
+
+def test_publish_v2_tier_without_a_published_index_says_so(tmp_path, monkeypatch, capsys):
+    from cli_main import run_cli
+
+    run = _fake_run(tmp_path / "run", "mpe-cn", 0, {}, [10_000])
+    code, _, err = run_cli(monkeypatch, capsys, "datasets", "publish-v2-tier", "mpe-cn", "medium", str(run),
+                           "--assets", str(tmp_path / "assets"))
+    assert code != 0 and "index-v2.json: no published v2 index" in err and len(err.strip().splitlines()) == 1

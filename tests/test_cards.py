@@ -122,3 +122,22 @@ def test_export_keeps_committed_cards_of_datasets_not_built_here_in_the_index(tm
     export_cards(data, tmp_path / "cards", "cardtest")
     index = (tmp_path / "cards" / "README.md").read_text()
     assert "smax-2s3z" in index and "mpe-cn" in index and json.loads(other.read_text()) == card
+
+
+def test_a_build_whose_reference_returns_are_not_its_cards_is_stale():
+    """Half-Cheetah random, built before the v2 expert checkpoint changed: the same uniform-random episodes
+    (same behaviour id), but the expert reference return of the old expert. `stale` says so; a rebuild whose
+    references drift in the last bits (another CPU) and the card's own file are not stale."""
+    from plcql_bench.datasets.behaviour import stale
+    from plcql_bench.datasets.cards import committed_entry
+
+    task, tier = "mamujoco-halfcheetah-2x3", "random"
+    card = committed_entry("paper", task, tier)
+    assert card is not None and stale(card, task, tier, "v2") is None
+    old = {**card, "sha256": "0" * 64, "ref_return_expert": 3414.662091089407}
+    why = stale(old, task, tier, "v2")
+    assert why == f"reference returns expert 3414.66 where its card has {card['ref_return_expert']:.2f}"
+    drift = {**card, "sha256": "1" * 64, "ref_return_expert": card["ref_return_expert"] * (1 + 1e-6)}
+    assert stale(drift, task, tier, "v2") is None
+    other_recipe = {**old, "behaviour_policy_id": "an-older-recipe"}  # the behaviour's change is what it names
+    assert "an-older-recipe" in stale(other_recipe, task, tier, "v2")

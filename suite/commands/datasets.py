@@ -17,7 +17,7 @@ from plcql_bench.datasets.cards import CARDS_DIR, export_cards
 from plcql_bench.datasets.importers import import_dataset, normalise_tier
 from plcql_bench.datasets.recipes import recipe_for
 from plcql_bench.datasets.smax_collect import WORKERS_ENV
-from plcql_bench.datasets.tiers_v2 import publish_v2
+from plcql_bench.datasets.tiers_v2 import publish_v2, republish_tier
 from plcql_bench.datasets.train import train_behaviour
 from plcql_bench.datasets.vault import export_vault
 from plcql_bench.suite.envs import protocol
@@ -286,6 +286,25 @@ def datasets_publish_v2(task, run_dir, assets) -> None:
                        f"(in tolerance: {e['in_tolerance']})")
     mr = index["medium_replay"]
     click.echo(f"{task}/medium-replay: {mr['episodes']} episodes ({mr['transitions']} transitions) in {len(mr['parts'])} parts")
+
+
+@datasets.command("publish-v2-tier")
+@click.argument("task")
+@click.argument("tier", type=click.Choice(["expert", "medium"]))
+@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
+@click.option("--assets", default=None, type=click.Path(path_type=str),
+              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+def datasets_publish_v2_tier(task, tier, run_dir, assets) -> None:
+    """Choose TASK's v2 TIER again among the checkpoints of RUN_DIR (the publishing run, or another
+    `train-behaviour TASK --profile v2` run of another seed or budget, recorded in the tier's entry) and
+    update index-v2.json; the other tiers stay, and the previous choice is kept as evidence."""
+
+    index = republish_tier(task, tier, run_dir, assets, progress=click.echo)
+    e = index["tiers"][tier]
+    s = e["candidate_stats"]
+    run = f" of run {e['run']['name']}" if "run" in e else ""
+    click.echo(f"{task}/{tier}: step {e['env_steps']}{run}, noise {e['noise']}: {s['mean']:.1f} ± {s['std']:.1f} "
+               f"(in tolerance: {e['in_tolerance']})")
 
 
 @datasets.command("publish-replay")
