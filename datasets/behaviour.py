@@ -121,8 +121,9 @@ def trained_behaviour(task_id: str, tier: str, noise: float | None = None, gen: 
     def make(rng: np.random.Generator, ckpt=ckpt) -> Policy:
         return noisy_policy(load_actor(ckpt)[0], noise, rng)
 
+    run = f" of run {entry['run']['name']} (seed {entry['run']['train_seed']})" if "run" in entry else ""
     return Behaviour(f"matd3:{task_id}/{tier}@{_file_tag(ckpt)}(noise={noise})", make,
-                     f"MATD3 checkpoint at {entry['env_steps']} env steps, eval return "
+                     f"MATD3 checkpoint at {entry['env_steps']} env steps{run}, eval return "
                      f"{entry['return']:.2f}")
 
 
