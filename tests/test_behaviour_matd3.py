@@ -280,3 +280,19 @@ def test_publish_v2_tier_without_a_published_index_says_so(tmp_path, monkeypatch
     code, _, err = run_cli(monkeypatch, capsys, "datasets", "publish-v2-tier", "mpe-cn", "medium", str(run),
                            "--assets", str(tmp_path / "assets"))
     assert code != 0 and "index-v2.json: no published v2 index" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_behaviour_at_another_update_rate_without_publishing(tmp_path, monkeypatch, capsys):
+    """A run of another update rate (the kind a tier is chosen from again): its budget records the rate, and
+    --no-publish leaves the assets alone; resuming it at the profile's own rate is refused by name."""
+    from cli_main import run_cli
+
+    run, assets = tmp_path / "run", tmp_path / "assets"
+    args = ["datasets", "train-behaviour", "mpe-cn", "--profile", "smoke", "--env-steps", "200", "--out", str(run),
+            "--assets", str(assets)]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--updates-per-step", "0.3", "--no-publish")
+    assert code == 0, err
+    assert json.loads((run / "run.json").read_text())["budget"]["updates_per_step"] == 0.3
+    assert "(not published)" in out and not assets.exists()
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--no-publish")
+    assert code != 0 and "written with another task or budget" in err

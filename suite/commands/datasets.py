@@ -239,10 +239,15 @@ def datasets_export(obj, task, tier, fmt_name, out, vault_name, uid, profile, fo
 @click.option("--max-seconds", default=None, type=float, help="Stop (resumably) after this long.")
 @click.option("--env-steps", default=None, type=int,
               help="Override the profile's total env steps (resume with more to train longer).")
+@click.option("--updates-per-step", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Override the profile's gradient updates per collected transition (a run of another rate).")
 @click.option("--assets", default=None, type=click.Path(path_type=str),
               help="Where to publish checkpoints+cards (default: datasets/assets/behaviour for "
                    "non-smoke profiles; smoke publishes only with --assets).")
-def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, assets) -> None:
+@click.option("--no-publish", is_flag=True,
+              help="Only train: publish nothing (choose from the run later with publish-v2 or publish-v2-tier).")
+def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, updates_per_step, assets,
+                             no_publish) -> None:
     """Train MATD3 behaviour policies for TASK (continuous tasks); resumes from --out."""
 
     spec = get_task(task).spec
@@ -251,9 +256,10 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, a
     matd3.budget_for(task, profile)  # unknown profile -> one-line error
     if assets is None and profile != "smoke":
         assets = str(matd3.ASSETS_DIR)
-    res = train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds,
-                          assets=assets, progress=click.echo, env_steps=env_steps)
-    if res is None:
+    res = train_behaviour(task, profile, out=out, seed=seed, max_seconds=max_seconds, assets=assets,
+                          progress=click.echo, env_steps=env_steps, updates_per_step=updates_per_step,
+                          publish_tiers=not no_publish)
+    if res is None or no_publish:
         return
     tiers = res["tiers"] if "tiers" in res else {t: {"return": res[t]["return"],
                                                      "env_steps": res[t]["env_steps"]}
