@@ -170,11 +170,22 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
         "learning_curve": [{"env_steps": e["env_steps"], "return": round(e["return"], 3)} for e in log],
     }
     for tier in tiers:
+        _say_if_from_another_run(d / INDEX, tier, progress)
         index["tiers"][tier], index["selection"][tier] = _publish_tier(task, run_dir, d, tier, progress)
     index["medium_replay"] = _replay_v2(task, run_dir, d, budget, [0] + steps, index["train_seed"], replay_parts,
                                         REPLAY_RECIPE)
     (d / INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return index
+
+
+def _say_if_from_another_run(path: Path, tier: str, progress: Callable[[str], None]) -> None:
+    """Warn before a full publish replaces a tier that `republish_tier` took from another run."""
+    try:
+        run = json.loads(path.read_text())["tiers"][tier]["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    progress(f"note: {path} took {tier} from run {run['name']} (seed {run['train_seed']}); this publish chooses it "
+             f"among this run's checkpoints; run `datasets publish-v2-tier` with that run again to restore it")
 
 
 def _publish_tier(task, run_dir: Path, d: Path, tier: str, progress: Callable[[str], None]) -> tuple[dict, dict]:

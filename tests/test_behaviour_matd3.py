@@ -265,6 +265,10 @@ def test_a_tier_is_chosen_again_from_another_run_and_that_run_is_recorded(tmp_pa
     prev = new["selection"]["medium"]["previous"]
     assert prev["entry"] == old_medium and prev["candidates"] == [{"env_steps": 180_000}]
     assert new["tiers"]["expert"] == expert and new["medium_replay"] == {"episodes": 460}
+    said = []  # a full publish-v2 afterwards would replace it: it says so first (expert: nothing to say)
+    for tier in ("expert", "medium"):
+        tiers_v2._say_if_from_another_run(d / "index-v2.json", tier, said.append)
+    assert len(said) == 1 and "took medium from run ups0.0775 (seed 0)" in said[0]
 
     # a run of another task is refused by name, and the index is left as it was
     wrong = _fake_run(tmp_path / "cn-run", "mpe-cn", 0, budget, [20_000])
