@@ -25,7 +25,7 @@
 #   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2' \
 #   CPU_ONLY='algo=plcql,spacql,task=mpe-pp,mpe-world,seed=0,1,2' \
 #   bash ci/gpu_loan.sh
-# (CN's PLCQL and SPaCQL cells are done since 2026-12-06; the cells a loan finishes are skipped anyway.)
+# (CN's PLCQL and SPaCQL cells were done or running here on 2026-12-06; finished cells are skipped anyway.)
 # Then Half-Cheetah at the paper budget (GPU_ONLY='algo=...,task=mamujoco-halfcheetah-2x3,...'): its four v2 tiers
 # are in tolerance since 2026-12-06 and build on the machine from the committed checkpoints (1,000 episodes
 # a tier: ~90-120 s of rollouts each here). Before the v2 block (2026-12-01), phase 1's World rows were the recommended loan:
