@@ -43,6 +43,7 @@ from plcql_bench.datasets.matd3 import (
     replay_parts,
 )
 from plcql_bench.suite.core.errors import BenchError
+from plcql_bench.suite.core.store import atomic_write_json
 from plcql_bench.suite.envs import protocol
 from plcql_bench.suite.envs.tasks import ALL_TIERS, get_task
 
@@ -174,7 +175,7 @@ def publish_v2(task_id: str, run_dir: str | Path, assets: str | Path | None = No
         index["tiers"][tier], index["selection"][tier] = _publish_tier(task, run_dir, d, tier, progress)
     index["medium_replay"] = _replay_v2(task, run_dir, d, budget, [0] + steps, index["train_seed"], replay_parts,
                                         REPLAY_RECIPE)
-    (d / INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    atomic_write_json(d / INDEX, index)
     return index
 
 
@@ -234,9 +235,7 @@ def republish_tier(task_id: str, tier: str, run_dir: str | Path, assets: str | P
     selection["previous"] = {"entry": index["tiers"].get(tier),
                              **{k: v for k, v in old.items() if k != "previous"}}
     index["tiers"][tier], index["selection"][tier] = entry, selection
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write_json(path, index)
     return index
 
 
