@@ -210,16 +210,18 @@ def _publish_tier(task, run_dir: Path, d: Path, tier: str, progress: Callable[[s
 def republish_tier(task_id: str, tier: str, run_dir: str | Path, assets: str | Path | None = None,
                    progress: Callable[[str], None] = print) -> dict:
     """Choose one tier (expert or medium) of a published index-v2.json again, among the checkpoints of
-    `run_dir`: the publishing run, or another run of the same trainer on the same task, whose seed and budget
-    are then recorded in the tier's entry ("run": seed, and the budget fields that differ). The other tiers and medium-replay stay as published; the
-    tier's previous entry and selection are kept as evidence (selection[tier]["previous"]). Returns the index."""
+    `run_dir`: the publishing run, or another run of the same trainer on the same task, which is then recorded
+    in the tier's entry ("run": its seed and the budget fields that differ). The other tiers and medium-replay
+    stay as published; the tier's previous entry and selection are kept as evidence
+    (selection[tier]["previous"]). Returns the index."""
     if tier not in ("expert", "medium"):
         raise BenchError(f"{tier!r}: only the expert and medium tiers are chosen among checkpoints")
     run_dir = Path(run_dir)
     d = Path(assets or ASSETS_DIR) / task_id
     path = d / INDEX
     if not path.is_file():
-        raise BenchError(f"{path}: no published v2 index; run `plcql-bench datasets publish-v2 {task_id} RUN_DIR` first")
+        raise BenchError(f"{path}: no published v2 index; "
+                         f"run `plcql-bench datasets publish-v2 {task_id} RUN_DIR` first")
     index = json.loads(path.read_text())
     rec = _run_record(run_dir)
     if rec.get("task_id", task_id) != task_id or rec.get("prey", "suite") != prey_for(task_id, "v2"):
