@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -270,11 +271,14 @@ def datasets_train_behaviour(task, profile, out, seed, max_seconds, env_steps, u
                        + (f", noise {e['noise']}" if "noise" in e else ""))
 
 
-def _publish_arguments(f):
-    """TASK RUN_DIR [--assets]: what the publish commands take (a train-behaviour run, where to publish it)."""
+def _publish_arguments(f, tier: bool = False):
+    """TASK [TIER] RUN_DIR [--assets]: what the publish commands take (a train-behaviour run, where to publish
+    it; with `tier`, the one tier to choose again)."""
     f = click.option("--assets", default=None, type=click.Path(path_type=str),
                      help="Behaviour assets folder (default: datasets/assets/behaviour).")(f)
     f = click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))(f)
+    if tier:
+        f = click.argument("tier", type=click.Choice(["expert", "medium"]))(f)
     return click.argument("task")(f)
 
 
@@ -295,11 +299,7 @@ def datasets_publish_v2(task, run_dir, assets) -> None:
 
 
 @datasets.command("publish-v2-tier")
-@click.argument("task")
-@click.argument("tier", type=click.Choice(["expert", "medium"]))
-@click.argument("run_dir", type=click.Path(path_type=str, exists=True, file_okay=False))
-@click.option("--assets", default=None, type=click.Path(path_type=str),
-              help="Behaviour assets folder (default: datasets/assets/behaviour).")
+@functools.partial(_publish_arguments, tier=True)
 def datasets_publish_v2_tier(task, tier, run_dir, assets) -> None:
     """Choose TASK's v2 TIER again among the checkpoints of RUN_DIR (the publishing run, or another
     `train-behaviour TASK --profile v2` run of another seed or budget, recorded in the tier's entry) and
