@@ -183,6 +183,21 @@ def card_scoring(dataset, rebuild: dict[str, Any] | None):
     return dataset
 
 
+def reference_disagreements(by_task: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """One line per task whose tiers' cards carry different reference returns (beyond REBUILD_RTOL). A task's
+    tiers are normalised on one scale: a tier built before its reference policy changed (CN random kept the
+    first v2 expert's 531.66 after the expert moved to 578.72, found 2026-12-06) is scored on another."""
+    lines = []
+    for task, tiers in sorted(by_task.items()):
+        for ref in REBUILD_REFS:
+            vals = {t: e[ref] for t, e in tiers.items() if isinstance(e.get(ref), (int, float)) and not math.isnan(e[ref])}
+            if vals and any(_rel(v, next(iter(vals.values()))) > REBUILD_RTOL for v in vals.values()):
+                listed = ", ".join(f"{t} {v:.2f}" for t, v in sorted(vals.items()))
+                lines.append(f"{task}: the tiers' cards disagree on {ref} ({listed}); rebuild the odd tier with "
+                             f"`plcql-bench datasets build {task} TIER --force` and export its card")
+    return lines
+
+
 TIER_ORDER = ("expert", "medium", "random")  # by mean return, best first
 
 
@@ -222,6 +237,8 @@ def export_cards(data_dir: str | Path, out_dir: str | Path, profile: str, echo=l
         card = _read_card(card_file)
         if card and card.get("quality") not in by_task.get(card.get("task_id"), {}):
             by_task.setdefault(card["task_id"], {})[card["quality"]] = card
+    for line in reference_disagreements(by_task):
+        echo(f"warning: {line}")
     index = out_dir / "README.md"
     atomic_write_bytes(index, _index(by_task, profile).encode())
     return written + [index]

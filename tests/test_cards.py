@@ -141,3 +141,44 @@ def test_a_build_whose_reference_returns_are_not_its_cards_is_stale():
     assert stale(drift, task, tier, "v2") is None
     other_recipe = {**old, "behaviour_policy_id": "an-older-recipe"}  # the behaviour's change is what it names
     assert "an-older-recipe" in stale(other_recipe, task, tier, "v2")
+
+
+def test_every_committed_tasks_tiers_share_their_reference_returns():
+    """A task's tiers are scored on one scale: every committed card of a task carries the same reference
+    returns (CN random kept the first v2 expert's 531.66 after the expert changed, until 2026-12-06)."""
+    from plcql_bench.datasets.cards import CARDS_DIR, reference_disagreements
+    from plcql_bench.datasets.originals import committed_cards
+
+    for profile_dir in sorted(p for p in CARDS_DIR.iterdir() if p.is_dir()):
+        by_task: dict = {}
+        for (task, tier), card in committed_cards(profile_dir).items():
+            by_task.setdefault(task, {})[tier] = card
+        assert by_task, profile_dir
+        assert reference_disagreements(by_task) == [], profile_dir
+
+
+def test_reference_disagreements_name_the_odd_tier_and_ignore_drift_and_undefined_references():
+    from plcql_bench.datasets.cards import reference_disagreements
+
+    refs = {"ref_return_random": 161.77, "ref_return_expert": 578.72}
+    tiers = {"expert": dict(refs), "medium": {**refs, "ref_return_expert": 578.72 * (1 + 1e-6)}}
+    assert reference_disagreements({"mpe-cn": tiers}) == []
+    tiers["random"] = {**refs, "ref_return_expert": 531.66}
+    (line,) = reference_disagreements({"mpe-cn": tiers})
+    assert line.startswith("mpe-cn: the tiers' cards disagree on ref_return_expert")
+    assert "random 531.66" in line and "expert 578.72" in line
+    nan = {"ref_return_random": float("nan"), "ref_return_expert": float("nan")}
+    assert reference_disagreements({"smax-2s3z": {"expert": nan, "medium": dict(nan)}}) == []
+
+
+def test_export_warns_when_a_tasks_cards_disagree_on_reference_returns(tmp_path):
+    data = tmp_path / "data"
+    build_dataset("mpe-cn", "random", 4, data, profile="cardtest")
+    odd = tmp_path / "cards" / "mpe-cn" / "expert.json"
+    odd.parent.mkdir(parents=True)
+    built = json.loads((data / "manifest.json").read_text())["mpe-cn/random"]
+    odd.write_text(json.dumps({**built, "quality": "expert", "sha256": "e" * 64,
+                               "ref_return_expert": built["ref_return_expert"] + 40.0}))
+    said: list[str] = []
+    export_cards(data, tmp_path / "cards", "cardtest", echo=said.append)
+    assert any(s.startswith("warning: mpe-cn: the tiers' cards disagree on ref_return_expert") for s in said)
