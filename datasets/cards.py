@@ -156,6 +156,20 @@ def dataset_identity(entry: dict[str, Any]) -> tuple[str, dict[str, Any] | None]
                             "card_refs": _refs(card), "file_refs": _refs(entry)}
 
 
+def off_card(entry: dict[str, Any]) -> str | None:
+    """Why a built dataset is not its committed card's dataset (so its runs are not the board's runs of that
+    tier), or None: it is the card's file, a rebuild of it (dataset_identity), or has no committed card."""
+    card = committed_entry(str(entry.get("profile")), str(entry.get("task_id")), str(entry.get("quality")))
+    if card is None or dataset_identity(entry)[0] == card["sha256"]:
+        return None
+    diff = rebuild_difference(entry, card)
+    how = moved_references(entry) or (
+        "another recipe than the card's" if diff is None else
+        f"its statistics or reference returns are up to {diff:.1e} relative from the card's, beyond {REBUILD_RTOL:g}")
+    return (f"sha256 {entry['sha256'][:12]}, the card's {card['sha256'][:12]} ({how}); "
+            "its runs will not count as the board's runs of this tier")
+
+
 def moved_references(entry: dict[str, Any]) -> str | None:
     """Why a build of its committed card's recipe is not that card's data, though its behaviour policy is the
     same: its reference returns are not the card's (the reference policy changed since it was built, e.g. a new

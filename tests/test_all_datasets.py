@@ -200,7 +200,7 @@ def test_a_recorded_dataset_whose_file_is_gone_is_listed_missing_and_all_builds_
 
     listed = _invoke(tmp_path, "datasets", "list", "--profile", profile)
     row = next(line for line in listed.output.splitlines() if line.split()[:2] == ["mpe-cn", "random"])
-    assert row.split()[2] == "missing" and f"datasets build mpe-cn random --profile dstest" in row, row
+    assert row.split()[2] == "missing" and "datasets build mpe-cn random --profile dstest" in row, row
 
     again = _invoke(tmp_path, "all", "--profile", profile, "--only", "dataset=random")
     assert again.exit_code == 0, again.output
@@ -208,3 +208,30 @@ def test_a_recorded_dataset_whose_file_is_gone_is_listed_missing_and_all_builds_
     assert "built dataset mpe-cn/random" in again.output and "skipped 1 (done)" in again.output
     rebuilt = json.loads(manifest_file.read_text())["mpe-cn/random"]
     assert (tmp_path / "data" / "dstest" / entry["file"]).is_file() and rebuilt["sha256"] == entry["sha256"]
+
+
+def test_a_build_that_is_not_its_committed_cards_dataset_is_said_when_built_and_on_every_all(tmp_path, monkeypatch):
+    """A fresh machine that builds a tier whose committed card records other reference returns (CN random,
+    2026-12-06) is told so as the build ends, before its cells train, and again by every later `all`."""
+    from plcql_bench.datasets import cards, manifest
+    from plcql_bench.suite.runs import preflight
+    from plcql_bench.suite.runs.profiles import load_profile
+
+    prof = load_profile(_profile(tmp_path))
+    root = tmp_path / "data" / prof.data_profile
+    monkeypatch.setattr(cards, "CARDS_DIR", tmp_path / "cards")
+    said: list[str] = []
+    assert preflight.ensure_dataset("mpe-cn", "random", prof, root, "t1", lambda line, **_: said.append(line)) is None
+    assert not any(s.startswith("warning:") for s in said)  # no committed card: nothing to differ from
+    entry = manifest.lookup(root, "mpe-cn", "random")
+    card = tmp_path / "cards" / prof.data_profile / "mpe-cn" / "random.json"
+    card.parent.mkdir(parents=True)
+    card.write_text(json.dumps({**entry, "sha256": "c" * 64, "ref_return_expert": entry["ref_return_expert"] + 40}))
+    (root / "manifest.json").unlink()  # built again on this "fresh machine"
+    said.clear()
+    assert preflight.ensure_dataset("mpe-cn", "random", prof, root, "t2", lambda line, **_: said.append(line)) is None
+    assert said[-1].startswith("warning: dataset mpe-cn/random, just built, is not its committed card's dataset: "
+                               f"sha256 {entry['sha256'][:12]}, the card's cccccccccccc (reference returns expert ")
+    again = _invoke(tmp_path, "all", "--profile", _profile(tmp_path), "--only", "tier=random")
+    assert again.exit_code == 0
+    assert "warning: dataset mpe-cn/random is stale (reference returns expert " in again.output

@@ -182,3 +182,27 @@ def test_export_warns_when_a_tasks_cards_disagree_on_reference_returns(tmp_path)
     said: list[str] = []
     export_cards(data, tmp_path / "cards", "cardtest", echo=said.append)
     assert any(s.startswith("warning: mpe-cn: the tiers' cards disagree on ref_return_expert") for s in said)
+
+
+def test_off_card_says_when_a_build_is_not_its_committed_cards_dataset(tmp_path, monkeypatch):
+    """The card's own file and a rebuild within tolerance are the card's dataset; a build with other reference
+    returns, or of another recipe, is one of its own, and off_card says which and what it means for its runs."""
+    from plcql_bench.datasets import cards
+    from plcql_bench.datasets.manifest import lookup
+
+    build_dataset("mpe-cn", "random", 4, tmp_path / "data", profile="cardtest")
+    entry = lookup(tmp_path / "data", "mpe-cn", "random")
+    monkeypatch.setattr(cards, "CARDS_DIR", tmp_path / "cards")
+    assert cards.off_card(entry) is None  # no committed card
+    card_file = tmp_path / "cards" / "cardtest" / "mpe-cn" / "random.json"
+    card_file.parent.mkdir(parents=True)
+    card_file.write_text(json.dumps(entry))
+    assert cards.off_card(entry) is None  # the card's own file
+    card_file.write_text(json.dumps({**entry, "sha256": "c" * 64, "return_mean": entry["return_mean"] * (1 + 1e-7)}))
+    assert cards.off_card(entry) is None  # another CPU's rebuild of it
+    card_file.write_text(json.dumps({**entry, "sha256": "c" * 64, "ref_return_expert": entry["ref_return_expert"] + 40}))
+    why = cards.off_card(entry)
+    assert why.startswith(f"sha256 {entry['sha256'][:12]}, the card's cccccccccccc (reference returns expert ")
+    assert why.endswith("its runs will not count as the board's runs of this tier")
+    card_file.write_text(json.dumps({**entry, "sha256": "c" * 64, "behaviour_policy_id": "another"}))
+    assert "(another recipe than the card's)" in cards.off_card(entry)

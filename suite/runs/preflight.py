@@ -26,6 +26,7 @@ from pathlib import Path
 from plcql_bench.suite.core.store import atomic_write_json
 from plcql_bench.datasets import manifest
 from plcql_bench.datasets.behaviour import stale, unavailable
+from plcql_bench.datasets.cards import off_card
 from plcql_bench.datasets.build import DatasetUnavailable, build_dataset
 from plcql_bench.datasets.format import DatasetError
 from plcql_bench.datasets.importers import import_dataset
@@ -110,11 +111,22 @@ def prepare_datasets(pairs, profile, data_root: Path, build_missing: bool, echo)
                                     f"(or import it again)", user_error=True)
             echo(f"error: {problems[(task, tier)].message()}", err=True)
             continue
-        why = stale(entry, task, tier, profile.generation)
-        if why:  # its runs stay valid for that data (keyed by sha256), but say so
-            echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
-                 f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
+        say_if_not_the_cards(entry, task, tier, profile, echo)
     return problems, to_build
+
+
+def say_if_not_the_cards(entry: dict, task: str, tier: str, profile, echo, built_now: bool = False) -> None:
+    """Warn when a built dataset is not what its committed card describes: stale (built by older code: a
+    rebuild helps), or of its own sha256 (just built by this code, so the card is what differs). Its runs
+    stay valid for that data (keyed by sha256), but they are not the board's runs of the tier: say so before
+    hours of training."""
+    why = None if built_now else stale(entry, task, tier, profile.generation)
+    if why:
+        echo(f"warning: dataset {task}/{tier} is stale ({why}); rebuild it with "
+             f"`plcql-bench datasets build {task} {tier} --profile {profile.name} --force`", err=True)
+    elif (why := off_card(entry)) is not None:
+        echo(f"warning: dataset {task}/{tier}{', just built,' if built_now else ''} is not its committed card's "
+             f"dataset: {why}", err=True)
 
 
 BUILD_FAILED_DIR = ".build-failed"  # under the data root: a dataset build that failed during one `all`
@@ -161,6 +173,7 @@ def ensure_dataset(task: str, tier: str, profile, data_root: Path, token: str, e
             failed.unlink(missing_ok=True)
             # Said, since the next line a worker prints is its run's score, an hour later on World.
             echo(f"built dataset {task}/{tier} in {time.monotonic() - started:.0f}s; its cells train now")
+            say_if_not_the_cards(manifest.lookup(root, task, tier) or {}, task, tier, profile, echo, built_now=True)
             return None
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
