@@ -235,3 +235,6 @@ def test_a_build_that_is_not_its_committed_cards_dataset_is_said_when_built_and_
     again = _invoke(tmp_path, "all", "--profile", _profile(tmp_path), "--only", "tier=random")
     assert again.exit_code == 0
     assert "warning: dataset mpe-cn/random is stale (reference returns expert " in again.output
+    rebuilt = _invoke(tmp_path, "datasets", "build", "mpe-cn", "random", "--profile", _profile(tmp_path), "--force")
+    assert rebuilt.exit_code == 0 and "warning: mpe-cn/random, just built, is not its committed card's dataset: " \
+        f"sha256 {entry['sha256'][:12]}, the card's cccccccccccc (reference returns expert " in rebuilt.output

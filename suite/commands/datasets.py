@@ -14,7 +14,7 @@ import numpy as np
 from plcql_bench.datasets import manifest, matd3, originals
 from plcql_bench.datasets.behaviour import _random, available, stale, unavailable
 from plcql_bench.datasets.build import _collect_tier, build_dataset
-from plcql_bench.datasets.cards import CARDS_DIR, export_cards
+from plcql_bench.datasets.cards import CARDS_DIR, export_cards, off_card
 from plcql_bench.datasets.importers import import_dataset, normalise_tier
 from plcql_bench.datasets.recipes import recipe_for
 from plcql_bench.datasets.smax_collect import WORKERS_ENV
@@ -137,6 +137,8 @@ def datasets_build(obj, task, tier, profile, build_all, matrix, generator_seed, 
                    f"{entry['return_mean']:.1f} ± {entry['return_std']:.1f} "
                    f"(refs: random {entry['ref_return_random']:.1f}, expert "
                    f"{entry['ref_return_expert']:.1f}) -> {root / entry['file']}")
+        if (why := off_card(entry)) is not None:
+            click.echo(f"warning: {task_id}/{q}, just built, is not its committed card's dataset: {why}", err=True)
 
 
 @datasets.command("cards")
