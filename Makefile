@@ -110,7 +110,15 @@ publish-results: setup
 # The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
 # resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.
 CAMPAIGN ?= ci/campaigns/paper.yaml
-campaign: setup
+# The campaign trains every task family of its file (MPE, Half-Cheetah, SMAX): it installs their extras, not
+# only the default matrix's.
+CAMPAIGN_EXTRAS ?= mpe,mamujoco,smax
+ifneq ($(CAMPAIGN_EXTRAS),$(EXTRAS))
+$(BIN)/.installed-$(CAMPAIGN_EXTRAS): pyproject.toml
+	$(call install,$(CAMPAIGN_EXTRAS))
+	touch $@
+endif
+campaign: $(BIN)/.installed-$(CAMPAIGN_EXTRAS)
 	OMP_NUM_THREADS=1 nohup $(BIN)/plcql-bench campaign run $(CAMPAIGN) --jobs $$(nproc) > campaign.log 2>&1 &
 	@echo "campaign running in the background: tail -f campaign.log; $(BIN)/plcql-bench campaign status $(CAMPAIGN)"
 
