@@ -205,7 +205,8 @@ def reference_disagreements(by_task: dict[str, dict[str, dict[str, Any]]]) -> li
     for task, tiers in sorted(by_task.items()):
         for ref in REBUILD_REFS:
             vals = {t: e[ref] for t, e in tiers.items() if isinstance(e.get(ref), (int, float)) and not math.isnan(e[ref])}
-            if vals and any(_rel(v, next(iter(vals.values()))) > REBUILD_RTOL for v in vals.values()):
+            first = next(iter(vals.values()), None)
+            if any(_rel(v, first) > REBUILD_RTOL for v in vals.values()):
                 listed = ", ".join(f"{t} {v:.2f}" for t, v in sorted(vals.items()))
                 lines.append(f"{task}: the tiers' cards disagree on {ref} ({listed}); rebuild the odd tier with "
                              f"`plcql-bench datasets build {task} TIER --force` and export its card")
