@@ -76,14 +76,16 @@ board: setup
 
 leaderboard: board
 
-# The README's board summary (leaderboard/readme.py) and docs/reproduction.md's v1 -> v2 summary
-# (leaderboard/generations.py; tests/test_readme_board.py fails when either is
-# out of date) and its screenshot: the front page a clean clone's `make board` writes (no runs of
-# your own yet), checked and shot at 1,366 px by the browser test's checker (leaderboard/browser.py).
+# The README's board summary (leaderboard/readme.py), docs/reproduction.md's v1 -> v2 summary
+# (leaderboard/generations.py) and PLCQL rows (leaderboard/plcql_rows.py) (tests/test_readme_board.py and
+# tests/test_plcql_rows.py fail when one is out of date), and the README's screenshot: the front page a clean
+# clone's `make board` writes (no runs of your own yet), checked and shot at 1,366 px by the browser test's
+# checker (leaderboard/browser.py).
 README_SITE = build/readme
 readme: setup
 	$(BIN)/python -m plcql_bench.leaderboard.readme
 	$(BIN)/python -m plcql_bench.leaderboard.generations
+	$(BIN)/python -m plcql_bench.leaderboard.plcql_rows
 	rm -rf $(README_SITE) && mkdir -p $(README_SITE)/results
 	cd $(README_SITE) && $(abspath $(BIN))/plcql-bench leaderboard --front $(CURDIR)/leaderboard/results --out site
 	$(BIN)/python -m plcql_bench.leaderboard.browser $(README_SITE)/site/index.html --window 1366,768 \
@@ -106,6 +108,7 @@ publish-results: setup
 	$(BIN)/plcql-bench leaderboard --strict --results leaderboard/results --out build/site-paper
 	$(BIN)/python -m plcql_bench.leaderboard.readme
 	$(BIN)/python -m plcql_bench.leaderboard.generations
+	$(BIN)/python -m plcql_bench.leaderboard.plcql_rows
 
 # The results campaign (ci/campaigns/*.yaml): a prioritised list of cells, run in the background,
 # resumable, one torch thread per run, publishing finished runs into leaderboard/results/ as they land.

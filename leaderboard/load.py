@@ -161,6 +161,20 @@ def critic_divergence(history: list[dict]) -> dict | None:
     the "ended" rule leaves alone peaks at most 690x (`plcql-k1`, CN medium-replay seed 1, score 55.9)
     except that PLCQL run (24,900x); of the runs it flags, those whose score collapsed peak at 11,000x and
     above."""
+    info = td_loss_trend(history)
+    if info is None:
+        return None
+    if info["late"] > DIVERGENCE_FACTOR * info["early"]:
+        return {**info, "rule": "ended"}
+    if info["peak"] > DIVERGENCE_PEAK_FACTOR * info["early"]:
+        return {**info, "rule": "peaked"}
+    return None
+
+
+def td_loss_trend(history: list[dict]) -> dict | None:
+    """{"early", "late", "ratio", "peak", "peak_ratio", "peak_update"} of the critic's TD loss, as
+    `critic_divergence` judges it, for any run (diverged or not); None for runs without a TD loss, with fewer
+    than 10 points of it, or with no positive early median."""
     rows = [h for h in history if isinstance(h.get(DIVERGENCE_KEY), (int, float))]
     losses = [float(h[DIVERGENCE_KEY]) for h in rows]
     if len(losses) < 10:
@@ -173,13 +187,8 @@ def critic_divergence(history: list[dict]) -> dict | None:
     stretches = [statistics.median(losses[i:i + w]) for i in range(len(losses) - w + 1)]
     start = max(range(len(stretches)), key=stretches.__getitem__)  # the first of equal peaks
     peak = stretches[start]
-    info = {"early": early, "late": late, "ratio": late / early, "peak": peak, "peak_ratio": peak / early,
+    return {"early": early, "late": late, "ratio": late / early, "peak": peak, "peak_ratio": peak / early,
             "peak_update": rows[start + w // 2].get("update")}
-    if late > DIVERGENCE_FACTOR * early:
-        return {**info, "rule": "ended"}
-    if peak > DIVERGENCE_PEAK_FACTOR * early:
-        return {**info, "rule": "peaked"}
-    return None
 
 
 def with_critic_check(results_dir: Path, path: str, rec: RunRecord, history: list[dict] | None = None) -> RunRecord:
