@@ -212,7 +212,8 @@ def rows_block(results: Path) -> str:
     study = rows.study()
     if study:
         lines += ["", "The PLCQL study: each variant that ran, against the paper's ablation row where it has one and "
-                  "against full PLCQL on the same tier (same columns; *n/a*: k is fixed, no π_par is learned):", ""]
+                  "against full PLCQL on the same tier (same columns; *n/a*: no π_par is learned, k is fixed or drawn "
+                  "uniformly):", ""]
         lines += study[:-1]
     return "\n".join(lines) + "\n"
 
