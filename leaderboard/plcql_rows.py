@@ -17,7 +17,6 @@ ablation row (where it has one) and against full PLCQL.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from plcql_bench.leaderboard.build import board
 from plcql_bench.leaderboard.cells import Cell, display_resolution
 from plcql_bench.leaderboard.load import learns_par, td_loss_trend
 from plcql_bench.leaderboard.readme import rewrite_block
-from plcql_bench.leaderboard.reproduction import late_par
+from plcql_bench.leaderboard.reproduction import late_par, mean_std
 from plcql_bench.leaderboard.scoring import DEFAULT_VIEW, View
 from plcql_bench.leaderboard.stats import TIE_ALPHA, welch_p
 from plcql_bench.leaderboard.tables import RIVAL, TARGET, Entry, Table
@@ -62,16 +61,8 @@ def _compared(tc) -> Entry | None:
     return next((e for e in tc.entries if e.compared), None)
 
 
-def _mean_std(values: list[float], digits: int = 1) -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
 def _ours(e: Entry | None) -> str:
-    return "—" if e is None else f"{_mean_std(e.stats.values)} ({e.stats.n})"
+    return "—" if e is None else f"{mean_std(e.stats.values)} ({e.stats.n})"
 
 
 def _paper(tc) -> str:
@@ -164,10 +155,10 @@ class _Rows:
         for row in self.target_rows():
             e = {tc.algo: _compared(tc) for tc in row.cells}
             t, r = e.get(TARGET), e.get(RIVAL)
-            best = "; ".join(_mean_std(x.cell.values(BEST)) if x else "—" for x in (t, r))
+            best = "; ".join(mean_std(x.cell.values(BEST)) if x else "—" for x in (t, r))
             growth = "; ".join(_growth(self.diag(x).growth) if x else "—" for x in (t, r))
             diverged = "; ".join(_flags(x.cell if x else None, "diverged") for x in (t, r))
-            e_k = _mean_std([k for k in self.diag(t).e_k if k is not None], 2) if t else "—"
+            e_k = mean_std(self.diag(t).e_k, 2) if t else "—"
             lines.append(f"| {row.label} | {_difference(t, r)} | {_difference(t, e.get(BASELINE))} | {best} | {growth} "
                          f"| {diverged} | {e_k} | {_flags(t.cell if t else None, 'collapsed')} |")
         return lines
@@ -186,10 +177,9 @@ class _Rows:
                       "|---|---:|---:|---|---:|---|---|---|---:|---|"]
             for row, tc, e in ran:
                 d = self.diag(e)
-                e_k = [k for k in d.e_k if k is not None]
-                fixed = "n/a" if not any(learns_par(r.rec) for r in e.cell.runs) else _mean_std(e_k, 2)
+                fixed = "n/a" if not any(learns_par(r.rec) for r in e.cell.runs) else mean_std(d.e_k, 2)
                 lines.append(f"| {row.label} | {_ours(e)} | {_paper(tc)} | {self.verdict(tc, e) if tc.paper else '—'} | "
-                             f"{'—' if tc.algo == TARGET else _difference(e, full)} | {_mean_std(e.cell.values(BEST))} | "
+                             f"{'—' if tc.algo == TARGET else _difference(e, full)} | {mean_std(e.cell.values(BEST))} | "
                              f"{_growth(d.growth)} | {_flags(e.cell, 'diverged')} | {fixed} | {_flags(e.cell, 'collapsed')} |")
             lines.append("")
         return lines

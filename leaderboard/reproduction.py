@@ -68,7 +68,8 @@ def collect(results: Path, cells: list[str], algos: list[str]) -> dict:
     return {c: {a: out[c][a] for a in algos if a in out.get(c, {})} for c in cells if c in out}
 
 
-def _fmt(vals: list[float | None], digits: int = 1) -> str:
+def mean_std(vals: list[float | None], digits: int = 1) -> str:
+    """Mean ± std of the values that are not None as the tables print it ("—" for none, the value alone for one)."""
     vals = [v for v in vals if v is not None]
     if not vals:
         return "—"
@@ -89,8 +90,8 @@ def markdown(table: dict) -> str:
         for algo, runs in algos.items():
             flags = [r["collapsed"] for r in runs if r["collapsed"] is not None]
             coll = f"{sum(flags)} of {len(flags)}" if flags else "n/a"
-            lines.append(f"| {algo} | {len(runs)} | " + " | ".join(_fmt([r[k] for r in runs]) for k in ORDER)
-                         + f" | {_fmt([r['E_k'] for r in runs], 2)} | {_fmt([r['q_probe'] for r in runs])}"
+            lines.append(f"| {algo} | {len(runs)} | " + " | ".join(mean_std([r[k] for r in runs]) for k in ORDER)
+                         + f" | {mean_std([r['E_k'] for r in runs], 2)} | {mean_std([r['q_probe'] for r in runs])}"
                          + f" | {coll} | {sum(x['diverged'] for x in runs)} of {len(runs)} |")
         lines.append("")
     return "\n".join(lines)
