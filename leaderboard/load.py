@@ -188,7 +188,7 @@ def td_loss_trend(history: list[dict]) -> dict | None:
     start = max(range(len(stretches)), key=stretches.__getitem__)  # the first of equal peaks
     peak = stretches[start]
     return {"early": early, "late": late, "ratio": late / early, "peak": peak, "peak_ratio": peak / early,
-            "peak_update": rows[start + w // 2].get("update")}
+        "peak_update": rows[start + w // 2].get("update")}
 
 
 def with_critic_check(results_dir: Path, path: str, rec: RunRecord, history: list[dict] | None = None) -> RunRecord:
