@@ -258,6 +258,28 @@ def test_campaign_status_estimates_what_is_left_in_queue_order(tmp_path):
     assert last.startswith("left: ~") and "with 1 job(s) in queue order" in last and "2 cell(s)" in last
 
 
+def test_campaign_status_marks_stages_priced_only_from_other_tasks(tmp_path):
+    """A stage whose cells have no calibrated cost and are priced from the algorithm's runs on another task (BC's
+    on PP for BC's CN cells) or from any run (CFCQL's, from that BC run) is marked *, and a last line names the
+    pairs and the command that measures them; a stage priced from the calibration is not marked."""
+    f = _write(tmp_path, "  - {name: bc-guessed, only: 'algo=bc'}\n  - {name: cfcql-guessed, only: 'algo=cfcql'}\n")
+    results = tmp_path / "results"
+    write_run(results, "bc", "mpe-pp", "random", 0, 1.0, profile="unitcamp", hardware={"device": "cpu"})
+    base = ["--data-dir", str(tmp_path / "data"), "--results-dir", str(results)]
+    empty = tmp_path / "empty.json"  # knows no costs: recorded runtimes only
+    empty.write_text('{"machine": "empty", "costs": {}}')
+    r = CliRunner().invoke(cli, base + ["campaign", "status", str(f), "--machine", str(empty)])
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line.split()[1:] for line in r.output.splitlines()[1:]}
+    assert rows["bc-guessed"][-1].endswith("*") and rows["cfcql-guessed"][-1].endswith("*")
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("* 8 cell(s) priced only from other tasks' or algorithms' runs (bc/mpe-cn, "
+                           "cfcql/mpe-cn)"), last
+    assert "bench-speed --calibrate empty --algo bc --algo cfcql --task mpe-cn" in last
+    calibrated = CliRunner().invoke(cli, base + ["campaign", "status", str(f)])  # the committed calibration has BC on CN
+    assert calibrated.exit_code == 0 and "*" not in calibrated.output, calibrated.output
+
+
 def test_published_final_json_drops_the_curve_its_metrics_hold_and_reads_back_the_same(tmp_path):
     """The committed results stay within a GPU loan's 64 MiB: a published final.json leaves out the learning
     curve that metrics.jsonl.gz holds point for point, and every reader gets it back from there."""

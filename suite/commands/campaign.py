@@ -93,7 +93,7 @@ def campaign_status(obj, file, jobs, machine) -> None:
         for item in items:
             first.setdefault(item.cell, item)
     # priced once for the whole queue (recorded runtimes are read once, not per stage)
-    queue = {e.cell: e.seconds for e in estimate_cells(list(first.values()), obj["results_dir"], prof, calib)} if prof else {}
+    queue = {e.cell: e for e in estimate_cells(list(first.values()), obj["results_dir"], prof, calib)} if prof else {}
     click.echo(f"campaign {file}: runs in {obj['results_dir']}, datasets in {obj['data_dir']}")
     click.echo(f"{'stage':<32} {'cells':>5}  {'done':>5} {'partial':>7} {'running':>7} {'failed':>6} {'todo':>5} "
                f"{'left':>8}")
@@ -102,13 +102,14 @@ def campaign_status(obj, file, jobs, machine) -> None:
         for k, v in counts.items():
             total[k] = total.get(k, 0) + v
         left = [queue[c] for c in cells if c in queue]
-        known = [v for v in left if v is not None]
+        known = [e.seconds for e in left if e.seconds is not None]
         shown = "?" if left and not known else format_seconds(sum(known)) + ("+?" if len(known) < len(left) else "")
+        shown += "*" if any(e.weak for e in left) else ""
         click.echo(f"{s.name:<32} {len(cells):>5}  {counts['done']:>5} {counts['partial']:>7} "
                    f"{counts['running']:>7} {counts['failed']:>6} {counts['todo']:>5} {shown:>8}")
     click.echo(f"{'total':<32} {sum(total.values()):>5}  " + " ".join(
         f"{total.get(k, 0):>{w}}" for k, w in (("done", 5), ("partial", 7), ("running", 7), ("failed", 6), ("todo", 5))))
-    secs = [v for v in queue.values() if v is not None]
+    secs = [e.seconds for e in queue.values() if e.seconds is not None]
     if jobs is None:
         jobs = int((calib or {}).get("default_jobs", 1))
     machine_name = calib["machine"] if calib else "(no calibration: recorded runtimes only)"
@@ -116,6 +117,22 @@ def campaign_status(obj, file, jobs, machine) -> None:
     click.echo(f"left: ~{format_seconds(makespan(secs, jobs, in_order=True))} with {jobs} job(s) in queue order "
                f"({format_seconds(sum(secs))} serial, {len(queue)} cell(s); estimated on {machine_name}"
                + (f"; {unknown} cell(s) without an estimate" if unknown else "") + ")")
+    _say_weak([e for e in queue.values() if e.weak], calib)
+
+
+def _say_weak(weak: list, calib: dict | None) -> None:
+    """The stages marked * hold cells priced only from other tasks' or algorithms' runs (Estimate.weak): one
+    algorithm's per-update cost on MPE says little about it on SMAX (AWAC on the SMAX maps was priced at a minute a
+    cell, measured at about an hour), so name the pairs and the command that measures them."""
+    if not weak:
+        return
+    pairs = sorted({(e.cell.algo, e.cell.task) for e in weak})
+    shown = ", ".join(f"{a}/{t}" for a, t in pairs[:6]) + (", ..." if len(pairs) > 6 else "")
+    machine = calib["machine"] if calib else "MACHINE"
+    algos = " ".join(f"--algo {a}" for a in sorted({a for a, _ in pairs}))
+    tasks = " ".join(f"--task {t}" for t in sorted({t for _, t in pairs}))
+    click.echo(f"* {len(weak)} cell(s) priced only from other tasks' or algorithms' runs ({shown}): a guess, "
+               f"not a measurement; `plcql-bench bench-speed --calibrate {machine} {algos} {tasks}` measures them")
 
 
 @campaign.command("adopt")
