@@ -90,11 +90,16 @@ def preactivations(critic: EnsembleCritic, X: torch.Tensor, e: int) -> tuple[tor
 def ref_lse(critic, state, joint, n, offset, weights, temp, members=None):
     """mean_b sum_i w_i T lse_m((Q - offset) / T) from concatenated rows: [E']."""
     B, R, _ = joint.shape
-    X = torch.cat([state.unsqueeze(1).expand(B, R, state.shape[1]), joint], -1).reshape(B * R, -1)
-    q = ref_q(critic, X, members).view(-1, B, n, R // n)
+    q = ref_q(critic, critic_rows(state, joint), members).view(-1, B, n, R // n)
     z = q - offset if offset is not None else q
     lse = torch.logsumexp(z / temp, -1) * temp
     return (lse * weights).sum(-1).mean(-1), z.detach().sum((1, 2, 3))
+
+
+def critic_rows(state: torch.Tensor, joint: torch.Tensor) -> torch.Tensor:
+    """state [B, S] and joint actions [B, R, nA] -> the critic's input rows [B * R, S + nA]."""
+    B, R, _ = joint.shape
+    return torch.cat([state.unsqueeze(1).expand(B, R, state.shape[1]), joint], -1).reshape(B * R, -1)
 
 
 def make_critic(E, S, nA, H, input_norm, dtype, seed=0):
@@ -710,7 +715,7 @@ def test_native_penalty_on_two_threads(block_forms):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-6 * float(y.abs().max()))
     c64 = make_critic(10, 5, 6, 32, True, torch.float64)
     c64.load_state_dict({k: v.double() for k, v in critic.state_dict().items()})
-    rows = torch.cat([state.unsqueeze(1).expand(-1, joint.shape[1], -1), joint], -1).reshape(-1, 5 + 6).double()
+    rows = critic_rows(state.double(), joint.double())
     with torch.no_grad():
         assert min(float(p.abs().min()) for e in range(10) for p in preactivations(c64, rows, e)) > 1e-6
     pol_r, _ = ref_lse(c64, state.double(), joint.double(), 3, offset.double(), w.double(), 1.0)
