@@ -16,16 +16,17 @@
 # Datasets are built on the machine from committed artifacts (MPE in seconds; SMAX with the carried jaxmarl).
 # The runs published in leaderboard/results count as done there (copied into RESULTS, not packed back), so
 # a selection may name finished cells.
-# The recommended loan (results campaign v2, item 6; rewritten 2026-12-05): the SMAX ensembles first, i.e. PLCQL
+# The recommended loan (results campaign v2, item 6; rewritten 2026-12-07): the SMAX ensembles first, i.e. PLCQL
 # and SPaCQL on 2s3z medium (the paper's SMAC ablation cell), 3 seeds each, one process per run on the GPU; the
-# cores take the MPE v2 block's most expensive CPU cells (PLCQL and SPaCQL, ~16-48 min a run at 1 thread here)
-# and their checkpoints come back with the runs, so the home campaign resumes what the loan did not finish.
-# Carrying [".wheels"]:
+# cores take the MPE v2 block's most expensive CPU cells still to do, seeds 3 and 4 of PLCQL and SPaCQL (stage
+# mpe-v2-seeds-3-4; ~16-60 min a run at 1 thread here), and their checkpoints come back with the runs, so the
+# home campaign resumes what the loan did not finish. Carrying [".wheels"]:
 #   LIMIT=500 PER_GPU=6 CPU_JOBS=10 PREBUILD="smax-2s3z:medium" \
 #   GPU_ONLY='algo=plcql,spacql,task=smax-2s3z,tier=medium,seed=0,1,2' \
-#   CPU_ONLY='algo=plcql,spacql,task=mpe-pp,mpe-world,seed=0,1,2' \
+#   CPU_ONLY='algo=plcql,spacql,task=mpe-cn,mpe-pp,mpe-world,seed=3,4' \
 #   bash ci/gpu_loan.sh
-# (CN's PLCQL and SPaCQL cells were done or running here on 2026-12-06; finished cells are skipped anyway.)
+# (Seeds 0-2 of every MPE v2 cell were done by 2026-12-07; finished cells are skipped anyway, and --take-back keeps
+# whichever copy of a cell trained further when the home campaign reached it too.)
 # Then Half-Cheetah at the paper budget (GPU_ONLY='algo=...,task=mamujoco-halfcheetah-2x3,...'): its four v2 tiers
 # are in tolerance since 2026-12-06 and build on the machine from the committed checkpoints (1,000 episodes
 # a tier: ~90-120 s of rollouts each here). Before the v2 block (2026-12-01), phase 1's World rows were the recommended loan:
